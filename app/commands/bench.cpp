@@ -1,0 +1,76 @@
+// `atelier bench text`: speed of a model against this machine's measured roofs.
+#include <atelier/engine.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "commands/commands.h"
+#include "commands/output.h"
+
+namespace atelier::app {
+
+namespace {
+struct BenchTextOptions {
+  std::string model;
+  TextBenchOptions bench;
+  bool json = false;
+};
+
+int run_bench_text(const BenchTextOptions& o) {
+  auto res = bench_text(o.model, o.bench);
+  if (!res.ok()) return fail(res.status());
+  const TextBenchResult& r = res.value();
+  const double bw_frac = r.limits.mem_bandwidth_gb_per_s > 0 ? r.gen_bandwidth_gb_per_s / r.limits.mem_bandwidth_gb_per_s : 0;
+  const double fl_frac = r.limits.peak_gflop_per_s > 0 ? r.prompt_gflop_per_s / r.limits.peak_gflop_per_s : 0;
+  if (o.json) {
+    print_json_line({{"model", r.model.path},
+                     {"n_params", r.model.n_params},
+                     {"weight_types", r.model.weight_types},
+                     {"weight_bytes_per_token", r.model.weight_bytes},
+                     {"threads", r.limits.threads},
+                     {"simd", r.limits.simd},
+                     {"prompt_tokens", r.prompt_tokens},
+                     {"gen_tokens", r.gen_tokens},
+                     {"reps", r.reps},
+                     {"prompt_tokens_per_s", r.prompt_tokens_per_s.mean},
+                     {"prompt_tokens_per_s_sd", r.prompt_tokens_per_s.sd},
+                     {"gen_tokens_per_s", r.gen_tokens_per_s.mean},
+                     {"gen_tokens_per_s_sd", r.gen_tokens_per_s.sd},
+                     {"gen_bandwidth_gb_per_s", r.gen_bandwidth_gb_per_s},
+                     {"prompt_gflop_per_s", r.prompt_gflop_per_s},
+                     {"mem_bandwidth_gb_per_s", r.limits.mem_bandwidth_gb_per_s},
+                     {"peak_gflop_per_s", r.limits.peak_gflop_per_s},
+                     {"gen_bandwidth_fraction", bw_frac},
+                     {"prompt_flop_fraction", fl_frac}});
+    return 0;
+  }
+  std::printf("model    %s\n         %s, %.1fM params, %s; %.1f MB of weights read per token\n", r.model.path.c_str(),
+              r.model.architecture.c_str(), r.model.n_params / 1e6, r.model.weight_types.c_str(), r.model.weight_bytes / 1e6);
+  std::printf("machine  %d threads, %s; memory bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s (measured now)\n",
+              r.limits.threads, r.limits.simd.c_str(), r.limits.mem_bandwidth_gb_per_s, r.limits.peak_gflop_per_s);
+  std::printf("prompt   %4d tokens: %9.1f ± %.1f tokens/s  %7.1f GFLOP/s = %5.1f %% of peak\n", r.prompt_tokens,
+              r.prompt_tokens_per_s.mean, r.prompt_tokens_per_s.sd, r.prompt_gflop_per_s, 100 * fl_frac);
+  std::printf("generate %4d tokens: %9.1f ± %.1f tokens/s  %7.2f GB/s    = %5.1f %% of bandwidth\n", r.gen_tokens,
+              r.gen_tokens_per_s.mean, r.gen_tokens_per_s.sd, r.gen_bandwidth_gb_per_s, 100 * bw_frac);
+  std::printf("(%d repetitions after one warm-up)\n", r.reps);
+  return 0;
+}
+}  // namespace
+
+void add_bench_commands(CLI::App& root, int& exit_code) {
+  CLI::App* bench = root.add_subcommand("bench", "Benchmarks, reported against this machine's measured limits");
+  bench->require_subcommand(1);
+  auto o = std::make_shared<BenchTextOptions>();
+  CLI::App* text = bench->add_subcommand("text", "Prompt-processing and generation tokens/s of a text model");
+  text->add_option("-m,--model", o->model, "Model file (GGUF or llama2.c .bin)")->required();
+  text->add_option("-p,--prompt-tokens", o->bench.prompt_tokens, "Prompt tokens processed in one batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  text->add_option("-n,--gen-tokens", o->bench.gen_tokens, "Tokens generated one at a time")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  text->add_option("--threads", o->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  text->add_option("--reps", o->bench.reps, "Measured repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
+  text->add_flag("--json", o->json, "Print one JSON object");
+  text->callback([o, &exit_code] { exit_code = run_bench_text(*o); });
+}
+
+}  // namespace atelier::app

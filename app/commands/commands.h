@@ -1,0 +1,16 @@
+// The headless commands. Each add_* registers its subcommands on the root
+// app; the callback it installs runs the command and stores the exit code.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace atelier::app {
+
+// Exit codes: 0 success, 1 the command failed (message on stderr), 2 bad usage.
+void add_text_commands(CLI::App& root, int& exit_code);    // text, tokenize
+void add_bench_commands(CLI::App& root, int& exit_code);   // bench text
+void add_models_commands(CLI::App& root, int& exit_code);  // models synth, models scan
+
+}  // namespace atelier::app

@@ -1,0 +1,170 @@
+// `atelier text` and `atelier tokenize`.
+#include <atelier/engine.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "commands/commands.h"
+#include "commands/output.h"
+
+namespace atelier::app {
+
+namespace {
+
+struct TextOptions {
+  std::string model;
+  std::string prompt;
+  std::string tokenizer;
+  int n = 128;
+  float temp = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  int repeat_last_n = 64;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  uint64_t seed = SamplingParams::kRandomSeed;
+  std::vector<std::string> stop;
+  int threads = 0;
+  int ctx = 0;
+  std::string kv_type = "f16";
+  bool echo = false;
+  bool json = false;
+  bool no_bos = false;
+};
+
+void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer) {
+  cmd.add_option("-m,--model", model, "Model file: GGUF, or a llama2.c .bin checkpoint")->required();
+  cmd.add_option("--tokenizer", tokenizer, "llama2.c tokenizer file (default: tokenizer.bin or tok512.bin beside the model)");
+}
+
+int run_text(const TextOptions& o) {
+  TextModelOptions mo;
+  mo.threads = o.threads;
+  mo.context_tokens = o.ctx;
+  mo.kv_type = o.kv_type == "f32" ? KvType::F32 : KvType::F16;
+  mo.tokenizer_path = o.tokenizer;
+  auto model = TextModel::open(o.model, mo);
+  if (!model.ok()) return fail(model.status());
+
+  TextRequest req;
+  req.model = o.model;
+  req.prompt = o.prompt;
+  req.max_new_tokens = o.n;
+  req.stop = o.stop;
+  req.add_bos = !o.no_bos;
+  SamplingParams& s = req.sampling;
+  s.temperature = o.temp;
+  s.top_k = o.top_k;
+  s.top_p = o.top_p;
+  s.min_p = o.min_p;
+  s.repeat_penalty = o.repeat_penalty;
+  s.repeat_last_n = o.repeat_last_n;
+  s.frequency_penalty = o.frequency_penalty;
+  s.presence_penalty = o.presence_penalty;
+  s.seed = o.seed;
+
+  if (o.echo && !o.json) write_stdout(o.prompt);
+  size_t printed = 0;
+  auto on_token = [&](const TokenEvent& ev) {
+    if (o.json) {
+      print_json_line({{"type", "token"}, {"index", ev.index}, {"id", ev.id}, {"text", ev.text}, {"piece", ev.piece}});
+    } else {
+      write_stdout(ev.text);
+    }
+    printed += ev.text.size();
+    return true;
+  };
+  auto result = model.value()->generate(req, on_token);
+  if (!result.ok()) {
+    if (!o.json && (o.echo || printed)) write_stdout("\n");
+    return fail(result.status());
+  }
+  const TextResult& r = result.value();
+  const TextStats& st = r.stats;
+  if (o.json) {
+    std::vector<int32_t> all_ids = r.prompt_ids;
+    all_ids.insert(all_ids.end(), r.ids.begin(), r.ids.end());
+    print_json_line({{"type", "result"},
+                     {"text", r.text},
+                     {"prompt", o.echo ? nlohmann::json(o.prompt) : nlohmann::json(nullptr)},
+                     {"prompt_ids", r.prompt_ids},
+                     {"ids", all_ids},
+                     {"prompt_tokens", st.prompt_tokens},
+                     {"prompt_tokens_per_s", st.prompt_tokens_per_s},
+                     {"new_tokens", st.new_tokens},
+                     {"new_tokens_per_s", st.new_tokens_per_s},
+                     {"stop_reason", st.stop_reason},
+                     {"seed", st.seed}});
+  } else {
+    // Whatever was still held back (a partial stop string or UTF-8 sequence) at the end.
+    if (printed < r.text.size()) write_stdout(r.text.substr(printed));
+    write_stdout("\n");
+    std::fprintf(stderr, "prompt: %d tokens, %.1f tokens/s | new: %d tokens, %.1f tokens/s | stop: %s | seed: %llu\n",
+                 st.prompt_tokens, st.prompt_tokens_per_s, st.new_tokens, st.new_tokens_per_s, st.stop_reason.c_str(),
+                 static_cast<unsigned long long>(st.seed));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_text_commands(CLI::App& root, int& exit_code) {
+  auto o = std::make_shared<TextOptions>();
+  CLI::App* text = root.add_subcommand("text", "Generate text from a prompt, streaming tokens to stdout as they are sampled");
+  add_model_options(*text, o->model, o->tokenizer);
+  text->add_option("-p,--prompt", o->prompt, "Prompt text")->required();
+  text->add_option("-n,--n-predict", o->n, "Maximum new tokens")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  text->add_option("--temp", o->temp, "Temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  text->add_option("--top-k", o->top_k, "Keep the K most likely tokens; 0 turns it off")->check(CLI::Range(0, 1 << 24))->capture_default_str();
+  text->add_option("--top-p", o->top_p, "Nucleus sampling mass; 1 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  text->add_option("--min-p", o->min_p, "Drop tokens below P times the top probability; 0 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  text->add_option("--repeat-penalty", o->repeat_penalty, "Penalty for repeated tokens; 1 turns it off")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  text->add_option("--repeat-last-n", o->repeat_last_n, "Window of recent tokens the penalties look at")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  text->add_option("--frequency-penalty", o->frequency_penalty, "Subtract F times a token's count")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
+  text->add_option("--presence-penalty", o->presence_penalty, "Subtract P from tokens already present")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
+  text->add_option("--seed", o->seed, "Random seed (default: random; printed in the summary)");
+  text->add_option("--stop", o->stop, "Stop before this string (repeatable)")->allow_extra_args(false);
+  text->add_option("--threads", o->threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  text->add_option("--ctx", o->ctx, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
+  text->add_option("--kv-type", o->kv_type, "KV cache precision")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
+  text->add_flag("--echo", o->echo, "Print the prompt before the new text");
+  text->add_flag("--json", o->json, "Print JSON Lines events (one per token, then the result) instead of text");
+  text->add_flag("--no-bos", o->no_bos, "Do not prepend the BOS token");
+  text->callback([o, &exit_code] { exit_code = run_text(*o); });
+
+  struct TokOptions {
+    std::string model, tokenizer, text;
+    bool no_bos = false;
+  };
+  auto t = std::make_shared<TokOptions>();
+  CLI::App* tok = root.add_subcommand("tokenize", "Print the token ids of a text, space-separated on one line");
+  add_model_options(*tok, t->model, t->tokenizer);
+  tok->add_flag("--no-bos", t->no_bos, "No BOS, and special tokens are not parsed (as llama.cpp's vocab tests expect)");
+  tok->add_option("text", t->text, "Text to tokenize (put -- before it when it starts with -)")->required();
+  tok->callback([t, &exit_code] {
+    TextModelOptions mo;
+    mo.threads = 1;
+    mo.tokenizer_path = t->tokenizer;
+    auto model = TextModel::open(t->model, mo);
+    if (!model.ok()) {
+      exit_code = fail(model.status());
+      return;
+    }
+    auto ids = model.value()->tokenize(t->text, !t->no_bos, !t->no_bos);
+    if (!ids.ok()) {
+      exit_code = fail(ids.status());
+      return;
+    }
+    std::string line;
+    for (size_t i = 0; i < ids.value().size(); ++i) line += (i ? " " : "") + std::to_string(ids.value()[i]);
+    write_stdout(line + "\n");
+    exit_code = 0;
+  });
+}
+
+}  // namespace atelier::app

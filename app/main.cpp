@@ -1,0 +1,31 @@
+// atelier: the headless command line. Every job the window can run, a script
+// can run from here with the same request values.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "commands/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Atelier: local text and image generation", "atelier"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "atelier 0.1.0");
+  int exit_code = 0;
+  atelier::app::add_text_commands(app, exit_code);
+  atelier::app::add_bench_commands(app, exit_code);
+  atelier::app::add_models_commands(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line that says what was wrong; --help says what is allowed.
+    std::fprintf(stderr, "atelier: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  return exit_code;
+}

@@ -1,0 +1,214 @@
+// atelier/engine.h — the one public header of the engine.
+//
+// Plain request and result values, a TextModel handle, and the headless
+// utilities the command line and the window share. Pure C++20, no Qt.
+// Nothing here throws: every fallible call returns a Status or a Result whose
+// message says what was wrong and what to do.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace atelier {
+
+// ---------------------------------------------------------------- status
+
+enum class StatusCode {
+  Ok = 0,
+  InvalidArgument,  // a request value is out of range; nothing was done
+  NotFound,         // a file or model does not exist
+  InvalidModel,     // a model file is truncated, corrupt or inconsistent
+  Unsupported,      // a valid file using something we do not implement (architecture, type)
+  Io,               // reading or writing failed (disk full, permissions)
+  Internal,         // a bug: please report it
+};
+
+struct Status {
+  StatusCode code = StatusCode::Ok;
+  std::string message;
+  bool ok() const { return code == StatusCode::Ok; }
+  static Status error(StatusCode c, std::string m) { return {c, std::move(m)}; }
+};
+
+template <class T>
+class Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {}  // NOLINT
+  bool ok() const { return value_.has_value(); }
+  const Status& status() const { return status_; }
+  T& value() { return *value_; }
+  const T& value() const { return *value_; }
+  T* operator->() { return &*value_; }
+  const T* operator->() const { return &*value_; }
+
+ private:
+  std::optional<T> value_;
+  Status status_;
+};
+
+// ---------------------------------------------------------------- text
+
+// Sampling, applied in llama.cpp's order: penalties, top-k, top-p, min-p,
+// temperature, then a draw. temperature <= 0 is greedy (argmax).
+struct SamplingParams {
+  float temperature = 0.8f;
+  int top_k = 40;              // <= 0: off
+  float top_p = 0.95f;         // >= 1: off
+  float min_p = 0.05f;         // <= 0: off
+  float repeat_penalty = 1.0f; // 1: off (CTRL-style: divide positive logits, multiply negative)
+  int repeat_last_n = 64;      // window for all three penalties
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  static constexpr uint64_t kRandomSeed = UINT64_MAX;
+  uint64_t seed = kRandomSeed;  // kRandomSeed: pick one (reported in the stats)
+};
+
+enum class KvType { F32, F16 };
+
+struct TextModelOptions {
+  int threads = 0;                  // 0: one per hardware thread
+  KvType kv_type = KvType::F16;
+  int context_tokens = 0;           // 0: the model's training context, capped at 4096
+  std::string tokenizer_path;       // llama2.c .bin models: tokenizer.bin (default: tokenizer.bin / tok512.bin beside the model)
+};
+
+struct TextRequest {
+  std::string model;                // a model file path (a store reference once the store exists)
+  std::string prompt;
+  int max_new_tokens = 128;         // 1..context
+  SamplingParams sampling;
+  std::vector<std::string> stop;    // generation ends before the first occurrence of any of these
+  bool add_bos = true;              // when the vocabulary uses a BOS token
+  bool parse_special = true;        // "<|eot_id|>" etc. in the prompt become their tokens
+};
+
+// One sampled token. `text` is what a display may show now: the token's
+// bytes, minus anything held back because it may start a stop string or is
+// an incomplete UTF-8 sequence (released with a later token). Concatenating
+// every event's `text` gives a prefix of the result text; whatever was still
+// held back when generation ended is the rest of TextResult::text.
+struct TokenEvent {
+  int index = 0;       // 0-based among new tokens
+  int32_t id = 0;
+  std::string piece;   // this token's own bytes (may be a partial UTF-8 sequence)
+  std::string text;
+};
+
+struct TextStats {
+  int prompt_tokens = 0;
+  double prompt_ms = 0;
+  double prompt_tokens_per_s = 0;
+  int new_tokens = 0;
+  double gen_ms = 0;
+  double new_tokens_per_s = 0;
+  std::string stop_reason;  // "eos", "length", "stop", "context", "cancelled"
+  uint64_t seed = 0;
+};
+
+struct TextResult {
+  std::string text;                 // the new text (stop string excluded)
+  std::vector<int32_t> prompt_ids;  // including BOS
+  std::vector<int32_t> ids;         // new tokens
+  TextStats stats;
+};
+
+struct ModelInfo {
+  std::string path;
+  std::string format;        // "gguf", "llama2c"
+  std::string architecture;  // "llama"
+  std::string name;
+  std::string tokenizer;     // "llama", "gpt2", "bert"
+  std::string weight_types;  // e.g. "q8_0 (85), f32 (25)"
+  int64_t n_params = 0;
+  int64_t weight_bytes = 0;  // bytes of every matrix read once per generated token
+  int n_vocab = 0, n_ctx_train = 0, n_embd = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, n_ff = 0;
+};
+
+class TextModel {
+ public:
+  // Loads a GGUF or llama2.c model. InvalidModel/Unsupported/NotFound with a clear message otherwise.
+  static Result<std::shared_ptr<TextModel>> open(const std::string& path, const TextModelOptions& options = {});
+  ~TextModel();
+  TextModel(const TextModel&) = delete;
+  TextModel& operator=(const TextModel&) = delete;
+
+  const ModelInfo& info() const;
+  Result<std::vector<int32_t>> tokenize(std::string_view text, bool add_bos, bool parse_special) const;
+  std::string token_piece(int32_t id) const;
+
+  // Runs one request to completion on the calling thread. on_token is called
+  // for every sampled token; returning false cancels (stop_reason "cancelled").
+  Result<TextResult> generate(const TextRequest& request,
+                              const std::function<bool(const TokenEvent&)>& on_token = {});
+
+  struct Impl;
+  Impl& impl() { return *impl_; }  // engine-internal (defined in engine/src)
+
+ private:
+  explicit TextModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------- benchmarks
+
+struct MachineLimits {
+  double mem_bandwidth_gb_per_s = 0;  // streaming read, all threads
+  double peak_gflop_per_s = 0;        // fp32 FMA at the active SIMD level, all threads
+  int threads = 0;
+  std::string simd;                   // "avx512", "avx2", "scalar"
+};
+MachineLimits measure_machine_limits(int threads);
+
+struct TextBenchOptions {
+  int prompt_tokens = 128;
+  int gen_tokens = 64;
+  int reps = 3;
+  int threads = 0;
+};
+
+struct MeanSd {
+  double mean = 0, sd = 0;
+};
+
+struct TextBenchResult {
+  ModelInfo model;
+  MachineLimits limits;
+  int prompt_tokens = 0, gen_tokens = 0, reps = 0;
+  MeanSd prompt_tokens_per_s, gen_tokens_per_s;
+  double gen_bandwidth_gb_per_s = 0;  // weight bytes per token x tokens/s
+  double prompt_gflop_per_s = 0;      // 2 x params x prompt tokens/s
+};
+Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& options);
+
+// ---------------------------------------------------------------- synthetic models
+
+struct SynthTextSpec {
+  std::string arch = "llama";
+  std::string params = "110M";  // 260K, 15M, 42M, 110M, 1B (llama2.c / TinyLlama shapes)
+  std::string type = "q8_0";    // f32, f16, bf16, q8_0, q4_0, q4_K, q6_K
+  uint64_t seed = 1;
+};
+// Writes a LLaMA-shaped GGUF with deterministic random weights.
+Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path);
+std::vector<std::string> synth_param_presets();
+
+// ---------------------------------------------------------------- model discovery
+
+struct ModelFile {
+  std::string path;
+  std::string kind;    // "text"
+  std::string format;  // "gguf", "llama2c"
+  int64_t bytes = 0;
+  std::string summary;  // "llama, 64-dim, 5 layers, vocab 512" or the reason it cannot load
+};
+// Lists the model files directly inside the given folders (missing folders are skipped).
+std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders);
+
+}  // namespace atelier

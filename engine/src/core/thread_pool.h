@@ -1,0 +1,43 @@
+// A fixed pool of worker threads that runs the kernels' parallel loops.
+// The calling thread takes part, so a pool of N threads uses N-1 workers.
+#pragma once
+
+#include <atelier/kernels.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace atelier {
+
+class ThreadPool final : public kernels::Executor {
+ public:
+  // threads <= 0: one per hardware thread.
+  explicit ThreadPool(int threads = 0);
+  ~ThreadPool() override;
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int threads() const override { return n_threads_; }
+  // Splits [0, n) into at most threads() contiguous chunks. Not re-entrant:
+  // one parallel_for at a time per pool.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) override;
+
+  static int hardware_threads();
+
+ private:
+  void worker(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace atelier

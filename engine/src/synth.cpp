@@ -1,0 +1,175 @@
+// `atelier models synth`: LLaMA-shaped GGUF files with deterministic random
+// weights, for benchmarks and tests that need a model of a given size and type
+// without a download. Shapes follow llama2.c's TinyStories models and TinyLlama.
+#include <atelier/engine.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "text_model_impl.h"
+
+namespace atelier {
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int dim, hidden, layers, heads, kv_heads, vocab, ctx;
+  bool tied;
+};
+
+constexpr Preset kPresets[] = {
+    {"260K", 64, 172, 5, 8, 4, 512, 512, true},
+    {"15M", 288, 768, 6, 6, 6, 32000, 256, true},
+    {"42M", 512, 1376, 8, 8, 8, 32000, 1024, true},
+    {"110M", 768, 2048, 12, 12, 12, 32000, 1024, true},
+    {"1B", 2048, 5632, 22, 32, 4, 32000, 2048, false},
+};
+
+struct Rng {  // SplitMix64: cheap, deterministic, platform-independent
+  uint64_t x;
+  uint64_t next() {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform_pm1() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-52 - 1.0); }
+};
+
+uint64_t name_hash(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+kernels::DType parse_type(const std::string& t) {
+  using kernels::DType;
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    if (kernels::dtype_name(d) == t) return d;
+  throw Error("unknown weight type '" + t + "' (allowed: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)");
+}
+
+// A SentencePiece-style vocabulary: specials, 256 byte tokens, printable
+// characters with and without the space marker, then made-up words.
+void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  char buf[8];
+  for (int b = 0; b < 256; ++b) {
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    tokens.push_back(buf);
+    types.push_back(6);
+  }
+  std::set<std::string> seen(tokens.begin(), tokens.end());
+  auto add = [&](const std::string& t) {
+    if (static_cast<int>(tokens.size()) < n_vocab && seen.insert(t).second) {
+      tokens.push_back(t);
+      types.push_back(1);
+    }
+  };
+  const std::string space = "\xE2\x96\x81";  // U+2581
+  for (char c = ' ' + 1; c < 127; ++c) add(std::string(1, c));
+  for (char c = 'a'; c <= 'z'; ++c) add(space + c);
+  while (static_cast<int>(tokens.size()) < n_vocab) {
+    std::string word = space;
+    const int len = 2 + static_cast<int>(rng.next() % 6);
+    for (int i = 0; i < len; ++i) word += static_cast<char>('a' + rng.next() % 26);
+    add(word);
+  }
+  std::vector<float> scores(tokens.size());
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = -static_cast<float>(i);
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string_array("tokenizer.ggml.tokens", tokens);
+  w.set_f32_array("tokenizer.ggml.scores", scores);
+  w.set_i32_array("tokenizer.ggml.token_type", types);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+}
+
+}  // namespace
+
+std::vector<std::string> synth_param_presets() {
+  std::vector<std::string> r;
+  for (const auto& p : kPresets) r.emplace_back(p.name);
+  return r;
+}
+
+Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) {
+  if (spec.arch != "llama") return Status::error(StatusCode::InvalidArgument, "synth --arch: only 'llama' is supported for text models");
+  const Preset* preset = nullptr;
+  for (const auto& p : kPresets)
+    if (spec.params == p.name) preset = &p;
+  if (!preset) {
+    std::string all;
+    for (const auto& n : synth_param_presets()) all += (all.empty() ? "" : ", ") + n;
+    return Status::error(StatusCode::InvalidArgument, "synth --params '" + spec.params + "' is not a preset (allowed: " + all + ")");
+  }
+  return guarded([&]() -> Status {
+    const kernels::DType type = parse_type(spec.type);
+    const Preset& P = *preset;
+    formats::GgufWriter w;
+    Rng vocab_rng{spec.seed};
+    w.set_string("general.architecture", "llama");
+    w.set_string("general.name", std::string("synthetic-llama-") + P.name + "-" + spec.type);
+    w.set_u64("atelier.synthetic.seed", spec.seed);
+    w.set_u32("llama.context_length", static_cast<uint32_t>(P.ctx));
+    w.set_u32("llama.embedding_length", static_cast<uint32_t>(P.dim));
+    w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(P.hidden));
+    w.set_u32("llama.block_count", static_cast<uint32_t>(P.layers));
+    w.set_u32("llama.attention.head_count", static_cast<uint32_t>(P.heads));
+    w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(P.kv_heads));
+    w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(P.dim / P.heads));
+    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_f32("llama.rope.freq_base", 10000.0f);
+    add_vocab(w, P.vocab, vocab_rng);
+
+    // Matrices: uniform weights with std 1/sqrt(cols), so activations keep their scale.
+    auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+      // Rows a block type cannot hold (e.g. 1376 for K-quants) fall back to q8_0 or f16, as llama.cpp's quantizer does.
+      kernels::DType t = type;
+      if (cols % kernels::dtype_block_elems(t) != 0) t = cols % 32 == 0 ? kernels::DType::Q8_0 : kernels::DType::F16;
+      const int64_t row_bytes = kernels::dtype_row_bytes(t, cols);
+      std::vector<uint8_t> data(static_cast<size_t>(row_bytes * rows));
+      std::vector<float> row(static_cast<size_t>(cols));
+      Rng rng{name_hash(name, spec.seed)};
+      const float a = std::sqrt(3.0f / static_cast<float>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (auto& v : row) v = a * rng.uniform_pm1();
+        if (!kernels::quantize_row(t, row.data(), data.data() + r * row_bytes, cols))
+          throw Error("no quantizer for type " + std::string(kernels::dtype_name(t)));
+      }
+      w.add_tensor(name, {cols, rows}, t, data.data(), data.size());
+    };
+    auto norm = [&](const std::string& name) {
+      std::vector<float> v(static_cast<size_t>(P.dim));
+      Rng rng{name_hash(name, spec.seed)};
+      for (auto& x : v) x = 1.0f + 0.1f * rng.uniform_pm1();
+      w.add_tensor(name, {P.dim}, kernels::DType::F32, v.data(), v.size() * sizeof(float));
+    };
+    const int64_t hd = P.dim / P.heads, kvd = hd * P.kv_heads;
+    matrix("token_embd.weight", P.dim, P.vocab);
+    norm("output_norm.weight");
+    if (!P.tied) matrix("output.weight", P.dim, P.vocab);
+    for (int l = 0; l < P.layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      norm(b + "attn_norm.weight");
+      matrix(b + "attn_q.weight", P.dim, P.dim);
+      matrix(b + "attn_k.weight", P.dim, kvd);
+      matrix(b + "attn_v.weight", P.dim, kvd);
+      matrix(b + "attn_output.weight", P.dim, P.dim);
+      norm(b + "ffn_norm.weight");
+      matrix(b + "ffn_gate.weight", P.dim, P.hidden);
+      matrix(b + "ffn_up.weight", P.dim, P.hidden);
+      matrix(b + "ffn_down.weight", P.hidden, P.dim);
+    }
+    w.write(out_path);
+    return Status{};
+  });
+}
+
+}  // namespace atelier

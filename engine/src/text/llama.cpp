@@ -1,0 +1,358 @@
+#include "text/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "formats/llama2c.h"
+
+namespace atelier::text {
+
+using kernels::DType;
+using kernels::WeightView;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+class GgufLoader {
+ public:
+  GgufLoader(const formats::GgufFile& f, LlamaWeights& w) : f_(f), w_(w) {}
+
+  // A 2-D matrix of `rows` rows of `cols`. Types matmul cannot read directly are
+  // converted once at load (to Q8_0 when the row allows it, else F32).
+  WeightView matrix(const std::string& name, int64_t cols, int64_t rows) {
+    const formats::GgufTensor& t = f_.tensor(name);
+    check_shape(t, {cols, rows});
+    count(t);
+    WeightView v{t.type, t.data, rows, cols, kernels::dtype_row_bytes(t.type, cols)};
+    if (kernels::matmul_supports(t.type)) return v;
+    return convert(v);
+  }
+
+  std::vector<float> vector(const std::string& name, int64_t n) {
+    const formats::GgufTensor& t = f_.tensor(name);
+    check_shape(t, {n});
+    count(t);
+    std::vector<float> out(static_cast<size_t>(n));
+    kernels::dequantize_row(t.type, t.data, out.data(), n);
+    return out;
+  }
+
+  std::vector<float> optional_vector(const std::string& name, int64_t n) {
+    return f_.find_tensor(name) ? vector(name, n) : std::vector<float>{};
+  }
+
+  std::string type_summary() const {
+    std::string s;
+    for (const auto& [name, n] : type_counts_) s += (s.empty() ? "" : ", ") + name + " (" + std::to_string(n) + ")";
+    return s;
+  }
+
+ private:
+  void check_shape(const formats::GgufTensor& t, const std::vector<int64_t>& want) {
+    if (t.shape != want)
+      throw Error(f_.path() + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", expected " +
+                  shape_str(want) + " from the file's hyperparameters; the file is inconsistent");
+  }
+  void count(const formats::GgufTensor& t) {
+    ++type_counts_[std::string(kernels::dtype_name(t.type))];
+    w_.n_params += t.elements();
+  }
+  WeightView convert(const WeightView& v) {
+    const bool to_q8 = v.cols % 32 == 0;
+    const DType dst = to_q8 ? DType::Q8_0 : DType::F32;
+    const int64_t row_bytes = kernels::dtype_row_bytes(dst, v.cols);
+    auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(row_bytes * v.rows));
+    std::vector<float> row(static_cast<size_t>(v.cols));
+    for (int64_t r = 0; r < v.rows; ++r) {
+      kernels::dequantize_row(v.type, static_cast<const uint8_t*>(v.data) + r * v.row_stride_bytes, row.data(), v.cols);
+      kernels::quantize_row(dst, row.data(), buf->data() + r * row_bytes, v.cols);
+    }
+    w_.owned.push_back(buf);
+    return WeightView{dst, buf->data(), v.rows, v.cols, row_bytes};
+  }
+
+  const formats::GgufFile& f_;
+  LlamaWeights& w_;
+  std::map<std::string, int> type_counts_;
+};
+
+}  // namespace
+
+LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
+  const formats::GgufFile& f = *file;
+  LlamaWeights w;
+  w.format = "gguf";
+  w.gguf = file;
+  LlamaHparams& hp = w.hp;
+  hp.architecture = f.get_string("general.architecture");
+  const std::string& arch = hp.architecture;
+  if (arch != "llama" && arch != "qwen2")
+    throw UnsupportedError(f.path() + ": architecture '" + arch +
+                "' is not supported (supported: llama — Llama 2/3, Mistral, TinyLlama — and qwen2)");
+  hp.name = f.get_string("general.name", "");
+  const std::string p = arch + ".";
+  hp.n_embd = static_cast<int>(f.get_int(p + "embedding_length"));
+  hp.n_layer = static_cast<int>(f.get_int(p + "block_count"));
+  hp.n_ff = static_cast<int>(f.get_int(p + "feed_forward_length"));
+  hp.n_head = static_cast<int>(f.get_int(p + "attention.head_count"));
+  hp.n_head_kv = static_cast<int>(f.get_int(p + "attention.head_count_kv", hp.n_head));
+  hp.n_ctx_train = static_cast<int>(f.get_int(p + "context_length", 2048));
+  hp.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5));
+  hp.rope_freq_base = static_cast<float>(f.get_float(p + "rope.freq_base", 10000.0));
+  hp.rope_neox = arch == "qwen2";
+  hp.has_qkv_bias = arch == "qwen2";
+  auto bad = [&](const std::string& what) { return Error(f.path() + ": " + what + "; the file is inconsistent"); };
+  if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
+      hp.n_embd > (1 << 16) || hp.n_layer > 1024 || hp.n_ff > (1 << 18) || hp.n_head > 1024)
+    throw bad("hyperparameters out of range (embedding " + std::to_string(hp.n_embd) + ", layers " +
+              std::to_string(hp.n_layer) + ", heads " + std::to_string(hp.n_head) + ")");
+  if (hp.n_head % hp.n_head_kv != 0) throw bad("head_count is not a multiple of head_count_kv");
+  hp.head_dim = static_cast<int>(f.get_int(p + "attention.key_length", hp.n_embd / hp.n_head));
+  if (hp.head_dim <= 0 || hp.head_dim % 2 != 0) throw bad("attention head size must be even and positive");
+  hp.n_rot = static_cast<int>(f.get_int(p + "rope.dimension_count", hp.head_dim));
+  if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) throw bad("rope.dimension_count out of range");
+  // Linear RoPE scaling (position interpolation); the older key name too.
+  std::string scaling = f.get_string(p + "rope.scaling.type", "");
+  double factor = f.get_float(p + "rope.scaling.factor", f.get_float(p + "rope.scale_linear", 1.0));
+  if (!scaling.empty() && scaling != "none" && scaling != "linear")
+    throw UnsupportedError(f.path() + ": rope scaling '" + scaling + "' is not supported (supported: none, linear)");
+  if (factor > 0 && (scaling.empty() || scaling == "linear")) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  if (f.find_tensor("rope_freqs.weight"))
+    throw UnsupportedError(f.path() + ": Llama 3.1-style RoPE frequency factors (rope_freqs.weight) are not supported yet");
+
+  const formats::GgufTensor& emb = f.tensor("token_embd.weight");
+  if (emb.shape.size() != 2) throw bad("token_embd.weight must be 2-D");
+  hp.n_vocab = static_cast<int>(emb.shape[1]);
+
+  GgufLoader ld(f, w);
+  const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
+  w.tok_embd = ld.matrix("token_embd.weight", d, hp.n_vocab);
+  w.output_norm = ld.vector("output_norm.weight", d);
+  w.output = f.find_tensor("output.weight") ? ld.matrix("output.weight", d, hp.n_vocab) : w.tok_embd;
+  w.layers.resize(static_cast<size_t>(hp.n_layer));
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    LlamaLayer& L = w.layers[static_cast<size_t>(l)];
+    L.attn_norm = ld.vector(b + "attn_norm.weight", d);
+    L.wq = ld.matrix(b + "attn_q.weight", d, qd);
+    L.wk = ld.matrix(b + "attn_k.weight", d, kvd);
+    L.wv = ld.matrix(b + "attn_v.weight", d, kvd);
+    L.wo = ld.matrix(b + "attn_output.weight", qd, d);
+    if (hp.has_qkv_bias) {
+      L.bq = ld.optional_vector(b + "attn_q.bias", qd);
+      L.bk = ld.optional_vector(b + "attn_k.bias", kvd);
+      L.bv = ld.optional_vector(b + "attn_v.bias", kvd);
+    }
+    L.ffn_norm = ld.vector(b + "ffn_norm.weight", d);
+    L.w_gate = ld.matrix(b + "ffn_gate.weight", d, hp.n_ff);
+    L.w_up = ld.matrix(b + "ffn_up.weight", d, hp.n_ff);
+    L.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, d);
+  }
+  w.weight_types = ld.type_summary();
+  return w;
+}
+
+LlamaWeights load_llama2c(const std::string& path) {
+  formats::Llama2cModel m = formats::load_llama2c(path);
+  const formats::Llama2cConfig& c = m.config;
+  LlamaWeights w;
+  w.format = "llama2c";
+  w.map = m.map;
+  LlamaHparams& hp = w.hp;
+  hp.name = "llama2.c";
+  hp.n_vocab = c.vocab_size;
+  hp.n_ctx_train = c.seq_len;
+  hp.n_embd = c.dim;
+  hp.n_layer = c.n_layers;
+  hp.n_head = c.n_heads;
+  hp.n_head_kv = c.n_kv_heads;
+  hp.n_ff = c.hidden_dim;
+  hp.head_dim = c.dim / c.n_heads;
+  hp.n_rot = hp.head_dim;
+  const int64_t d = c.dim, hd = hp.head_dim, qd = int64_t{c.n_heads} * hd, kvd = int64_t{c.n_kv_heads} * hd;
+  const int64_t ff = c.hidden_dim;
+  auto view = [&](const float* base, int layer, int64_t rows, int64_t cols) {
+    w.n_params += rows * cols;
+    return WeightView{DType::F32, base + layer * rows * cols, rows, cols, cols * 4};
+  };
+  auto vec = [&](const float* base, int layer, int64_t n) {
+    w.n_params += n;
+    return std::vector<float>(base + layer * n, base + (layer + 1) * n);
+  };
+  const formats::Llama2cWeights& W = m.weights;
+  w.tok_embd = view(W.token_embedding, 0, c.vocab_size, d);
+  w.output = c.shared_classifier ? w.tok_embd : view(W.wcls, 0, c.vocab_size, d);
+  w.output_norm = vec(W.rms_final, 0, d);
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    LlamaLayer& L = w.layers[static_cast<size_t>(l)];
+    L.attn_norm = vec(W.rms_att, l, d);
+    L.wq = view(W.wq, l, qd, d);
+    L.wk = view(W.wk, l, kvd, d);
+    L.wv = view(W.wv, l, kvd, d);
+    L.wo = view(W.wo, l, d, qd);
+    L.ffn_norm = vec(W.rms_ffn, l, d);
+    L.w_gate = view(W.w1, l, ff, d);
+    L.w_down = view(W.w2, l, d, ff);
+    L.w_up = view(W.w3, l, ff, d);
+  }
+  w.weight_types = "f32 (" + std::to_string(2 + 9 * c.n_layers + (c.shared_classifier ? 0 : 1)) + ")";
+  return w;
+}
+
+// ---------------------------------------------------------------- KV cache
+
+KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16)
+    : n_ctx_(n_ctx), row_(hp.n_head_kv * hp.head_dim), n_layer_(hp.n_layer), f16_(f16) {
+  const size_t n = static_cast<size_t>(n_layer_) * static_cast<size_t>(n_ctx_) * static_cast<size_t>(row_);
+  if (f16_) {
+    k16_.resize(n);
+    v16_.resize(n);
+  } else {
+    k32_.resize(n);
+    v32_.resize(n);
+  }
+}
+
+void KvCache::store(int layer, int pos, const float* k, const float* v) {
+  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
+  if (f16_) {
+    kernels::f32_to_fp16_row(k, k16_.data() + off, row_);
+    kernels::f32_to_fp16_row(v, v16_.data() + off, row_);
+  } else {
+    std::memcpy(k32_.data() + off, k, sizeof(float) * static_cast<size_t>(row_));
+    std::memcpy(v32_.data() + off, v, sizeof(float) * static_cast<size_t>(row_));
+  }
+}
+
+const void* KvCache::k_row(int layer, int pos) const {
+  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
+  return f16_ ? static_cast<const void*>(k16_.data() + off) : static_cast<const void*>(k32_.data() + off);
+}
+
+const void* KvCache::v_row(int layer, int pos) const {
+  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
+  return f16_ ? static_cast<const void*>(v16_.data() + off) : static_cast<const void*>(v32_.data() + off);
+}
+
+// ---------------------------------------------------------------- forward pass
+
+LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex) : w_(w), ex_(ex) {}
+
+void LlamaRunner::ensure_scratch(int n) {
+  if (n <= cap_) return;
+  const LlamaHparams& hp = w_.hp;
+  const size_t N = static_cast<size_t>(n);
+  const size_t d = static_cast<size_t>(hp.n_embd), qd = static_cast<size_t>(hp.n_head * hp.head_dim),
+               kvd = static_cast<size_t>(hp.n_head_kv * hp.head_dim), ff = static_cast<size_t>(hp.n_ff);
+  x_.resize(N * d);
+  xn_.resize(N * d);
+  q_.resize(N * qd);
+  k_.resize(N * kvd);
+  v_.resize(N * kvd);
+  att_out_.resize(N * qd);
+  tmp_.resize(N * d);
+  gate_.resize(N * ff);
+  up_.resize(N * ff);
+  cap_ = n;
+}
+
+void LlamaRunner::attention(int n, int pos0, int layer, const KvCache& cache) {
+  const LlamaHparams& hp = w_.hp;
+  const int hd = hp.head_dim, qd = hp.n_head * hd, group = hp.n_head / hp.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool f16 = cache.f16();
+  auto task = [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(pos0 + n));
+    for (int64_t t = begin; t < end; ++t) {
+      const int i = static_cast<int>(t / hp.n_head), h = static_cast<int>(t % hp.n_head);
+      const int kvh = h / group, len = pos0 + i + 1;
+      const float* q = q_.data() + static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
+      float* out = att_out_.data() + static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
+      for (int p = 0; p < len; ++p) {
+        const void* k = cache.k_row(layer, p);
+        scores[static_cast<size_t>(p)] =
+            scale * (f16 ? kernels::dot_f16_f32(static_cast<const uint16_t*>(k) + kvh * hd, q, hd)
+                         : kernels::dot_f32(static_cast<const float*>(k) + kvh * hd, q, hd));
+      }
+      kernels::softmax(scores.data(), len);
+      std::fill(out, out + hd, 0.0f);
+      for (int p = 0; p < len; ++p) {
+        const void* v = cache.v_row(layer, p);
+        if (f16) kernels::axpy_f16(scores[static_cast<size_t>(p)], static_cast<const uint16_t*>(v) + kvh * hd, out, hd);
+        else kernels::axpy_f32(scores[static_cast<size_t>(p)], static_cast<const float*>(v) + kvh * hd, out, hd);
+      }
+    }
+  };
+  const int64_t tasks = int64_t{n} * hp.n_head;
+  if (ex_) ex_->parallel_for(tasks, task);
+  else task(0, tasks);
+}
+
+void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvCache& cache, float* logits) {
+  const LlamaHparams& hp = w_.hp;
+  if (n <= 0) return;
+  if (pos0 < 0 || pos0 + n > cache.n_ctx())
+    throw Error("the sequence needs " + std::to_string(pos0 + n) + " positions but the context holds " +
+                std::to_string(cache.n_ctx()));
+  ensure_scratch(n);
+  const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
+  for (int i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
+      throw Error("token id " + std::to_string(tokens[i]) + " is outside the vocabulary (0.." +
+                  std::to_string(hp.n_vocab - 1) + ")");
+    const uint8_t* row = static_cast<const uint8_t*>(w_.tok_embd.data) + int64_t{tokens[i]} * w_.tok_embd.row_stride_bytes;
+    kernels::dequantize_row(w_.tok_embd.type, row, x_.data() + i * d, d);
+  }
+  auto add_rows = [&](float* dst, const float* src, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) dst[j] += src[j];
+  };
+  auto add_bias = [&](float* dst, const std::vector<float>& b, int64_t width) {
+    if (b.empty()) return;
+    for (int i = 0; i < n; ++i) add_rows(dst + i * width, b.data(), width);
+  };
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
+    for (int i = 0; i < n; ++i) kernels::rms_norm(x_.data() + i * d, L.attn_norm.data(), xn_.data() + i * d, d, hp.rms_eps);
+    kernels::matmul(L.wq, xn_.data(), q_.data(), n, ex_);
+    kernels::matmul(L.wk, xn_.data(), k_.data(), n, ex_);
+    kernels::matmul(L.wv, xn_.data(), v_.data(), n, ex_);
+    add_bias(q_.data(), L.bq, qd);
+    add_bias(k_.data(), L.bk, kvd);
+    add_bias(v_.data(), L.bv, kvd);
+    for (int i = 0; i < n; ++i) {
+      kernels::rope(q_.data() + i * qd, hp.n_head, hp.head_dim, hp.n_rot, pos0 + i, hp.rope_freq_base,
+                    hp.rope_freq_scale, hp.rope_neox);
+      kernels::rope(k_.data() + i * kvd, hp.n_head_kv, hp.head_dim, hp.n_rot, pos0 + i, hp.rope_freq_base,
+                    hp.rope_freq_scale, hp.rope_neox);
+      cache.store(l, pos0 + i, k_.data() + i * kvd, v_.data() + i * kvd);
+    }
+    attention(n, pos0, l, cache);
+    kernels::matmul(L.wo, att_out_.data(), tmp_.data(), n, ex_);
+    add_rows(x_.data(), tmp_.data(), n * d);
+
+    for (int i = 0; i < n; ++i) kernels::rms_norm(x_.data() + i * d, L.ffn_norm.data(), xn_.data() + i * d, d, hp.rms_eps);
+    kernels::matmul(L.w_gate, xn_.data(), gate_.data(), n, ex_);
+    kernels::matmul(L.w_up, xn_.data(), up_.data(), n, ex_);
+    kernels::swiglu(gate_.data(), up_.data(), gate_.data(), int64_t{n} * hp.n_ff);
+    kernels::matmul(L.w_down, gate_.data(), tmp_.data(), n, ex_);
+    add_rows(x_.data(), tmp_.data(), n * d);
+  }
+  if (logits) {
+    const float* last = x_.data() + (n - 1) * d;
+    kernels::rms_norm(last, w_.output_norm.data(), xn_.data(), d, hp.rms_eps);
+    kernels::matmul(w_.output, xn_.data(), logits, 1, ex_);
+  }
+}
+
+}  // namespace atelier::text

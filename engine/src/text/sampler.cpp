@@ -1,0 +1,124 @@
+#include "text/sampler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <unordered_map>
+
+namespace atelier::text {
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params) : p_(params) {
+  seed_ = params.seed;
+  if (seed_ == SamplingParams::kRandomSeed) {
+    std::random_device rd;
+    seed_ = (static_cast<uint64_t>(rd()) << 32 | rd()) ^
+            static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    seed_ &= 0x7fffffffffffffffull;  // never collides with kRandomSeed; fits JSON integers that tools parse
+  }
+  uint64_t x = seed_;
+  for (auto& s : s_) s = splitmix64(x);
+}
+
+double Sampler::uniform01() {
+  // xoshiro256**
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return static_cast<double>(result >> 11) * 0x1.0p-53;
+}
+
+void Sampler::accept(int32_t token) {
+  if (p_.repeat_last_n <= 0) return;
+  recent_.push_back(token);
+  while (static_cast<int>(recent_.size()) > p_.repeat_last_n) recent_.pop_front();
+}
+
+int32_t Sampler::sample(float* logits, int n_vocab) {
+  // Penalties (llama.cpp's llama_sampler_penalties).
+  if (!recent_.empty() &&
+      (p_.repeat_penalty != 1.0f || p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f)) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : recent_) ++counts[t];
+    for (const auto& [id, c] : counts) {
+      if (id < 0 || id >= n_vocab) continue;
+      float& l = logits[id];
+      if (p_.repeat_penalty != 1.0f) l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+      l -= static_cast<float>(c) * p_.frequency_penalty + (c > 0 ? p_.presence_penalty : 0.0f);
+    }
+  }
+  if (p_.temperature <= 0.0f) {
+    // Greedy: first maximum wins, as in llama.cpp.
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return best;
+  }
+  cand_.resize(static_cast<size_t>(n_vocab));
+  for (int32_t i = 0; i < n_vocab; ++i) cand_[static_cast<size_t>(i)] = {i, logits[i], 0.0f};
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  size_t n = cand_.size();
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+    n = static_cast<size_t>(p_.top_k);
+  } else {
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+  }
+  cand_.resize(n);
+  auto softmax = [&] {
+    double sum = 0;
+    const float mx = cand_[0].logit;
+    for (auto& c : cand_) {
+      c.p = std::exp(c.logit - mx);
+      sum += c.p;
+    }
+    for (auto& c : cand_) c.p = static_cast<float>(c.p / sum);
+  };
+  softmax();
+  if (p_.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = cand_.size();
+    for (size_t i = 0; i < cand_.size(); ++i) {
+      cum += cand_[i].p;
+      if (cum >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    cand_.resize(keep);
+  }
+  if (p_.min_p > 0.0f) {
+    const float threshold = cand_[0].p * p_.min_p;
+    size_t keep = 1;
+    while (keep < cand_.size() && cand_[keep].p >= threshold) ++keep;
+    cand_.resize(keep);
+  }
+  for (auto& c : cand_) c.logit /= p_.temperature;
+  softmax();
+  const double r = uniform01();
+  double cum = 0;
+  for (const auto& c : cand_) {
+    cum += c.p;
+    if (r < cum) return c.id;
+  }
+  return cand_.back().id;
+}
+
+}  // namespace atelier::text

@@ -1,0 +1,263 @@
+// TextModel: the public handle over a loaded LLaMA-family model, its
+// tokenizer and the generation loop (prefill, sample, stream, stop).
+#include <atelier/engine.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "text_model_impl.h"
+#include "formats/gguf.h"
+#include "formats/llama2c.h"
+#include "text/sampler.h"
+
+namespace atelier {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+bool is_gguf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+std::string find_llama2c_tokenizer(const std::string& model_path, const std::string& given) {
+  if (!given.empty()) {
+    if (!fs::exists(given)) throw Error(given + ": tokenizer file not found");
+    return given;
+  }
+  const fs::path dir = fs::path(model_path).parent_path();
+  for (const char* name : {"tokenizer.bin", "tok512.bin"}) {
+    fs::path p = dir / name;
+    if (fs::exists(p)) return p.string();
+  }
+  // llama2.c names small-vocabulary tokenizers tokN.bin; take one if it is the only one.
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") found.push_back(e.path());
+  }
+  if (found.size() == 1) return found[0].string();
+  throw Error(model_path + ": a llama2.c checkpoint needs its tokenizer; none found beside it (looked for "
+              "tokenizer.bin, tok512.bin); pass --tokenizer FILE");
+}
+
+// Length of the longest suffix of `s` that is a proper prefix of some stop string.
+size_t stop_prefix_holdback(const std::string& s, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& stop : stops) {
+    for (size_t len = std::min(stop.size() - 1, s.size()); len > hold; --len) {
+      if (s.compare(s.size() - len, len, stop, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+// Bytes at the end of s[0, end) that form an incomplete UTF-8 sequence.
+size_t incomplete_utf8_tail(const std::string& s, size_t end) {
+  for (size_t back = 1; back <= 4 && back <= end; ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[end - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
+    size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+Status validate(const TextRequest& r, int n_ctx) {
+  auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };
+  const SamplingParams& s = r.sampling;
+  if (r.max_new_tokens < 1 || r.max_new_tokens > n_ctx)
+    return bad("max new tokens must be between 1 and the context size " + std::to_string(n_ctx) + ", got " +
+               std::to_string(r.max_new_tokens));
+  if (!(s.temperature >= 0.0f) || s.temperature > 100.0f) return bad("temperature must be between 0 and 100");
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return bad("top-p must be in (0, 1]");
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) return bad("min-p must be in [0, 1]");
+  if (!(s.repeat_penalty > 0.0f)) return bad("repeat penalty must be > 0 (1 turns it off)");
+  if (s.repeat_last_n < 0) return bad("repeat-last-n must be >= 0");
+  if (!std::isfinite(s.frequency_penalty) || !std::isfinite(s.presence_penalty))
+    return bad("frequency and presence penalties must be finite numbers");
+  for (const auto& stop : r.stop)
+    if (stop.empty()) return bad("a stop string must not be empty");
+  return {};
+}
+
+}  // namespace
+
+TextModel::TextModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TextModel::~TextModel() = default;
+
+const ModelInfo& TextModel::info() const { return impl_->info; }
+
+Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, const TextModelOptions& options) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    return Status::error(StatusCode::NotFound, path + ": no such model file");
+  if (options.threads < 0 || options.threads > 1024)
+    return Status::error(StatusCode::InvalidArgument, "threads must be between 1 and 1024 (0: one per core)");
+  if (options.context_tokens < 0)
+    return Status::error(StatusCode::InvalidArgument, "context size must be >= 0 (0: the model's own)");
+  return guarded([&]() -> Result<std::shared_ptr<TextModel>> {
+    auto impl = std::make_unique<Impl>();
+    impl->options = options;
+    if (is_gguf(path)) {
+      std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
+      impl->tokenizer = tok::Tokenizer::from_gguf(*file);
+      impl->weights = text::load_llama_gguf(file);
+    } else if (fs::path(path).extension() == ".bin") {
+      impl->weights = text::load_llama2c(path);
+      const std::string tok_path = find_llama2c_tokenizer(path, options.tokenizer_path);
+      impl->tokenizer = tok::Tokenizer::from_llama2c(
+          formats::load_llama2c_tokenizer(tok_path, impl->weights.hp.n_vocab));
+    } else {
+      throw Error(path + ": not a GGUF file and not a llama2.c .bin checkpoint");
+    }
+    const text::LlamaWeights& w = impl->weights;
+    if (impl->tokenizer->n_vocab() != w.hp.n_vocab)
+      throw Error(path + ": the vocabulary has " + std::to_string(impl->tokenizer->n_vocab()) +
+                  " tokens but the embedding matrix has " + std::to_string(w.hp.n_vocab) + " rows");
+    ModelInfo& info = impl->info;
+    info.path = path;
+    info.format = w.format;
+    info.architecture = w.hp.architecture;
+    info.name = w.hp.name;
+    info.tokenizer = impl->tokenizer->model_name();
+    info.weight_types = w.weight_types;
+    info.n_params = w.n_params;
+    info.n_vocab = w.hp.n_vocab;
+    info.n_ctx_train = w.hp.n_ctx_train;
+    info.n_embd = w.hp.n_embd;
+    info.n_layers = w.hp.n_layer;
+    info.n_heads = w.hp.n_head;
+    info.n_kv_heads = w.hp.n_head_kv;
+    info.n_ff = w.hp.n_ff;
+    auto matrix_bytes = [](const kernels::WeightView& v) { return v.rows * v.row_stride_bytes; };
+    info.weight_bytes = matrix_bytes(w.output);
+    for (const auto& L : w.layers)
+      for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) info.weight_bytes += matrix_bytes(*m);
+    impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : std::min(w.hp.n_ctx_train > 0 ? w.hp.n_ctx_train : 4096, 4096);
+    impl->pool = std::make_unique<ThreadPool>(options.threads);
+    return std::shared_ptr<TextModel>(new TextModel(std::move(impl)));
+  });
+}
+
+Result<std::vector<int32_t>> TextModel::tokenize(std::string_view text, bool add_bos, bool parse_special) const {
+  return guarded([&]() -> Result<std::vector<int32_t>> { return impl_->tokenizer->encode(text, add_bos, parse_special); });
+}
+
+std::string TextModel::token_piece(int32_t id) const {
+  if (id < 0 || id >= impl_->tokenizer->n_vocab()) return {};
+  return impl_->tokenizer->token_to_piece(id);
+}
+
+Result<TextResult> TextModel::generate(const TextRequest& request,
+                                       const std::function<bool(const TokenEvent&)>& on_token) {
+  Impl& m = *impl_;
+  if (Status s = validate(request, m.n_ctx); !s.ok()) return s;
+  return guarded([&]() -> Result<TextResult> {
+    TextResult result;
+    result.prompt_ids = m.tokenizer->encode(request.prompt, request.add_bos, request.parse_special);
+    const int n_prompt = static_cast<int>(result.prompt_ids.size());
+    if (n_prompt == 0) return Status::error(StatusCode::InvalidArgument, "the prompt is empty and the model has no BOS token; give a prompt");
+    if (n_prompt >= m.n_ctx)
+      return Status::error(StatusCode::InvalidArgument,
+                           "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
+                               std::to_string(m.n_ctx) + "; shorten the prompt or raise the context size");
+    const int n_ctx = std::min(m.n_ctx, n_prompt + request.max_new_tokens);
+    text::KvCache cache(m.weights.hp, n_ctx, m.options.kv_type == KvType::F16);
+    text::LlamaRunner runner(m.weights, m.pool.get());
+    text::Sampler sampler(request.sampling);
+    for (int32_t t : result.prompt_ids) sampler.accept(t);
+    std::vector<float> logits(static_cast<size_t>(m.weights.hp.n_vocab));
+
+    // Prefill in chunks so scratch memory stays bounded for long prompts.
+    constexpr int kChunk = 256;
+    auto t0 = Clock::now();
+    for (int p = 0; p < n_prompt; p += kChunk) {
+      const int n = std::min(kChunk, n_prompt - p);
+      runner.forward(result.prompt_ids.data() + p, n, p, cache, p + n == n_prompt ? logits.data() : nullptr);
+    }
+    TextStats& st = result.stats;
+    st.prompt_tokens = n_prompt;
+    st.prompt_ms = ms_since(t0);
+    st.seed = sampler.seed();
+
+    std::string all;      // every generated byte so far
+    size_t released = 0;  // bytes of `all` handed out in events
+    size_t stop_at = std::string::npos;
+    int pos = n_prompt;
+    auto t1 = Clock::now();
+    for (;;) {
+      const int32_t id = sampler.sample(logits.data(), m.weights.hp.n_vocab);
+      if (m.tokenizer->is_eog(id)) {
+        st.stop_reason = "eos";
+        break;
+      }
+      sampler.accept(id);
+      result.ids.push_back(id);
+      TokenEvent ev;
+      ev.index = static_cast<int>(result.ids.size()) - 1;
+      ev.id = id;
+      ev.piece = m.tokenizer->token_to_piece(id);
+      all += ev.piece;
+      // A stop string cannot start before `released`: any text that could begin one is held back.
+      for (const auto& stop : request.stop) {
+        const size_t at = all.find(stop, released);
+        if (at != std::string::npos && at < stop_at) stop_at = at;
+      }
+      size_t end = all.size();
+      if (stop_at != std::string::npos) {
+        end = stop_at;
+      } else {
+        end -= stop_prefix_holdback(all, request.stop);
+        end -= incomplete_utf8_tail(all, end);
+      }
+      if (end > released) {
+        ev.text = all.substr(released, end - released);
+        released = end;
+      }
+      const bool keep_going = !on_token || on_token(ev);
+      if (stop_at != std::string::npos) {
+        st.stop_reason = "stop";
+        break;
+      }
+      if (!keep_going) {
+        st.stop_reason = "cancelled";
+        break;
+      }
+      if (static_cast<int>(result.ids.size()) >= request.max_new_tokens) {
+        st.stop_reason = "length";
+        break;
+      }
+      if (pos >= n_ctx) {
+        st.stop_reason = "context";
+        break;
+      }
+      runner.forward(&id, 1, pos, cache, logits.data());
+      ++pos;
+    }
+    st.gen_ms = ms_since(t1);
+    st.new_tokens = static_cast<int>(result.ids.size());
+    st.prompt_tokens_per_s = st.prompt_ms > 0 ? st.prompt_tokens * 1000.0 / st.prompt_ms : 0;
+    st.new_tokens_per_s = st.gen_ms > 0 ? st.new_tokens * 1000.0 / st.gen_ms : 0;
+    result.text = stop_at != std::string::npos ? all.substr(0, stop_at) : all;
+    return result;
+  });
+}
+
+}  // namespace atelier

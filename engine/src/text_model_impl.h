@@ -1,0 +1,44 @@
+// Internals shared by the engine's API files (text_model.cpp, bench.cpp):
+// what a TextModel holds, and the exception-to-Status guard used at the API
+// boundary.
+#pragma once
+
+#include <atelier/engine.h>
+
+#include <memory>
+#include <new>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "text/llama.h"
+#include "tokenizer/tokenizer.h"
+
+namespace atelier {
+
+struct TextModel::Impl {
+  TextModelOptions options;
+  ModelInfo info;
+  text::LlamaWeights weights;
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  std::unique_ptr<ThreadPool> pool;
+  int n_ctx = 0;
+};
+
+// Runs fn, turning the engine's exceptions into a Status: exceptions stop here.
+template <class F>
+inline auto guarded(F&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const UnsupportedError& e) {
+    return Status::error(StatusCode::Unsupported, e.what());
+  } catch (const Error& e) {
+    return Status::error(StatusCode::InvalidModel, e.what());
+  } catch (const std::bad_alloc&) {
+    return Status::error(StatusCode::Io, "out of memory: the model or context does not fit; use a smaller context or model");
+  } catch (const std::exception& e) {
+    return Status::error(StatusCode::Internal, std::string("internal error: ") + e.what());
+  }
+}
+
+
+}  // namespace atelier

@@ -1,0 +1,131 @@
+// Type traits and scalar fp16/bf16 conversions: the facts every layer needs
+// to size a tensor before touching its bytes.
+#include <atelier/kernels.h>
+
+#include <cstring>
+
+namespace atelier::kernels {
+
+namespace {
+struct TypeInfo {
+  DType type;
+  std::string_view name;
+  int64_t block_elems;
+  int64_t block_bytes;
+};
+
+// Block sizes as GGML defines them (ggml-common.h): QK4_0 = QK8_0 = 32, QK_K = 256.
+constexpr TypeInfo kTypes[] = {
+    {DType::F32, "f32", 1, 4},
+    {DType::F16, "f16", 1, 2},
+    {DType::Q4_0, "q4_0", 32, 2 + 16},
+    {DType::Q4_1, "q4_1", 32, 2 + 2 + 16},
+    {DType::Q5_0, "q5_0", 32, 2 + 4 + 16},
+    {DType::Q5_1, "q5_1", 32, 2 + 2 + 4 + 16},
+    {DType::Q8_0, "q8_0", 32, 2 + 32},
+    {DType::Q8_1, "q8_1", 32, 2 + 2 + 32},
+    {DType::Q2_K, "q2_K", 256, 16 + 64 + 2 + 2},
+    {DType::Q3_K, "q3_K", 256, 32 + 64 + 12 + 2},
+    {DType::Q4_K, "q4_K", 256, 2 + 2 + 12 + 128},
+    {DType::Q5_K, "q5_K", 256, 2 + 2 + 12 + 32 + 128},
+    {DType::Q6_K, "q6_K", 256, 128 + 64 + 16 + 2},
+    {DType::Q8_K, "q8_K", 256, 4 + 256 + 32},
+    {DType::BF16, "bf16", 1, 2},
+};
+
+const TypeInfo* find(DType t) {
+  for (const auto& info : kTypes)
+    if (info.type == t) return &info;
+  return nullptr;
+}
+}  // namespace
+
+bool dtype_known(uint32_t id) { return find(static_cast<DType>(id)) != nullptr; }
+
+std::string_view dtype_name(DType t) {
+  const TypeInfo* info = find(t);
+  return info ? info->name : std::string_view("unknown");
+}
+
+int64_t dtype_block_elems(DType t) {
+  const TypeInfo* info = find(t);
+  return info ? info->block_elems : 0;
+}
+
+int64_t dtype_block_bytes(DType t) {
+  const TypeInfo* info = find(t);
+  return info ? info->block_bytes : 0;
+}
+
+int64_t dtype_row_bytes(DType t, int64_t n) {
+  const TypeInfo* info = find(t);
+  if (!info || n < 0 || n % info->block_elems != 0) return -1;
+  return n / info->block_elems * info->block_bytes;
+}
+
+float fp16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // subnormal or zero in fp16
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t e = abs >> 23;
+    uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 113 - e + 13
+    uint32_t half = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((abs >> 13) - ((127 - 15) << 10));
+  uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+float bf16_to_f32(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+}  // namespace atelier::kernels

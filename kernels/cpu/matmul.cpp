@@ -1,0 +1,246 @@
+// matmul: activation quantization, threading and SIMD dispatch; the scalar
+// kernels (one dot per (m, r), also used by matmul_ref).
+#include <atelier/kernels.h>
+
+#include <cstring>
+#include <vector>
+
+#include "matmul_internal.h"
+#include "quants.h"
+#include "simd.h"
+
+namespace atelier::kernels {
+
+using namespace cpu;
+
+namespace {
+
+ActKind act_kind(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+    case DType::Q4_0: return ActKind::q8_0;
+    case DType::Q4_K:
+    case DType::Q6_K: return ActKind::q8_K;
+    default: return ActKind::f32;
+  }
+}
+
+int64_t act_row_bytes(ActKind k, int64_t cols) {
+  switch (k) {
+    case ActKind::q8_0: return cols / kQK * int64_t(sizeof(ActQ8_0));
+    case ActKind::q8_K: return cols / kQK_K * int64_t(sizeof(BlockQ8_K));
+    case ActKind::f32: break;
+  }
+  return 0;
+}
+
+// ---- scalar dots: plain loops, the reference arithmetic --------------------
+
+float dot_f32_row(const char* w, const float* x, int64_t k) {
+  const auto* wf = reinterpret_cast<const float*>(w);
+  float s = 0;
+  for (int64_t i = 0; i < k; ++i) s += wf[i] * x[i];
+  return s;
+}
+
+float dot_f16_row(const char* w, const float* x, int64_t k) {
+  const auto* wh = reinterpret_cast<const uint16_t*>(w);
+  float s = 0;
+  for (int64_t i = 0; i < k; ++i) s += fp16_to_f32(wh[i]) * x[i];
+  return s;
+}
+
+float dot_bf16_row(const char* w, const float* x, int64_t k) {
+  const auto* wh = reinterpret_cast<const uint16_t*>(w);
+  float s = 0;
+  for (int64_t i = 0; i < k; ++i) s += bf16_to_f32(wh[i]) * x[i];
+  return s;
+}
+
+float dot_q8_0_row(const char* w, const char* xq, int64_t k) {
+  const auto* wb = reinterpret_cast<const BlockQ8_0*>(w);
+  const auto* xb = reinterpret_cast<const ActQ8_0*>(xq);
+  float s = 0;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < kQK; ++j) isum += wb[b].qs[j] * xb[b].qs[j];
+    s += (fp16_to_f32(wb[b].d) * xb[b].d) * static_cast<float>(isum);
+  }
+  return s;
+}
+
+float dot_q4_0_row(const char* w, const char* xq, int64_t k) {
+  const auto* wb = reinterpret_cast<const BlockQ4_0*>(w);
+  const auto* xb = reinterpret_cast<const ActQ8_0*>(xq);
+  float s = 0;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      isum += ((wb[b].qs[j] & 0x0F) - 8) * xb[b].qs[j];
+      isum += ((wb[b].qs[j] >> 4) - 8) * xb[b].qs[j + kQK / 2];
+    }
+    s += (fp16_to_f32(wb[b].d) * xb[b].d) * static_cast<float>(isum);
+  }
+  return s;
+}
+
+float dot_q4_K_row(const char* w, const char* xq, int64_t k) {
+  const auto* wb = reinterpret_cast<const BlockQ4_K*>(w);
+  const auto* xb = reinterpret_cast<const BlockQ8_K*>(xq);
+  float s = 0;
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    const uint8_t* q = wb[b].qs;
+    const int8_t* x = xb[b].qs;
+    int32_t isum = 0, imin = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      get_scale_min_k4(j, wb[b].scales, &sc, &m);
+      const int shift = (j & 1) * 4;
+      const uint8_t* qc = q + (j / 2) * 32;
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) dot += ((qc[l] >> shift) & 0xF) * x[j * 32 + l];
+      isum += sc * dot;
+      imin += m * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
+    }
+    s += (fp16_to_f32(wb[b].d) * xb[b].d) * static_cast<float>(isum) -
+         (fp16_to_f32(wb[b].dmin) * xb[b].d) * static_cast<float>(imin);
+  }
+  return s;
+}
+
+float dot_q6_K_row(const char* w, const char* xq, int64_t k) {
+  const auto* wb = reinterpret_cast<const BlockQ6_K*>(w);
+  const auto* xb = reinterpret_cast<const BlockQ8_K*>(xq);
+  float s = 0;
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    int8_t q[kQK_K];  // decode the 6-bit codes in element order
+    const uint8_t* ql = wb[b].ql;
+    const uint8_t* qh = wb[b].qh;
+    for (int n = 0; n < kQK_K; n += 128, ql += 64, qh += 32) {
+      for (int l = 0; l < 32; ++l) {
+        q[n + l + 0] = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        q[n + l + 32] = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        q[n + l + 64] = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        q[n + l + 96] = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      }
+    }
+    int32_t isum = 0;
+    for (int sb = 0; sb < kQK_K / 16; ++sb) {
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l) dot += q[sb * 16 + l] * xb[b].qs[sb * 16 + l];
+      isum += wb[b].scales[sb] * dot;
+    }
+    s += (fp16_to_f32(wb[b].d) * xb[b].d) * static_cast<float>(isum);
+  }
+  return s;
+}
+
+// Types without a kernel: decode the weight row, then a float dot.
+float dot_generic_row(DType t, const char* w, const float* x, int64_t k) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(k));
+  dequantize_row(t, w, row.data(), k);
+  return dot_f32_row(reinterpret_cast<const char*>(row.data()), x, k);
+}
+
+float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
+  const int64_t k = a.w->cols;
+  const char* w = weight_row(a, r);
+  const float* x = a.x + m * k;
+  switch (a.w->type) {
+    case DType::F32: return dot_f32_row(w, x, k);
+    case DType::F16: return dot_f16_row(w, x, k);
+    case DType::BF16: return dot_bf16_row(w, x, k);
+    case DType::Q8_0: return dot_q8_0_row(w, act_row(a, m), k);
+    case DType::Q4_0: return dot_q4_0_row(w, act_row(a, m), k);
+    case DType::Q4_K: return dot_q4_K_row(w, act_row(a, m), k);
+    case DType::Q6_K: return dot_q6_K_row(w, act_row(a, m), k);
+    default: return dot_generic_row(a.w->type, w, x, k);
+  }
+}
+
+// The scalar level: the reference dots, weight row outer so each row is read
+// from memory once for all activation rows.
+void rows_ref(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t m = 0; m < a.m_rows; ++m) a.y[m * a.w->rows + r] = dot_ref(a, m, r);
+}
+
+// Quantizes the activations as the weight type wants them; the buffer lives
+// in `storage`.
+MatmulArgs prepare(const WeightView& w, const float* x, float* y, int64_t n_x_rows,
+                   std::vector<unsigned char>& storage) {
+  MatmulArgs a;
+  a.w = &w;
+  a.x = x;
+  a.y = y;
+  a.m_rows = n_x_rows;
+  const ActKind kind = act_kind(w.type);
+  a.xq_row_bytes = act_row_bytes(kind, w.cols);
+  if (kind == ActKind::f32) return a;
+  storage.resize(static_cast<size_t>(a.xq_row_bytes * n_x_rows));
+  for (int64_t m = 0; m < n_x_rows; ++m) {
+    unsigned char* dst = storage.data() + m * a.xq_row_bytes;
+    if (kind == ActKind::q8_0) quantize_act_q8_0(x + m * w.cols, reinterpret_cast<ActQ8_0*>(dst), w.cols);
+    else quantize_act_q8_K(x + m * w.cols, reinterpret_cast<BlockQ8_K*>(dst), w.cols);
+  }
+  a.xq = storage.data();
+  return a;
+}
+
+bool shape_ok(const WeightView& w, int64_t n_x_rows) {
+  return n_x_rows > 0 && w.rows > 0 && w.cols > 0 && w.data && dtype_row_bytes(w.type, w.cols) >= 0;
+}
+
+}  // namespace
+
+namespace cpu {
+RowsFn rows_fn_scalar(DType) { return &rows_ref; }
+}  // namespace cpu
+
+bool matmul_supports(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q6_K: return true;
+    default: return false;
+  }
+}
+
+void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Executor* ex) {
+  if (!shape_ok(w, n_x_rows)) return;
+  RowsFn fn = nullptr;
+  if (matmul_supports(w.type)) {
+    switch (active_simd()) {
+      case Simd::avx512: fn = rows_fn_avx512(w.type); break;
+      case Simd::avx2: fn = rows_fn_avx2(w.type); break;
+      case Simd::scalar: break;
+    }
+  }
+  if (!fn) fn = rows_fn_scalar(w.type);
+
+  thread_local std::vector<unsigned char> storage;
+  const MatmulArgs a = prepare(w, x, y, n_x_rows, storage);
+  const int64_t units = (w.rows + kRowUnit - 1) / kRowUnit;
+  if (!ex || ex->threads() <= 1 || units == 1) {
+    fn(a, 0, w.rows);
+    return;
+  }
+  ex->parallel_for(units, [&](int64_t b, int64_t e) {
+    fn(a, b * kRowUnit, std::min(e * kRowUnit, w.rows));
+  });
+}
+
+void matmul_ref(const WeightView& w, const float* x, float* y, int64_t n_x_rows) {
+  if (!shape_ok(w, n_x_rows)) return;
+  std::vector<unsigned char> storage;
+  const MatmulArgs a = prepare(w, x, y, n_x_rows, storage);
+  for (int64_t m = 0; m < n_x_rows; ++m)
+    for (int64_t r = 0; r < w.rows; ++r) y[m * w.rows + r] = dot_ref(a, m, r);
+}
+
+}  // namespace atelier::kernels

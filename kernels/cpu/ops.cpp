@@ -1,0 +1,142 @@
+// Element-wise ops: scalar references, scalar fallbacks, and the dispatch to
+// the AVX2 variants (used at the avx512 level too: these ops are memory-bound).
+#include <atelier/kernels.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops_internal.h"
+#include "simd.h"
+
+namespace atelier::kernels {
+
+using cpu::active_simd;
+using cpu::Simd;
+
+namespace {
+bool use_avx2() { return active_simd() != Simd::scalar; }
+}  // namespace
+
+// ---- references -------------------------------------------------------------
+
+void rms_norm_ref(const float* x, const float* weight, float* y, int64_t n, float eps) {
+  double sum = 0;  // as GGML does, in double
+  for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = weight ? x[i] * scale * weight[i] : x[i] * scale;
+}
+
+void softmax_ref(float* x, int64_t n) {
+  if (n <= 0) return;
+  float max = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) max = std::fmax(max, x[i]);
+  if (max == -INFINITY) max = 0;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inv = sum > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void swiglu_ref(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+namespace {
+// theta_i = pos * freq_scale * base^(-2i/rot_dim), in double so long contexts
+// keep their phase.
+void rope_angles(int64_t rot_dim, int64_t pos, float freq_base, float freq_scale, float* c, float* s) {
+  for (int64_t i = 0; i < rot_dim / 2; ++i) {
+    const double theta = double(pos) * freq_scale * std::pow(double(freq_base), -2.0 * double(i) / double(rot_dim));
+    c[i] = static_cast<float>(std::cos(theta));
+    s[i] = static_cast<float>(std::sin(theta));
+  }
+}
+
+void rope_apply(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, bool neox, const float* c,
+                const float* s) {
+  const int64_t half = rot_dim / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+      const float x0 = v[i0], x1 = v[i1];
+      v[i0] = x0 * c[i] - x1 * s[i];
+      v[i1] = x0 * s[i] + x1 * c[i];
+    }
+  }
+}
+}  // namespace
+
+void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
+              float freq_scale, bool neox) {
+  for (int64_t h = 0; h < n_heads; ++h) {  // angles recomputed per head: the plain form
+    std::vector<float> c(rot_dim / 2), s(rot_dim / 2);
+    rope_angles(rot_dim, pos, freq_base, freq_scale, c.data(), s.data());
+    rope_apply(x + h * head_dim, 1, head_dim, rot_dim, neox, c.data(), s.data());
+  }
+}
+
+// ---- dispatched -------------------------------------------------------------
+
+void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps) {
+  if (use_avx2()) return cpu::avx2::rms_norm(x, weight, y, n, eps);
+  rms_norm_ref(x, weight, y, n, eps);
+}
+
+void softmax(float* x, int64_t n) {
+  if (use_avx2()) return cpu::avx2::softmax(x, n);
+  softmax_ref(x, n);
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  if (use_avx2()) return cpu::avx2::swiglu(gate, up, out, n);
+  swiglu_ref(gate, up, out, n);
+}
+
+void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
+          float freq_scale, bool neox) {
+  // One table of angles for all heads: the trigonometry dominates otherwise.
+  thread_local std::vector<float> cs;
+  cs.resize(static_cast<size_t>(rot_dim));
+  rope_angles(rot_dim, pos, freq_base, freq_scale, cs.data(), cs.data() + rot_dim / 2);
+  rope_apply(x, n_heads, head_dim, rot_dim, neox, cs.data(), cs.data() + rot_dim / 2);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  if (use_avx2()) return cpu::avx2::dot_f32(a, b, n);
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy_f32(float a, const float* x, float* y, int64_t n) {
+  if (use_avx2()) return cpu::avx2::axpy_f32(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
+  if (use_avx2()) return cpu::avx2::dot_f16_f32(a, b, n);
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += fp16_to_f32(a[i]) * b[i];
+  return s;
+}
+
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
+  if (use_avx2()) return cpu::avx2::axpy_f16(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * fp16_to_f32(x[i]);
+}
+
+void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
+  if (use_avx2()) return cpu::avx2::f32_to_fp16_row(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_fp16(x[i]);
+}
+
+void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  if (use_avx2()) return cpu::avx2::fp16_to_f32_row(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_f32(x[i]);
+}
+
+}  // namespace atelier::kernels

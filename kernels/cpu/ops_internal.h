@@ -1,0 +1,18 @@
+// AVX2 variants of the element-wise ops (ops_avx2.cpp). Private to kernels/cpu.
+#pragma once
+
+#include <cstdint>
+
+namespace atelier::kernels::cpu::avx2 {
+
+void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps);
+void softmax(float* x, int64_t n);
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy_f32(float a, const float* x, float* y, int64_t n);
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
+void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
+void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+
+}  // namespace atelier::kernels::cpu::avx2

@@ -1,0 +1,76 @@
+// Block layouts of the quantized types, byte for byte as GGML lays them out
+// (ggml-common.h), plus the activation blocks the matmul kernels use.
+// Private to kernels/cpu.
+#pragma once
+
+#include <atelier/kernels.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace atelier::kernels::cpu {
+
+constexpr int kQK = 32;    // QK4_0 = QK4_1 = QK5_0 = QK5_1 = QK8_0 = QK8_1
+constexpr int kQK_K = 256;  // super-block of the K-quants
+constexpr int kKScaleSize = 12;
+
+struct BlockQ4_0 { uint16_t d; uint8_t qs[kQK / 2]; };
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[kQK / 2]; };
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
+struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
+struct BlockQ8_0 { uint16_t d; int8_t qs[kQK]; };
+struct BlockQ8_1 { uint16_t d, s; int8_t qs[kQK]; };  // s = d * sum(qs)
+struct BlockQ2_K { uint8_t scales[kQK_K / 16]; uint8_t qs[kQK_K / 4]; uint16_t d, dmin; };
+struct BlockQ3_K { uint8_t hmask[kQK_K / 8]; uint8_t qs[kQK_K / 4]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[kKScaleSize]; uint8_t qs[kQK_K / 2]; };
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[kKScaleSize];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ6_K { uint8_t ql[kQK_K / 2]; uint8_t qh[kQK_K / 4]; int8_t scales[kQK_K / 16]; uint16_t d; };
+struct BlockQ8_K { float d; int8_t qs[kQK_K]; int16_t bsums[kQK_K / 16]; };
+
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+
+// Activation block for Q8_0/Q4_0 weights: a Q8_0 block with its scale kept in
+// f32 (no fp16 rounding) and the sum of its quants (Q4_0's -8 offset and the
+// VNNI unsigned trick need it).
+struct ActQ8_0 { float d; int32_t sum; int8_t qs[kQK]; };
+static_assert(sizeof(ActQ8_0) == 40);
+
+// static: these are also compiled into the per-ISA files, whose copies must
+// never be picked by the linker for baseline callers.
+// GGML's nearest_int: round half to even through the float mantissa trick,
+// valid for |f| < 2^22 (the quantizers clamp far below that).
+static inline int nearest_int(float f) {
+  float val = f + 12582912.f;
+  int32_t i;
+  std::memcpy(&i, &val, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block.
+static inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+// Activation quantizers shared by every SIMD level and matmul_ref, so all of
+// them see the same integers. n is a multiple of the block size.
+void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n);
+void quantize_act_q8_K(const float* x, BlockQ8_K* y, int64_t n);
+
+}  // namespace atelier::kernels::cpu

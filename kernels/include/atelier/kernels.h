@@ -1,0 +1,119 @@
+// atelier/kernels.h — the one public header of the kernels layer.
+//
+// Compute primitives on raw buffers. Knows nothing of models or jobs.
+// Every op has one entry point here; the CPU implementation picks the widest
+// SIMD variant this CPU supports at run time (AVX-512, AVX2, scalar), and a
+// plain scalar reference sits beside it (`*_ref`) for tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+namespace atelier::kernels {
+
+// Tensor element types, numbered as GGML numbers them so GGUF type ids map 1:1.
+enum class DType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
+};
+
+// Whether `id` is a DType this library can read (dequantize).
+bool dtype_known(uint32_t id);
+std::string_view dtype_name(DType t);             // "f32", "q4_K", ... as GGML spells them
+int64_t dtype_block_elems(DType t);                // elements per block (1 for F32/F16/BF16)
+int64_t dtype_block_bytes(DType t);                // bytes per block
+// Bytes of a row of n elements; n must be a multiple of the block size
+// (returns -1 otherwise, so callers can report a clear error).
+int64_t dtype_row_bytes(DType t, int64_t n);
+
+// fp16 / bf16 scalar conversions (round to nearest even).
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+
+// Decode n elements (a multiple of the block size) of type t into floats.
+// The scalar reference; the definition of each format.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// Encode n floats as type t. Supported for every type dequantize_row reads;
+// returns false for a type that has no quantizer.
+bool quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+// Where multi-threaded kernels run their slices. The engine's thread pool
+// implements it; nullptr means "run on the calling thread".
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual int threads() const = 0;
+  // Calls fn(begin, end) on disjoint ranges that cover [0, n); returns when all are done.
+  virtual void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) = 0;
+};
+
+// Which SIMD level the dispatcher uses: "avx512", "avx2" or "scalar".
+// ATELIER_SIMD=scalar|avx2|avx512 in the environment caps it (for tests and comparisons).
+std::string_view simd_level();
+
+// A weight matrix: `rows` rows of `cols` elements of type `type`, each row
+// `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
+struct WeightView {
+  DType type = DType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride_bytes = 0;
+};
+
+// y[m][r] = sum_c x[m][c] * W[r][c]  for m < n_x_rows, r < W.rows.
+// x: n_x_rows rows of W.cols floats (contiguous); y: n_x_rows rows of W.rows floats.
+// Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (others: dequantize first).
+// Batch-invariant: row m of y is bit-identical whatever n_x_rows is and
+// however the work is split over threads.
+void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Executor* ex = nullptr);
+// Plain scalar reference with the same contract (same activation
+// quantization, simple loops).
+void matmul_ref(const WeightView& w, const float* x, float* y, int64_t n_x_rows);
+bool matmul_supports(DType t);
+
+// y = x / sqrt(mean(x^2) + eps) * weight, n elements.
+void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps);
+void rms_norm_ref(const float* x, const float* weight, float* y, int64_t n, float eps);
+
+// In-place numerically stable softmax of n floats.
+void softmax(float* x, int64_t n);
+void softmax_ref(float* x, int64_t n);
+
+// out[i] = silu(gate[i]) * up[i]
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+void swiglu_ref(const float* gate, const float* up, float* out, int64_t n);
+
+// Rotary position embedding, in place, on n_heads heads of head_dim floats each
+// (contiguous). Rotates the first rot_dim dims of every head.
+//   neox = false: pairs (2i, 2i+1)          (LLaMA / GGML "normal")
+//   neox = true:  pairs (i, i + rot_dim/2)  (GPT-NeoX, Qwen2, ...)
+// theta_i = pos * freq_scale * base^(-2i/rot_dim)
+void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
+          float freq_base, float freq_scale, bool neox);
+void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
+              float freq_base, float freq_scale, bool neox);
+
+// sum_i a[i] * b[i] over n floats; fixed accumulation order for a given n.
+float dot_f32(const float* a, const float* b, int64_t n);
+// y[i] += a * x[i]
+void axpy_f32(float a, const float* x, float* y, int64_t n);
+// The same with one operand stored as fp16 (an F16 KV cache).
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
+// fp16 <-> f32 arrays.
+void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
+void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+
+// Physical limits of this machine, measured now (cpu/roofline.cpp), so that
+// benchmarks can report achieved figures against them in the same run.
+// Streaming read bandwidth over a buffer much larger than the caches, GB/s.
+double measure_memory_bandwidth_gb_per_s(Executor* ex = nullptr, int64_t bytes = int64_t{512} << 20);
+// Peak fp32 FMA throughput at the active SIMD level, GFLOP/s (2 flops per FMA lane).
+double measure_peak_gflop_per_s(Executor* ex = nullptr);
+
+}  // namespace atelier::kernels

@@ -1,0 +1,193 @@
+// matmul: optimized vs matmul_ref at every SIMD level, matmul_ref vs a
+// double-precision dot of the decoded weights, batch and thread invariance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "test_util.h"
+
+namespace atelier::kernels {
+namespace {
+
+using testing::available_levels;
+using testing::random_floats;
+using testing::ScopedSimd;
+using testing::TestExecutor;
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K};
+
+struct Weights {
+  DType type;
+  int64_t rows, cols, stride;
+  std::vector<uint8_t> data;
+  std::vector<float> decoded;  // rows x cols
+
+  WeightView view() const { return {type, data.data(), rows, cols, stride}; }
+};
+
+Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed, int64_t pad_bytes = 0) {
+  Weights w{t, rows, cols, dtype_row_bytes(t, cols) + pad_bytes, {}, {}};
+  w.data.assign(static_cast<size_t>(w.stride * rows), 0xAB);
+  w.decoded.resize(static_cast<size_t>(rows * cols));
+  const auto f = random_floats(rows * cols, seed, 0.05f);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(quantize_row(t, f.data() + r * cols, w.data.data() + r * w.stride, cols));
+    dequantize_row(t, w.data.data() + r * w.stride, w.decoded.data() + r * cols, cols);
+  }
+  return w;
+}
+
+// Activation block size of each weight type (0: f32 activations).
+int64_t act_block(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+    case DType::Q4_0: return 32;
+    case DType::Q4_K:
+    case DType::Q6_K: return 256;
+    default: return 0;
+  }
+}
+
+std::vector<int64_t> cols_for(DType t) {
+  if (act_block(t) == 32) return {32, 96, 256, 512, 2816};
+  if (act_block(t) == 256) return {256, 512, 2816};
+  return {1, 7, 32, 96, 100, 256, 512, 2816};
+}
+
+// Float rounding allowance, relative to sum |w x|.
+constexpr double kFloatTol = 3e-5;
+
+struct Truth {
+  std::vector<double> y;       // exact-ish dot of decoded weights and x
+  std::vector<double> scale;   // sum |w x|
+  std::vector<double> act_err; // bound on the activation quantization error
+};
+
+Truth truth(const Weights& w, const std::vector<float>& x, int64_t m_rows) {
+  Truth t;
+  const int64_t blk = act_block(w.type);
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* xr = x.data() + m * w.cols;
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const float* wr = w.decoded.data() + r * w.cols;
+      double y = 0, s = 0, e = 0;
+      for (int64_t k = 0; k < w.cols; ++k) y += double(wr[k]) * xr[k], s += std::fabs(double(wr[k]) * xr[k]);
+      if (blk)  // |x - dx * q| <= dx / 2 with dx = amax / 127 per block
+        for (int64_t b = 0; b < w.cols; b += blk) {
+          double amax = 0, wsum = 0;
+          for (int64_t k = b; k < b + blk; ++k) amax = std::fmax(amax, std::fabs(xr[k])), wsum += std::fabs(wr[k]);
+          e += amax / 127 / 2 * wsum;
+        }
+      t.y.push_back(y);
+      t.scale.push_back(s);
+      t.act_err.push_back(e);
+    }
+  }
+  return t;
+}
+
+TEST(Matmul, SupportedTypes) {
+  for (DType t : kTypes) EXPECT_TRUE(matmul_supports(t)) << dtype_name(t);
+  EXPECT_FALSE(matmul_supports(DType::Q5_K));
+}
+
+TEST(Matmul, SimdLevelSwitches) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    EXPECT_EQ(simd_level(), level);
+  }
+}
+
+// Every type, every level, odd shapes; also matmul_ref against the truth.
+TEST(Matmul, MatchesReferenceOnRandomShapes) {
+  const int64_t m_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 33};
+  uint32_t seed = 100;
+  for (DType t : kTypes) {
+    for (int64_t rows : {1, 3, 17, 250}) {
+      for (int64_t cols : cols_for(t)) {
+        const Weights w = make_weights(t, rows, cols, ++seed);
+        for (int64_t m_rows : m_list) {
+          if (rows * cols * m_rows > 2'000'000 && m_rows != 33 && m_rows % 4 != 1) continue;  // keep it quick
+          const auto x = random_floats(m_rows * cols, ++seed);
+          std::vector<float> ref(static_cast<size_t>(m_rows * rows));
+          matmul_ref(w.view(), x.data(), ref.data(), m_rows);
+          const Truth tr = truth(w, x, m_rows);
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_LE(std::fabs(ref[i] - tr.y[i]), tr.act_err[i] * 1.001 + kFloatTol * tr.scale[i] + 1e-30)
+                << "matmul_ref vs truth: " << dtype_name(t) << " rows " << rows << " cols " << cols << " m "
+                << m_rows << " at " << i;
+          for (const auto& level : available_levels()) {
+            ScopedSimd simd(level);
+            std::vector<float> y(ref.size(), NAN);
+            TestExecutor ex(2);
+            matmul(w.view(), x.data(), y.data(), m_rows, &ex);
+            for (size_t i = 0; i < ref.size(); ++i)
+              ASSERT_LE(std::fabs(y[i] - ref[i]), kFloatTol * tr.scale[i] + 1e-30)
+                  << level << " " << dtype_name(t) << " rows " << rows << " cols " << cols << " m " << m_rows
+                  << " at " << i << ": " << y[i] << " vs " << ref[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Row m of y is bit-identical whether x row m is alone or inside a batch of
+// 1..33 rows, and however many threads split the weight rows.
+TEST(Matmul, BatchAndThreadInvariant) {
+  const int64_t rows = 100, total = 40;
+  for (DType t : kTypes) {
+    for (int64_t cols : {int64_t{512}, act_block(t) ? int64_t{256} : int64_t{100}}) {
+      const Weights w = make_weights(t, rows, cols, 7 + static_cast<uint32_t>(t));
+      const auto x = random_floats(total * cols, 11);
+      for (const auto& level : available_levels()) {
+        ScopedSimd simd(level);
+        std::vector<float> single(static_cast<size_t>(total * rows));
+        for (int64_t m = 0; m < total; ++m) matmul(w.view(), x.data() + m * cols, single.data() + m * rows, 1);
+        for (int64_t batch = 1; batch <= 33; ++batch) {
+          for (int threads = 1; threads <= 4; ++threads) {
+            const int64_t start = (batch * 5 + threads) % (total - batch + 1);
+            std::vector<float> y(static_cast<size_t>(batch * rows));
+            TestExecutor ex(threads);
+            matmul(w.view(), x.data() + start * cols, y.data(), batch, &ex);
+            ASSERT_EQ(0, std::memcmp(y.data(), single.data() + start * rows, y.size() * sizeof(float)))
+                << level << " " << dtype_name(t) << " cols " << cols << " batch " << batch << " threads "
+                << threads;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, HonoursRowStride) {
+  for (DType t : kTypes) {
+    const int64_t cols = 256, rows = 29, m_rows = 5;
+    const Weights padded = make_weights(t, rows, cols, 3, 40);
+    const auto x = random_floats(m_rows * cols, 5);
+    std::vector<float> ref(m_rows * rows);
+    matmul_ref(padded.view(), x.data(), ref.data(), m_rows);
+    const Truth tr = truth(padded, x, m_rows);
+    for (const auto& level : available_levels()) {
+      ScopedSimd simd(level);
+      std::vector<float> y(ref.size());
+      matmul(padded.view(), x.data(), y.data(), m_rows);
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_LE(std::fabs(y[i] - ref[i]), kFloatTol * tr.scale[i] + 1e-30) << level << " " << dtype_name(t);
+    }
+  }
+}
+
+// Types without a kernel still multiply correctly (decoded on the fly).
+TEST(Matmul, UnsupportedTypesFallBack) {
+  const Weights w = make_weights(DType::Q5_K, 9, 512, 21);
+  const auto x = random_floats(3 * 512, 22);
+  std::vector<float> y(27);
+  matmul(w.view(), x.data(), y.data(), 3);
+  const Truth tr = truth(w, x, 3);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_LE(std::fabs(y[i] - tr.y[i]), kFloatTol * tr.scale[i]);
+}
+
+}  // namespace
+}  // namespace atelier::kernels

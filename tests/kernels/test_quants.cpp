@@ -1,0 +1,347 @@
+// Formats: each decoder against blocks built byte by byte from GGML's layout
+// description (expected values by the formula, not by the code under test),
+// and quantize -> dequantize round trips for every type.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "test_util.h"
+
+namespace atelier::kernels {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+void put16(Bytes& b, size_t off, uint16_t v) {
+  b[off] = v & 0xFF;
+  b[off + 1] = v >> 8;
+}
+
+std::vector<float> decode(DType t, const Bytes& b, int64_t n) {
+  EXPECT_EQ(static_cast<int64_t>(b.size()), dtype_row_bytes(t, n));
+  std::vector<float> out(static_cast<size_t>(n), NAN);
+  dequantize_row(t, b.data(), out.data(), n);
+  return out;
+}
+
+// fp16 bit patterns of exactly representable scales.
+constexpr uint16_t kHalf = 0x3800;       // 0.5
+constexpr uint16_t kQuarter = 0x3400;    // 0.25
+constexpr uint16_t kEighth = 0x3000;     // 0.125
+constexpr uint16_t kMinusOne = 0xBC00;   // -1.0
+constexpr uint16_t kOnePointFive = 0x3E00;  // 1.5
+
+TEST(Dtype, HalfAndBf16Conversions) {
+  EXPECT_EQ(f32_to_fp16(1.0f), 0x3C00);
+  EXPECT_EQ(f32_to_fp16(-2.0f), 0xC000);
+  EXPECT_EQ(f32_to_fp16(65504.0f), 0x7BFF);
+  EXPECT_EQ(f32_to_fp16(65520.0f), 0x7C00);                 // tie rounds to even: inf
+  EXPECT_EQ(f32_to_fp16(std::ldexp(1.0f, -24)), 0x0001);     // smallest subnormal
+  EXPECT_EQ(f32_to_fp16(std::ldexp(1.0f, -25)), 0x0000);     // tie to even: zero
+  EXPECT_EQ(f32_to_fp16(std::ldexp(3.0f, -26)), 0x0001);
+  EXPECT_EQ(fp16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(fp16_to_f32(0x3555), 0.333251953125f);
+  EXPECT_TRUE(std::isinf(fp16_to_f32(0xFC00)));
+  EXPECT_TRUE(std::isnan(fp16_to_f32(0x7E00)));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF)) continue;  // NaN
+    ASSERT_EQ(f32_to_fp16(fp16_to_f32(static_cast<uint16_t>(h))), h) << h;
+  }
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(bf16_to_f32(0xC040), -3.0f);
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3F80);  // halfway: even
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3F82);  // halfway: up to even
+}
+
+TEST(Dtype, RowBytes) {
+  EXPECT_EQ(dtype_row_bytes(DType::Q4_K, 512), 288);
+  EXPECT_EQ(dtype_row_bytes(DType::Q8_0, 33), -1);
+  EXPECT_EQ(dtype_name(DType::Q6_K), "q6_K");
+  EXPECT_TRUE(dtype_known(30));
+  EXPECT_FALSE(dtype_known(4));
+}
+
+TEST(Dequantize, FloatTypes) {
+  Bytes f32(8), f16(4), bf16(4);
+  const float vals[2] = {1.5f, -0.25f};
+  std::memcpy(f32.data(), vals, 8);
+  put16(f16, 0, kOnePointFive);
+  put16(f16, 2, 0xB400);
+  put16(bf16, 0, 0x3FC0);
+  put16(bf16, 2, 0xBE80);
+  for (const auto& [t, b] : {std::pair{DType::F32, f32}, {DType::F16, f16}, {DType::BF16, bf16}}) {
+    const auto y = decode(t, b, 2);
+    EXPECT_EQ(y[0], 1.5f);
+    EXPECT_EQ(y[1], -0.25f);
+  }
+}
+
+TEST(Dequantize, Q4_0) {
+  Bytes b(18);
+  put16(b, 0, kHalf);
+  for (int j = 0; j < 16; ++j) b[2 + j] = (j & 0xF) | (((j * 3 + 1) & 0xF) << 4);
+  const auto y = decode(DType::Q4_0, b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], ((j & 0xF) - 8) * 0.5f) << j;
+    EXPECT_EQ(y[j + 16], (((j * 3 + 1) & 0xF) - 8) * 0.5f) << j;
+  }
+}
+
+TEST(Dequantize, Q4_1) {
+  Bytes b(20);
+  put16(b, 0, kQuarter);
+  put16(b, 2, kMinusOne);
+  for (int j = 0; j < 16; ++j) b[4 + j] = ((15 - j) & 0xF) | (((j * 5) & 0xF) << 4);
+  const auto y = decode(DType::Q4_1, b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], ((15 - j) & 0xF) * 0.25f - 1.0f) << j;
+    EXPECT_EQ(y[j + 16], ((j * 5) & 0xF) * 0.25f - 1.0f) << j;
+  }
+}
+
+// Q5: element j < 16 takes bit j of qh as its fifth bit, element j + 16 bit j + 16.
+uint32_t q5_high_bits() {
+  uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i)
+    if (i % 3 == 0 || i == 31) qh |= 1u << i;
+  return qh;
+}
+
+TEST(Dequantize, Q5_0) {
+  Bytes b(22);
+  put16(b, 0, kHalf);
+  const uint32_t qh = q5_high_bits();
+  std::memcpy(b.data() + 2, &qh, 4);
+  for (int j = 0; j < 16; ++j) b[6 + j] = (j & 0xF) | (((j * 7) & 0xF) << 4);
+  const auto y = decode(DType::Q5_0, b, 32);
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = (j & 0xF) | (((qh >> j) & 1) << 4);
+    const int q1 = ((j * 7) & 0xF) | (((qh >> (j + 16)) & 1) << 4);
+    EXPECT_EQ(y[j], (q0 - 16) * 0.5f) << j;
+    EXPECT_EQ(y[j + 16], (q1 - 16) * 0.5f) << j;
+  }
+}
+
+TEST(Dequantize, Q5_1) {
+  Bytes b(24);
+  put16(b, 0, kEighth);
+  put16(b, 2, kMinusOne);
+  const uint32_t qh = q5_high_bits();
+  std::memcpy(b.data() + 4, &qh, 4);
+  for (int j = 0; j < 16; ++j) b[8 + j] = ((j * 3) & 0xF) | (((j * 11) & 0xF) << 4);
+  const auto y = decode(DType::Q5_1, b, 32);
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = ((j * 3) & 0xF) | (((qh >> j) & 1) << 4);
+    const int q1 = ((j * 11) & 0xF) | (((qh >> (j + 16)) & 1) << 4);
+    EXPECT_EQ(y[j], q0 * 0.125f - 1.0f) << j;
+    EXPECT_EQ(y[j + 16], q1 * 0.125f - 1.0f) << j;
+  }
+}
+
+TEST(Dequantize, Q8_0AndQ8_1) {
+  Bytes b0(34), b1(36);
+  put16(b0, 0, kEighth);
+  put16(b1, 0, kEighth);
+  put16(b1, 2, 0x5140);  // s: ignored when decoding
+  for (int j = 0; j < 32; ++j) b0[2 + j] = b1[4 + j] = static_cast<uint8_t>(static_cast<int8_t>(j * 7 - 100));
+  const auto y0 = decode(DType::Q8_0, b0, 32);
+  const auto y1 = decode(DType::Q8_1, b1, 32);
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(y0[j], (j * 7 - 100) * 0.125f);
+    EXPECT_EQ(y1[j], (j * 7 - 100) * 0.125f);
+  }
+}
+
+TEST(Dequantize, Q8_K) {
+  Bytes b(292, 0);
+  const float d = 0.01f;
+  std::memcpy(b.data(), &d, 4);
+  for (int j = 0; j < 256; ++j) b[4 + j] = static_cast<uint8_t>(static_cast<int8_t>(j - 128));
+  const auto y = decode(DType::Q8_K, b, 256);
+  for (int j = 0; j < 256; ++j) EXPECT_EQ(y[j], d * (j - 128));
+}
+
+// 2-bit codes of Q2_K/Q3_K: element e lives in qs[(e / 128) * 32 + e % 32] at
+// bit 2 * ((e % 128) / 32).
+void put_2bit(uint8_t* qs, int e, int code) { qs[(e / 128) * 32 + e % 32] |= (code & 3) << (2 * ((e % 128) / 32)); }
+
+TEST(Dequantize, Q2_K) {
+  Bytes b(84, 0);  // scales[16] qs[64] d dmin
+  const float d = 0.5f, dmin = 0.25f;
+  put16(b, 80, kHalf);
+  put16(b, 82, kQuarter);
+  auto scale = [](int s) { return s % 16; };
+  auto min = [](int s) { return (s * 5 + 2) % 16; };
+  for (int s = 0; s < 16; ++s) b[s] = scale(s) | (min(s) << 4);
+  auto code = [](int e) { return (e * 7 + 3 + e / 64) % 4; };
+  for (int e = 0; e < 256; ++e) put_2bit(b.data() + 16, e, code(e));
+  const auto y = decode(DType::Q2_K, b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int s = e / 16;
+    EXPECT_FLOAT_EQ(y[e], d * scale(s) * code(e) - dmin * min(s)) << e;
+  }
+}
+
+TEST(Dequantize, Q3_K) {
+  Bytes b(110, 0);  // hmask[32] qs[64] scales[12] d
+  const float d = 0.5f;
+  put16(b, 108, kHalf);
+  auto scale6 = [](int s) { return (s * 11 + 5) % 64; };  // stored value; effective = value - 32
+  uint8_t* sc = b.data() + 96;
+  for (int s = 0; s < 16; ++s) {
+    const int v = scale6(s);
+    if (s < 8) sc[s] |= v & 0xF;          // low nibbles: bytes 0..7, low then high halves
+    else sc[s - 8] |= (v & 0xF) << 4;
+    sc[8 + s % 4] |= (v >> 4) << (2 * (s / 4));  // high 2 bits: bytes 8..11
+  }
+  auto code3 = [](int e) { return (e * 5 + e / 32) % 8; };  // 3-bit value; effective = value - 4
+  for (int e = 0; e < 256; ++e) {
+    put_2bit(b.data() + 32, e, code3(e) & 3);
+    if (code3(e) & 4) b[e % 32] |= 1 << (e / 32);  // hmask bit set: no -4
+  }
+  const auto y = decode(DType::Q3_K, b, 256);
+  for (int e = 0; e < 256; ++e)
+    EXPECT_FLOAT_EQ(y[e], d * (scale6(e / 16) - 32) * (code3(e) - 4)) << e;
+}
+
+// Q4_K/Q5_K: eight 6-bit (scale, min) pairs in 12 bytes.
+void pack_k4(uint8_t* q, const int* sc, const int* mn) {
+  for (int j = 0; j < 4; ++j) {
+    q[j] = sc[j] & 63;
+    q[j + 4] = mn[j] & 63;
+  }
+  for (int j = 4; j < 8; ++j) {
+    q[j + 4] = (sc[j] & 0xF) | ((mn[j] & 0xF) << 4);
+    q[j - 4] |= (sc[j] >> 4) << 6;
+    q[j] |= (mn[j] >> 4) << 6;
+  }
+}
+
+TEST(Dequantize, Q4_K) {
+  Bytes b(144, 0);  // d dmin scales[12] qs[128]
+  const float d = 0.5f, dmin = 0.125f;
+  put16(b, 0, kHalf);
+  put16(b, 2, kEighth);
+  const int sc[8] = {1, 63, 17, 40, 5, 62, 33, 48}, mn[8] = {0, 7, 63, 21, 50, 16, 1, 37};
+  pack_k4(b.data() + 4, sc, mn);
+  auto code = [](int e) { return (e * 13 + e / 32) % 16; };
+  for (int e = 0; e < 256; ++e) {
+    const int j = e / 32;  // sub-block: low nibbles for even j, high for odd
+    b[16 + (j / 2) * 32 + e % 32] |= code(e) << (4 * (j % 2));
+  }
+  const auto y = decode(DType::Q4_K, b, 256);
+  for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(y[e], d * sc[e / 32] * code(e) - dmin * mn[e / 32]) << e;
+}
+
+TEST(Dequantize, Q5_K) {
+  Bytes b(176, 0);  // d dmin scales[12] qh[32] qs[128]
+  const float d = 0.25f, dmin = 0.5f;
+  put16(b, 0, kQuarter);
+  put16(b, 2, kHalf);
+  const int sc[8] = {63, 2, 31, 16, 47, 8, 59, 24}, mn[8] = {3, 60, 12, 0, 44, 63, 28, 9};
+  pack_k4(b.data() + 4, sc, mn);
+  auto code = [](int e) { return (e * 7 + e / 16) % 32; };
+  for (int e = 0; e < 256; ++e) {
+    const int j = e / 32;
+    b[48 + (j / 2) * 32 + e % 32] |= (code(e) & 0xF) << (4 * (j % 2));
+    if (code(e) & 16) b[16 + e % 32] |= 1 << j;  // fifth bit: qh[e % 32] bit j
+  }
+  const auto y = decode(DType::Q5_K, b, 256);
+  for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(y[e], d * sc[e / 32] * code(e) - dmin * mn[e / 32]) << e;
+}
+
+TEST(Dequantize, Q6_K) {
+  Bytes b(210, 0);  // ql[128] qh[64] scales[16] d
+  const float d = 0.25f;
+  put16(b, 208, kQuarter);
+  for (int s = 0; s < 16; ++s) b[192 + s] = static_cast<uint8_t>(static_cast<int8_t>(s * 9 - 70));
+  auto code = [](int e) { return (e * 29 + e / 64) % 64; };  // stored 6 bits; effective = code - 32
+  for (int e = 0; e < 256; ++e) {
+    const int n = e / 128, t = (e % 128) / 32, l = e % 32;
+    b[64 * n + l + 32 * (t % 2)] |= (code(e) & 0xF) << (4 * (t / 2));
+    b[128 + 32 * n + l] |= (code(e) >> 4) << (2 * t);
+  }
+  const auto y = decode(DType::Q6_K, b, 256);
+  for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(y[e], d * (e / 16 * 9 - 70) * (code(e) - 32)) << e;
+}
+
+// ---- round trips -------------------------------------------------------------
+
+struct RoundTripCase {
+  DType type;
+  double max_rel_rmse;  // RMS error over RMS of the data
+};
+
+class RoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
+
+TEST_P(RoundTrip, ErrorWithinBound) {
+  const auto [t, bound] = GetParam();
+  const int64_t n = 4096;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    auto x = testing::random_floats(n, seed, 0.02f);
+    if (seed == 3)  // outliers and a constant block, as real weights have
+      for (int64_t i = 0; i < n; ++i) x[i] = i < 256 ? 0.5f : (i % 97 == 0 ? x[i] * 20 : x[i]);
+    std::vector<uint8_t> q(static_cast<size_t>(dtype_row_bytes(t, n)));
+    ASSERT_TRUE(quantize_row(t, x.data(), q.data(), n));
+    std::vector<float> y(n);
+    dequantize_row(t, q.data(), y.data(), n);
+    double err = 0, ref = 0;
+    for (int64_t i = 0; i < n; ++i) err += (x[i] - y[i]) * double(x[i] - y[i]), ref += double(x[i]) * x[i];
+    const double rel = std::sqrt(err / ref);
+    EXPECT_LT(rel, bound) << dtype_name(t) << " seed " << seed;
+  }
+  // Zeros stay zeros.
+  std::vector<float> zeros(n, 0.0f), y(n, 1.0f);
+  std::vector<uint8_t> q(static_cast<size_t>(dtype_row_bytes(t, n)));
+  ASSERT_TRUE(quantize_row(t, zeros.data(), q.data(), n));
+  dequantize_row(t, q.data(), y.data(), n);
+  for (float v : y) ASSERT_EQ(v, 0.0f) << dtype_name(t);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, RoundTrip,
+                         ::testing::Values(RoundTripCase{DType::F32, 1e-12}, RoundTripCase{DType::F16, 1e-3},
+                                           RoundTripCase{DType::BF16, 4e-3}, RoundTripCase{DType::Q8_0, 0.006},
+                                           RoundTripCase{DType::Q8_1, 0.006}, RoundTripCase{DType::Q8_K, 0.006},
+                                           RoundTripCase{DType::Q6_K, 0.025}, RoundTripCase{DType::Q5_0, 0.06},
+                                           RoundTripCase{DType::Q5_1, 0.05}, RoundTripCase{DType::Q5_K, 0.05},
+                                           RoundTripCase{DType::Q4_0, 0.12}, RoundTripCase{DType::Q4_1, 0.1},
+                                           RoundTripCase{DType::Q4_K, 0.1}, RoundTripCase{DType::Q3_K, 0.25},
+                                           RoundTripCase{DType::Q2_K, 0.5}),
+                         [](const auto& info) { return std::string(dtype_name(info.param.type)); });
+
+TEST(Quantize, Q8_1StoresScaledSum) {
+  const auto x = testing::random_floats(64, 9);
+  std::vector<uint8_t> q(72);
+  ASSERT_TRUE(quantize_row(DType::Q8_1, x.data(), q.data(), 64));
+  for (int b = 0; b < 2; ++b) {
+    uint16_t d, s;
+    std::memcpy(&d, &q[36 * b], 2);
+    std::memcpy(&s, &q[36 * b + 2], 2);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += static_cast<int8_t>(q[36 * b + 4 + j]);
+    EXPECT_NEAR(fp16_to_f32(s), sum * fp16_to_f32(d), std::fabs(sum * fp16_to_f32(d)) * 2e-3 + 1e-6);
+  }
+}
+
+TEST(Quantize, Q8_KBlockSums) {
+  const auto x = testing::random_floats(256, 4);
+  std::vector<uint8_t> q(292);
+  ASSERT_TRUE(quantize_row(DType::Q8_K, x.data(), q.data(), 256));
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += static_cast<int8_t>(q[4 + g * 16 + j]);
+    int16_t stored;
+    std::memcpy(&stored, &q[260 + 2 * g], 2);
+    EXPECT_EQ(stored, sum);
+  }
+}
+
+TEST(Quantize, RejectsPartialBlocks) {
+  float x[40] = {};
+  uint8_t q[64];
+  EXPECT_FALSE(quantize_row(DType::Q4_0, x, q, 40));
+}
+
+}  // namespace
+}  // namespace atelier::kernels

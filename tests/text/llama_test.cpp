@@ -1,0 +1,110 @@
+// The LLaMA forward pass on the real stories260K model: GGUF and llama2.c
+// give the same logits, a prompt processed in one batch gives bit-identical
+// logits to one token at a time, and an F16 KV cache stays close to F32.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "formats/gguf.h"
+#include "text/llama.h"
+
+using namespace atelier;
+
+namespace {
+const std::string kDir = std::string(ATELIER_FIXTURES_DIR) + "/text/";
+const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
+
+std::vector<float> last_logits(const text::LlamaWeights& w, const std::vector<int32_t>& toks, int chunk,
+                               bool f16 = false, int threads = 1) {
+  ThreadPool pool(threads);
+  text::KvCache cache(w.hp, static_cast<int>(toks.size()), f16);
+  text::LlamaRunner runner(w, &pool);
+  std::vector<float> logits(static_cast<size_t>(w.hp.n_vocab));
+  for (size_t p = 0; p < toks.size(); p += static_cast<size_t>(chunk)) {
+    const int n = static_cast<int>(std::min(toks.size() - p, static_cast<size_t>(chunk)));
+    runner.forward(toks.data() + p, n, static_cast<int>(p), cache, logits.data());
+  }
+  return logits;
+}
+}  // namespace
+
+TEST(Llama, HyperparametersFromGguf) {
+  auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  EXPECT_EQ(w.hp.n_embd, 64);
+  EXPECT_EQ(w.hp.n_ff, 172);
+  EXPECT_EQ(w.hp.n_layer, 5);
+  EXPECT_EQ(w.hp.n_head, 8);
+  EXPECT_EQ(w.hp.n_head_kv, 4);
+  EXPECT_EQ(w.hp.n_vocab, 512);
+  EXPECT_FALSE(w.hp.rope_neox);
+}
+
+TEST(Llama, GgufAndLlama2cGiveSameLogits) {
+  auto g = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  auto b = text::load_llama2c(kDir + "stories260K.bin");
+  auto lg = last_logits(g, kPrompt, 64);
+  auto lb = last_logits(b, kPrompt, 64);
+  ASSERT_EQ(lg.size(), lb.size());
+  for (size_t i = 0; i < lg.size(); ++i) ASSERT_NEAR(lg[i], lb[i], 1e-4f) << i;
+}
+
+TEST(Llama, BatchedPrefillIsBitIdenticalToTokenByToken) {
+  auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const auto one = last_logits(w, kPrompt, 1);
+  for (int chunk : {2, 3, 10}) {
+    for (int threads : {1, 2, 3}) {
+      const auto batched = last_logits(w, kPrompt, chunk, false, threads);
+      ASSERT_EQ(one, batched) << "chunk " << chunk << ", threads " << threads;
+    }
+  }
+}
+
+TEST(Llama, F16KvCacheStaysClose) {
+  auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  auto a = last_logits(w, kPrompt, 4, false);
+  auto b = last_logits(w, kPrompt, 4, true);
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::fabs(a[i])));
+  }
+  EXPECT_LT(max_diff, 0.01 * max_abs);
+  EXPECT_GT(max_diff, 0.0);  // the cache really was stored in half precision
+}
+
+TEST(Llama, UnsupportedArchitectureIsNamed) {
+  formats::GgufWriter wr;
+  wr.set_string("general.architecture", "mamba");
+  const auto path = (std::filesystem::temp_directory_path() / "atelier_mamba.gguf").string();
+  wr.write(path);
+  try {
+    text::load_llama_gguf(formats::GgufFile::open(path));
+    FAIL() << "expected an error";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("architecture 'mamba' is not supported"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Llama, InconsistentShapesAreReported) {
+  // A file whose metadata says 128-dim but whose embedding rows are 64 wide.
+  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
+  formats::GgufWriter wr;
+  for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
+  wr.set_u32("llama.embedding_length", 128);
+  for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
+  const auto path = (std::filesystem::temp_directory_path() / "atelier_badshape.gguf").string();
+  wr.write(path);
+  try {
+    text::load_llama_gguf(formats::GgufFile::open(path));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}

@@ -1,0 +1,374 @@
+// Tokenizers against llama.cpp's vocabulary test vectors and the stories260K
+// fixtures (../shared/fixtures, see its README.md).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "formats/llama2c.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using atelier::tok::Tokenizer;
+using atelier::tok::TokenType;
+
+const std::string kFixtures = ATELIER_FIXTURES_DIR;
+const std::string kVocabDir = kFixtures + "/vocab/";
+const std::string kTextDir = kFixtures + "/text/";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<int32_t> parse_ids(const std::string& line) {
+  std::istringstream iss(line);
+  std::vector<int32_t> ids;
+  int64_t v;
+  while (iss >> v) ids.push_back(static_cast<int32_t>(v));
+  return ids;
+}
+
+struct VocabCase {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+// As llama.cpp's test-tokenizer-0: the .inp strings are separated by
+// "\n__ggml_vocab_test__\n" (the piece after the last separator is not a test);
+// line i of the .out holds the ids of string i.
+std::vector<VocabCase> read_cases(const std::string& stem) {
+  const std::string inp = read_file(stem + ".inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  size_t start = 0;
+  for (size_t end = inp.find(sep); end != std::string::npos; end = inp.find(sep, start)) {
+    texts.push_back(inp.substr(start, end - start));
+    start = end + sep.size();
+  }
+  std::ifstream out(stem + ".out");
+  std::vector<VocabCase> cases;
+  std::string line;
+  for (const auto& t : texts) {
+    if (!std::getline(out, line)) throw std::runtime_error(stem + ".out has fewer lines than .inp has strings");
+    cases.push_back({t, parse_ids(line)});
+  }
+  return cases;
+}
+
+std::string escaped(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c == '"') out += "\\\"";
+    else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+std::string ids_str(const std::vector<int32_t>& ids) {
+  std::ostringstream s;
+  s << '[';
+  for (size_t i = 0; i < ids.size(); ++i) s << (i ? " " : "") << ids[i];
+  s << ']';
+  return s.str();
+}
+
+std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path) {
+  auto file = atelier::formats::GgufFile::open(path);
+  return Tokenizer::from_gguf(*file);
+}
+
+struct VocabParam {
+  std::string name;    // ggml-vocab-NAME.gguf.inp/.out
+  std::string source;  // file the vocabulary is read from
+  std::string model;   // expected model_name()
+};
+
+void PrintTo(const VocabParam& p, std::ostream* os) { *os << p.name; }
+
+std::string param_name(const testing::TestParamInfo<VocabParam>& info) {
+  std::string s = info.param.name;
+  for (auto& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+class VocabVectors : public testing::TestWithParam<VocabParam> {};
+
+TEST_P(VocabVectors, EveryStringTokenizesAsLlamaCpp) {
+  const VocabParam& p = GetParam();
+  const std::string stem = kVocabDir + "ggml-vocab-" + p.name + ".gguf";
+  const auto cases = read_cases(stem);
+  ASSERT_GT(cases.size(), 30u);
+  std::unique_ptr<Tokenizer> tok = p.source.size() > 5 && p.source.substr(p.source.size() - 5) == ".json"
+                                       ? Tokenizer::from_hf_json(p.source)
+                                       : load_gguf_tokenizer(p.source);
+  EXPECT_EQ(tok->model_name(), p.model);
+  size_t passed = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto got = tok->encode(cases[i].text, /*add_bos=*/false, /*parse_special=*/false);
+    if (got == cases[i].ids) {
+      ++passed;
+    } else {
+      ADD_FAILURE() << p.name << " string " << i << " " << escaped(cases[i].text) << "\n  expected "
+                    << ids_str(cases[i].ids) << "\n  got      " << ids_str(got);
+    }
+  }
+  std::printf("[   INFO   ] %s: %zu/%zu strings pass\n", p.name.c_str(), passed, cases.size());
+  RecordProperty("passed", static_cast<int>(passed));
+  RecordProperty("total", static_cast<int>(cases.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    LlamaCpp, VocabVectors,
+    testing::Values(VocabParam{"llama-spm", kVocabDir + "ggml-vocab-llama-spm.gguf", "llama"},
+                    VocabParam{"phi-3", kVocabDir + "ggml-vocab-phi-3.gguf", "llama"},
+                    VocabParam{"gpt-2", kVocabDir + "ggml-vocab-gpt-2.gguf", "gpt2"},
+                    VocabParam{"deepseek-coder", kVocabDir + "ggml-vocab-deepseek-coder.gguf", "gpt2"},
+                    VocabParam{"deepseek-llm", kVocabDir + "ggml-vocab-deepseek-llm.gguf", "gpt2"},
+                    VocabParam{"falcon", kVocabDir + "ggml-vocab-falcon.gguf", "gpt2"},
+                    VocabParam{"mpt", kVocabDir + "ggml-vocab-mpt.gguf", "gpt2"},
+                    VocabParam{"starcoder", kVocabDir + "ggml-vocab-starcoder.gguf", "gpt2"},
+                    VocabParam{"refact", kVocabDir + "ggml-vocab-refact.gguf", "gpt2"},
+                    VocabParam{"bert-bge", kVocabDir + "ggml-vocab-bert-bge.gguf", "bert"},
+                    VocabParam{"llama-bpe", kVocabDir + "llama3-tokenizer.json", "gpt2"}),
+    param_name);
+
+// ---- stories260K: GGUF vocabulary, llama2.c tok512.bin, golden ids ----
+
+std::vector<int32_t> golden_ids() { return parse_ids(read_file(kTextDir + "golden-once-upon-a-time-greedy.ids")); }
+
+TEST(Stories260K, GgufEncodesThePromptLikeTheGolden) {
+  auto tok = load_gguf_tokenizer(kTextDir + "stories260K.gguf");
+  EXPECT_EQ(tok->model_name(), "llama");
+  EXPECT_EQ(tok->n_vocab(), 512);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  const auto ids = tok->encode("Once upon a time", /*add_bos=*/true, /*parse_special=*/false);
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  const auto golden = golden_ids();
+  ASSERT_GE(golden.size(), 5u);
+  EXPECT_EQ(ids, std::vector<int32_t>(golden.begin(), golden.begin() + 5));
+  EXPECT_EQ(tok->encode("Once upon a time", false, false), (std::vector<int32_t>{403, 407, 261, 378}));
+}
+
+TEST(Stories260K, DecodeRoundTripsAndMatchesTheGoldenText) {
+  auto tok = load_gguf_tokenizer(kTextDir + "stories260K.gguf");
+  const std::string prompt = "Once upon a time";
+  EXPECT_EQ(tok->decode(tok->encode(prompt, true, false)), prompt);
+  EXPECT_EQ(tok->decode(tok->encode(prompt, false, false)), prompt);
+  std::string golden_txt = read_file(kTextDir + "golden-once-upon-a-time-greedy.txt");
+  ASSERT_FALSE(golden_txt.empty());
+  ASSERT_EQ(golden_txt.back(), '\n');
+  golden_txt.pop_back();
+  EXPECT_EQ(tok->decode(golden_ids()), golden_txt);
+  // streamed pieces: BOS gives nothing, U+2581 becomes a space, byte tokens their byte
+  EXPECT_EQ(tok->token_to_piece(1), "");
+  EXPECT_EQ(tok->token_to_piece(403), " Once");
+  EXPECT_EQ(tok->token_to_piece(3 + '\n'), "\n");
+  EXPECT_TRUE(tok->is_eog(2));
+  EXPECT_FALSE(tok->is_eog(1));
+  EXPECT_FALSE(tok->is_eog(403));
+  for (const std::string s : {"Hello world", "  two  spaces", "line\nbreak\ttab", "caf\xC3\xA9 \xE2\x9C\x85 \xF0\x9F\xA6\x99",
+                              "Tom and Lily were best friends."})
+    EXPECT_EQ(tok->decode(tok->encode(s, true, false)), s) << escaped(s);
+}
+
+TEST(Stories260K, Llama2cTokenizerEncodesLikeTheGguf) {
+  auto gguf = load_gguf_tokenizer(kTextDir + "stories260K.gguf");
+  const auto vocab = atelier::formats::load_llama2c_tokenizer(kTextDir + "tok512.bin", 512);
+  auto bin = Tokenizer::from_llama2c(vocab);
+  ASSERT_EQ(bin->n_vocab(), gguf->n_vocab());
+  for (int32_t id = 0; id < gguf->n_vocab(); ++id) {
+    EXPECT_EQ(bin->token_text(id), gguf->token_text(id)) << "token " << id;
+    EXPECT_EQ(bin->token_type(id), gguf->token_type(id)) << "token " << id;
+  }
+  EXPECT_EQ(bin->encode("Once upon a time", true, false), (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  std::string golden_txt = read_file(kTextDir + "golden-once-upon-a-time-greedy.txt");
+  const auto cases = read_cases(kVocabDir + "ggml-vocab-llama-spm.gguf");
+  std::vector<std::string> texts = {golden_txt, "Lily's mom said: \"No!\"", "  leading", "trailing  ", ""};
+  for (const auto& c : cases) texts.push_back(c.text);
+  for (const auto& t : texts) {
+    EXPECT_EQ(bin->encode(t, true, false), gguf->encode(t, true, false)) << escaped(t);
+    EXPECT_EQ(bin->decode(bin->encode(t, true, false)), gguf->decode(gguf->encode(t, true, false))) << escaped(t);
+  }
+  EXPECT_EQ(bin->decode(golden_ids()), golden_txt.substr(0, golden_txt.size() - 1));
+}
+
+// ---- special tokens, BOS/EOS, EOG ----
+
+TEST(SpecialTokens, Llama3JsonParsesSpecialsOnlyWhenAsked) {
+  auto tok = Tokenizer::from_hf_json(kVocabDir + "llama3-tokenizer.json");
+  EXPECT_EQ(tok->bos_id(), 128000);
+  EXPECT_EQ(tok->eos_id(), 128001);
+  EXPECT_TRUE(tok->is_eog(128009));  // <|eot_id|>
+  EXPECT_TRUE(tok->is_eog(128001));  // <|end_of_text|>
+  EXPECT_FALSE(tok->is_eog(128000));
+  EXPECT_EQ(tok->token_type(128009), TokenType::Control);
+
+  const std::string text = "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>";
+  const auto special = tok->encode(text, true, true);
+  ASSERT_GE(special.size(), 4u);
+  EXPECT_EQ(special[0], 128000);
+  EXPECT_EQ(special[1], 128006);
+  EXPECT_EQ(special.back(), 128009);
+  const auto plain = tok->encode(text, false, false);
+  for (auto id : plain) EXPECT_LT(id, 128000) << "special token parsed although parse_special is false";
+  // pieces: control tokens give "", normal ones their bytes
+  EXPECT_EQ(tok->token_to_piece(128009), "");
+  EXPECT_EQ(tok->decode(tok->encode("Hello, world! \xE2\x9C\x85", false, false)), "Hello, world! \xE2\x9C\x85");
+}
+
+TEST(SpecialTokens, GgufBpeAddsNoBosUnlessTheModelDoes) {
+  auto gpt2 = load_gguf_tokenizer(kVocabDir + "ggml-vocab-gpt-2.gguf");
+  EXPECT_EQ(gpt2->encode("Hello", true, false), gpt2->encode("Hello", false, false));
+  EXPECT_TRUE(gpt2->is_eog(50256));
+  EXPECT_EQ(gpt2->encode("a<|endoftext|>b", false, true).at(1), 50256);
+  auto coder = load_gguf_tokenizer(kVocabDir + "ggml-vocab-deepseek-coder.gguf");  // add_bos_token = true
+  const auto ids = coder->encode("Hello", true, false);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), 32013);
+  EXPECT_TRUE(coder->is_eog(32014));
+  EXPECT_EQ(coder->decode(coder->encode("F\xC3\xBChrer", false, false)), "F\xC3\xBChrer");
+}
+
+TEST(SpecialTokens, WordPieceAddsClsAndSep) {
+  auto bert = load_gguf_tokenizer(kVocabDir + "ggml-vocab-bert-bge.gguf");
+  const auto plain = bert->encode("Hello world", false, false);
+  auto with = bert->encode("Hello world", true, false);
+  ASSERT_EQ(with.size(), plain.size() + 2);
+  EXPECT_EQ(with.front(), 101);
+  EXPECT_EQ(with.back(), 102);
+  EXPECT_EQ(bert->encode("[CLS]", false, true), (std::vector<int32_t>{101}));
+  EXPECT_EQ(bert->decode(plain), " hello world");
+}
+
+TEST(SpecialTokens, Phi3StripsSpaceAfterUserDefinedEos) {
+  // llama.cpp marks phi-3's special tokens rstrip; </s> is user-defined, so it is
+  // cut out even without parse_special, and the spaces after it are dropped.
+  auto phi = load_gguf_tokenizer(kVocabDir + "ggml-vocab-phi-3.gguf");
+  const auto ids = phi->encode("Hi</s>   there", false, false);
+  EXPECT_EQ(ids, [&] {
+    auto a = phi->encode("Hi", false, false);
+    a.push_back(2);
+    auto b = phi->encode("there", false, false);
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }());
+  EXPECT_TRUE(phi->is_eog(32000));  // <|endoftext|>
+  EXPECT_TRUE(phi->is_eog(32007));  // <|end|>
+}
+
+// ---- robustness: malformed and long input ----
+
+std::string random_utf8(std::mt19937& rng, size_t n_cpts) {
+  static const uint32_t kPool[] = {' ', ' ', '\n', '\t', 'a', 'Z', '3', '\'', '!', '.', 0xA0, 0xE9, 0x85, 0x3A9, 0x4E2D,
+                                   0x1F999, 0x2003, 0x0301, 0xFF01, 0x3000, 0xAC00, 0x10400};
+  std::string s;
+  for (size_t i = 0; i < n_cpts; ++i) {
+    const uint32_t c = rng() % 3 ? kPool[rng() % std::size(kPool)] : 0x20 + rng() % 0x5F;
+    if (c < 0x80) s += static_cast<char>(c);
+    else if (c < 0x800) s += {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
+    else if (c < 0x10000)
+      s += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
+            static_cast<char>(0x80 | (c & 0x3F))};
+    else
+      s += {static_cast<char>(0xF0 | (c >> 18)), static_cast<char>(0x80 | ((c >> 12) & 0x3F)),
+            static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+  }
+  return s;
+}
+
+TEST(Robustness, MalformedBytesLongInputAndRoundTrips) {
+  std::mt19937 rng(1234);
+  for (const char* name : {"llama-spm", "gpt-2", "deepseek-llm", "falcon", "bert-bge"}) {
+    auto tok = load_gguf_tokenizer(kVocabDir + "ggml-vocab-" + name + ".gguf");
+    for (int i = 0; i < 20; ++i) {
+      std::string bytes(static_cast<size_t>(rng() % 64), '\0');
+      for (auto& c : bytes) c = static_cast<char>(rng());
+      for (bool special : {false, true}) {
+        const auto ids = tok->encode(bytes, true, special);
+        for (auto id : ids) ASSERT_TRUE(id >= 0 && id < tok->n_vocab()) << name;
+        (void)tok->decode(ids);
+      }
+    }
+    const bool round_trips = std::string(name) != "bert-bge";
+    for (int i = 0; i < 20 && round_trips; ++i) {
+      const std::string text = random_utf8(rng, 1 + rng() % 80);
+      EXPECT_EQ(tok->decode(tok->encode(text, false, false)), text) << name << " " << escaped(text);
+    }
+    // long input: one fragment of 200k characters
+    std::string longtext(100000, ' ');
+    longtext += std::string(100000, 'a');
+    EXPECT_FALSE(tok->encode(longtext, false, false).empty()) << name;
+  }
+}
+
+// ---- errors ----
+
+std::string write_vocab_gguf(const std::string& model, const std::string& pre) {
+  atelier::formats::GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  w.set_string("tokenizer.ggml.model", model);
+  if (!pre.empty()) w.set_string("tokenizer.ggml.pre", pre);
+  w.set_string_array("tokenizer.ggml.tokens", {"a", "b", "ab", "\xC4\xA0"});
+  w.set_string_array("tokenizer.ggml.merges", {"a b"});
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("atelier-tok-" + model + "-" + pre + "-" + std::to_string(::getpid()) + ".gguf"))
+                        .string();
+  w.write(path);
+  return path;
+}
+
+TEST(Errors, UnknownPreTokenizerListsTheSupportedOnes) {
+  const auto path = write_vocab_gguf("gpt2", "no-such-pre");
+  try {
+    load_gguf_tokenizer(path);
+    ADD_FAILURE() << "no error for an unknown pre-tokenizer";
+  } catch (const atelier::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("no-such-pre"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    for (const char* name : {"llama3", "gpt-2", "deepseek-coder", "deepseek-llm", "phi-2", "qwen2", "starcoder",
+                             "falcon", "mpt", "refact", "default"})
+      EXPECT_NE(msg.find(name), std::string::npos) << name << " missing in: " << msg;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Errors, UnsupportedModelAndBadJson) {
+  const auto path = write_vocab_gguf("t5", "");
+  EXPECT_THROW(load_gguf_tokenizer(path), atelier::Error);
+  std::filesystem::remove(path);
+  EXPECT_THROW(Tokenizer::from_hf_json(kFixtures + "/no-such-tokenizer.json"), atelier::Error);
+  EXPECT_THROW(Tokenizer::from_hf_json(kVocabDir + "ggml-vocab-gpt-2.gguf.inp"), atelier::Error);
+}
+
+TEST(Errors, TinyGgufBpeMergesAndPieces) {
+  const auto path = write_vocab_gguf("gpt2", "gpt-2");
+  auto tok = load_gguf_tokenizer(path);
+  EXPECT_EQ(tok->encode("ab", false, false), (std::vector<int32_t>{2}));
+  EXPECT_EQ(tok->encode("ba b", false, false), (std::vector<int32_t>{1, 0, 3, 1}));  // " b" has no merge
+  EXPECT_EQ(tok->token_to_piece(3), " ");
+  EXPECT_THROW(tok->token_to_piece(4), atelier::Error);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
