@@ -17,7 +17,7 @@ const std::string kFix = ATELIER_FIXTURES_DIR;
 const std::string kGguf = kFix + "/text/stories260K.gguf";
 const std::string kBin = kFix + "/text/stories260K.bin";
 
-struct Run {
+struct CliRun {
   int code;
   std::string out, err;
 };
@@ -35,7 +35,7 @@ std::string quote(const std::string& s) {
   return r + "'";
 }
 
-Run run(const std::vector<std::string>& args) {
+CliRun run(const std::vector<std::string>& args) {
   const fs::path dir = fs::temp_directory_path();
   const std::string out = (dir / "atelier_cli_out").string(), err = (dir / "atelier_cli_err").string();
   std::string cmd = quote(ATELIER_BINARY);
@@ -53,21 +53,21 @@ int count_lines(const std::string& s) {
 }  // namespace
 
 TEST(Cli, GreedyGoldenFromGguf) {
-  Run r = run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "60", "--temp", "0", "--echo"});
+  CliRun r = run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "60", "--temp", "0", "--echo"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, slurp(kFix + "/text/golden-once-upon-a-time-greedy.txt"));
   EXPECT_NE(r.err.find("new: 60 tokens"), std::string::npos) << r.err;
 }
 
 TEST(Cli, GreedyGoldenFromLlama2c) {
-  Run r = run({"text", "-m", kBin, "--tokenizer", kFix + "/text/tok512.bin", "-p", "Once upon a time", "-n", "60",
+  CliRun r = run({"text", "-m", kBin, "--tokenizer", kFix + "/text/tok512.bin", "-p", "Once upon a time", "-n", "60",
                "--temp", "0", "--echo"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, slurp(kFix + "/text/golden-once-upon-a-time-greedy.txt"));
 }
 
 TEST(Cli, JsonIdsEqualGolden) {
-  Run r = run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "60", "--temp", "0", "--json"});
+  CliRun r = run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "60", "--temp", "0", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   std::istringstream lines(r.out);
   std::string line;
@@ -92,7 +92,7 @@ TEST(Cli, JsonIdsEqualGolden) {
 }
 
 TEST(Cli, StopStringEndsBeforeIt) {
-  Run r = run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "60", "--temp", "0", "--stop", "Lily"});
+  CliRun r = run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "60", "--temp", "0", "--stop", "Lily"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, ", there was a little girl named \n");
   EXPECT_NE(r.err.find("stop: stop"), std::string::npos) << r.err;
@@ -108,24 +108,24 @@ TEST(Cli, SameSeedSameText) {
 }
 
 TEST(Cli, Tokenize) {
-  Run r = run({"tokenize", "-m", kGguf, "Once upon a time"});
+  CliRun r = run({"tokenize", "-m", kGguf, "Once upon a time"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "1 403 407 261 378\n");
-  Run nb = run({"tokenize", "-m", kGguf, "--no-bos", "--", "-Once upon a time"});
+  CliRun nb = run({"tokenize", "-m", kGguf, "--no-bos", "--", "-Once upon a time"});
   ASSERT_EQ(nb.code, 0) << nb.err;
   EXPECT_EQ(count_lines(nb.out), 1);
   EXPECT_NE(nb.out.substr(0, 2), "1 ");
 }
 
 TEST(Cli, BadUsageIsOneLineWithExit2) {
-  Run unknown = run({"text", "-m", kGguf, "-p", "x", "--temperature", "1"});
+  CliRun unknown = run({"text", "-m", kGguf, "-p", "x", "--temperature", "1"});
   EXPECT_EQ(unknown.code, 2);
   EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;
   EXPECT_NE(unknown.err.find("--temperature"), std::string::npos) << unknown.err;
-  Run range = run({"text", "-m", kGguf, "-p", "x", "--top-p", "1.5"});
+  CliRun range = run({"text", "-m", kGguf, "-p", "x", "--top-p", "1.5"});
   EXPECT_EQ(range.code, 2);
   EXPECT_NE(range.err.find("1.5"), std::string::npos) << range.err;
-  Run kv = run({"text", "-m", kGguf, "-p", "x", "--kv-type", "q4"});
+  CliRun kv = run({"text", "-m", kGguf, "-p", "x", "--kv-type", "q4"});
   EXPECT_EQ(kv.code, 2);
   EXPECT_NE(kv.err.find("f16"), std::string::npos) << kv.err;  // says what is allowed
   EXPECT_EQ(run({"text", "--help"}).code, 0);
@@ -134,14 +134,14 @@ TEST(Cli, BadUsageIsOneLineWithExit2) {
 }
 
 TEST(Cli, MissingAndCorruptModelsFailCleanly) {
-  Run missing = run({"text", "-m", "/nonexistent/model.gguf", "-p", "x"});
+  CliRun missing = run({"text", "-m", "/nonexistent/model.gguf", "-p", "x"});
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.err.find("no such model file"), std::string::npos) << missing.err;
 
   const std::string bytes = slurp(kGguf);
   const std::string cut = (fs::temp_directory_path() / "atelier_cli_cut.gguf").string();
   std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
-  Run truncated = run({"text", "-m", cut, "-p", "x"});
+  CliRun truncated = run({"text", "-m", cut, "-p", "x"});
   EXPECT_EQ(truncated.code, 1);
   EXPECT_EQ(count_lines(truncated.err), 1) << truncated.err;
   EXPECT_NE(truncated.err.find(cut), std::string::npos) << truncated.err;  // names the file
@@ -150,12 +150,12 @@ TEST(Cli, MissingAndCorruptModelsFailCleanly) {
 
 TEST(Cli, SynthThenGenerateAndBench) {
   const std::string path = (fs::temp_directory_path() / "atelier_cli_synth.gguf").string();
-  Run s = run({"models", "synth", "--arch", "llama", "--params", "260K", "--type", "q8_0", "--seed", "3", "-o", path});
+  CliRun s = run({"models", "synth", "--arch", "llama", "--params", "260K", "--type", "q8_0", "--seed", "3", "-o", path});
   ASSERT_EQ(s.code, 0) << s.err;
-  Run t = run({"text", "-m", path, "-p", "hello", "-n", "8", "--seed", "1"});
+  CliRun t = run({"text", "-m", path, "-p", "hello", "-n", "8", "--seed", "1"});
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.err.find("new: 8 tokens"), std::string::npos) << t.err;
-  Run b = run({"bench", "text", "-m", path, "-p", "16", "-n", "8", "--reps", "1", "--json"});
+  CliRun b = run({"bench", "text", "-m", path, "-p", "16", "-n", "8", "--reps", "1", "--json"});
   ASSERT_EQ(b.code, 0) << b.err;
   auto j = nlohmann::json::parse(b.out);
   for (const char* key : {"prompt_tokens_per_s", "gen_tokens_per_s", "gen_bandwidth_gb_per_s", "mem_bandwidth_gb_per_s",

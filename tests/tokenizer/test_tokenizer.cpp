@@ -353,6 +353,26 @@ TEST(Errors, UnknownPreTokenizerListsTheSupportedOnes) {
   std::filesystem::remove(path);
 }
 
+TEST(PreTokenizers, EveryNamedPreTokenizerLoadsAndEncodes) {
+  // each name llama.cpp accepts (tokenizer.ggml.pre), with a 4-token vocabulary
+  for (const char* pre : {"default", "llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "chatglm-bpe",
+                          "deepseek-llm", "deepseek-v3", "deepseek-coder", "falcon", "starcoder", "refact",
+                          "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "gpt-2", "phi-2", "mpt", "olmo",
+                          "jais", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es", "jina-v2-de",
+                          "jina-v2-code", "roberta-bpe", "qwen2", "stablelm2", "megrez", "poro-chat", "bloom",
+                          "gpt3-finnish", "viking", "tekken", "chameleon"}) {
+    const auto path = write_vocab_gguf("gpt2", pre);
+    try {
+      auto tok = load_gguf_tokenizer(path);
+      EXPECT_EQ(tok->encode("ab ab", false, false), (std::vector<int32_t>{2, 3, 2})) << pre;
+      (void)tok->encode("I'll pay 12345 \xE2\x82\xAC, \xE4\xB8\xAD\xE6\x96\x87!\r\n  \t x", true, true);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << pre << ": " << e.what();
+    }
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(Errors, UnsupportedModelAndBadJson) {
   const auto path = write_vocab_gguf("t5", "");
   EXPECT_THROW(load_gguf_tokenizer(path), atelier::Error);

@@ -94,7 +94,6 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
     VocabSpec spec;
     spec.source = path;
     spec.model = "gpt2";
-    spec.name = path;
 
     // ids may leave holes; they stay undefined tokens
     std::vector<std::pair<std::string, int64_t>> entries;

@@ -206,6 +206,8 @@ bool Tokenizer::is_eog(int32_t id) const { return std::binary_search(eog_ids_.be
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const formats::GgufFile& file) {
   VocabSpec spec;
   spec.source = file.path();
+  if (!file.has("tokenizer.ggml.model") || !file.has("tokenizer.ggml.tokens"))
+    throw Error(spec.source + ": the file holds no tokenizer (tokenizer.ggml.model or tokenizer.ggml.tokens is missing)");
   spec.model = file.get_string("tokenizer.ggml.model");
   spec.pre = file.get_string("tokenizer.ggml.pre", "");
   spec.name = file.get_string("general.name", "");

@@ -1,0 +1,176 @@
+// Element-wise ops at every SIMD level against their references and against
+// values worked out by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "test_util.h"
+
+namespace atelier::kernels {
+namespace {
+
+using testing::available_levels;
+using testing::random_floats;
+using testing::ScopedSimd;
+
+const int64_t kSizes[] = {1, 7, 8, 9, 31, 64, 100, 4096};
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, float rel, float abs,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_LE(std::fabs(a[i] - b[i]), abs + rel * std::fabs(b[i])) << what << " at " << i;
+}
+
+TEST(Ops, RmsNorm) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t n : kSizes) {
+      const auto x = random_floats(n, 1), w = random_floats(n, 2);
+      std::vector<float> y(n), ref(n);
+      rms_norm(x.data(), w.data(), y.data(), n, 1e-5f);
+      rms_norm_ref(x.data(), w.data(), ref.data(), n, 1e-5f);
+      expect_close(y, ref, 1e-5f, 0, level + " rms_norm");
+      rms_norm(x.data(), nullptr, y.data(), n, 1e-5f);
+      double ss = 0;
+      for (float v : x) ss += double(v) * v;
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], x[i] / std::sqrt(ss / n + 1e-5), 1e-5 * std::fabs(y[i]));
+    }
+  }
+}
+
+TEST(Ops, Softmax) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t n : kSizes) {
+      auto x = random_floats(n, 3, 5.0f);
+      if (n > 4) x[3] = -INFINITY;  // a masked position
+      auto ref = x;
+      softmax(x.data(), n);
+      softmax_ref(ref.data(), n);
+      expect_close(x, ref, 2e-6f, 1e-9f, level + " softmax");
+      double sum = 0;
+      for (float v : x) sum += v;
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+      if (n > 4) {
+        EXPECT_EQ(x[3], 0.0f);
+      }
+    }
+    std::vector<float> two{1.0f, 1.0f + std::log(3.0f)};
+    softmax(two.data(), 2);
+    EXPECT_NEAR(two[0], 0.25f, 1e-6f);
+    EXPECT_NEAR(two[1], 0.75f, 1e-6f);
+  }
+}
+
+TEST(Ops, Swiglu) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t n : kSizes) {
+      auto g = random_floats(n, 4, 4.0f), u = random_floats(n, 5);
+      if (n > 2) g[0] = -100.0f, g[1] = 100.0f;
+      std::vector<float> y(n), ref(n);
+      swiglu(g.data(), u.data(), y.data(), n);
+      swiglu_ref(g.data(), u.data(), ref.data(), n);
+      expect_close(y, ref, 1e-5f, 1e-30f, level + " swiglu");
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(ref[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-6 * (1 + std::fabs(ref[i])));
+    }
+  }
+}
+
+TEST(Ops, RopeByHand) {
+  // head_dim 6, rot_dim 4: pairs rotate by pos * base^(-2i/4), dims 4..5 untouched.
+  const float base = 10000.0f;
+  for (bool neox : {false, true}) {
+    std::vector<float> x{1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -6};
+    auto ref = x;
+    rope(x.data(), 2, 6, 4, 3, base, 1.0f, neox);
+    rope_ref(ref.data(), 2, 6, 4, 3, base, 1.0f, neox);
+    EXPECT_EQ(x, ref);
+    for (int h = 0; h < 2; ++h) {
+      const float sign = h ? -1.0f : 1.0f;
+      for (int i = 0; i < 2; ++i) {
+        const double theta = 3.0 * std::pow(10000.0, -2.0 * i / 4);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + 2 : 2 * i + 1;
+        const double a = sign * (i0 + 1), b = sign * (i1 + 1);
+        EXPECT_NEAR(x[h * 6 + i0], a * std::cos(theta) - b * std::sin(theta), 1e-5);
+        EXPECT_NEAR(x[h * 6 + i1], a * std::sin(theta) + b * std::cos(theta), 1e-5);
+      }
+      EXPECT_EQ(x[h * 6 + 4], sign * 5);
+      EXPECT_EQ(x[h * 6 + 5], sign * 6);
+    }
+  }
+  // freq_scale multiplies the position.
+  auto a = random_floats(128, 6), b = a;
+  rope(a.data(), 2, 64, 64, 10, 500000.0f, 0.5f, false);
+  rope(b.data(), 2, 64, 64, 5, 500000.0f, 1.0f, false);
+  EXPECT_EQ(a, b);
+  // Position 0 is the identity.
+  auto c = random_floats(64, 7), d = c;
+  rope(c.data(), 1, 64, 64, 0, 10000.0f, 1.0f, true);
+  EXPECT_EQ(c, d);
+}
+
+TEST(Ops, DotAndAxpy) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t n : kSizes) {
+      const auto a = random_floats(n, 8), b = random_floats(n, 9);
+      double exact = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) exact += double(a[i]) * b[i], mag += std::fabs(double(a[i]) * b[i]);
+      const float d = dot_f32(a.data(), b.data(), n);
+      EXPECT_NEAR(d, exact, 1e-6 * mag + 1e-30) << level << " n " << n;
+      // Deterministic whatever the alignment of the operands.
+      std::vector<float> buf(n + 3);
+      for (int off = 1; off < 4; ++off) {
+        std::memcpy(buf.data() + off, a.data(), n * sizeof(float));
+        const float d2 = dot_f32(buf.data() + off, b.data(), n);
+        EXPECT_EQ(std::memcmp(&d, &d2, 4), 0) << level << " n " << n << " offset " << off;
+      }
+      auto y = b;
+      axpy_f32(0.75f, a.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], b[i] + 0.75 * a[i], 1e-6 * (1 + std::fabs(y[i])));
+
+      std::vector<uint16_t> h(n);
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_fp16(a[i]);
+      double exact_h = 0;
+      for (int64_t i = 0; i < n; ++i) exact_h += double(fp16_to_f32(h[i])) * b[i];
+      EXPECT_NEAR(dot_f16_f32(h.data(), b.data(), n), exact_h, 1e-6 * mag + 1e-30) << level << " n " << n;
+      y = b;
+      axpy_f16(-2.0f, h.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(y[i], b[i] - 2.0 * fp16_to_f32(h[i]), 1e-6 * (1 + std::fabs(y[i])));
+    }
+  }
+}
+
+TEST(Ops, HalfRowsMatchScalarConversion) {
+  // Random bit patterns (NaNs skipped) plus values near the edges of the range.
+  std::vector<float> x;
+  std::mt19937 rng(12);
+  while (x.size() < 5000) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (!std::isnan(f)) x.push_back(std::ldexp(std::fmod(f, 2.0f), static_cast<int>(rng() % 50) - 30));
+  }
+  for (float f : {65504.0f, 65519.0f, 65520.0f, 1e-8f, 2.98e-8f, -6.1e-5f, 0.0f, -0.0f, INFINITY})
+    x.push_back(f);
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t len : {n, int64_t{13}}) {
+      std::vector<uint16_t> h(len);
+      f32_to_fp16_row(x.data(), h.data(), len);
+      for (int64_t i = 0; i < len; ++i) ASSERT_EQ(h[i], f32_to_fp16(x[i])) << level << " " << x[i];
+      std::vector<float> back(len);
+      fp16_to_f32_row(h.data(), back.data(), len);
+      for (int64_t i = 0; i < len; ++i) ASSERT_EQ(back[i], fp16_to_f32(h[i])) << level;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace atelier::kernels
