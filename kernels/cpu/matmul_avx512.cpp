@@ -3,6 +3,8 @@
 // used: it would round the activations to bf16.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "matmul_internal.h"
 #include "quants.h"
 

@@ -35,8 +35,11 @@ class Tokenizer {
   static std::unique_ptr<Tokenizer> from_llama2c(const formats::Llama2cVocab& vocab);
 
   // add_bos: prepend BOS when the vocabulary uses one (tokenizer.ggml.add_bos_token,
-  // default per model type as llama.cpp). parse_special: control/user-defined
-  // token texts in `text` (e.g. "<|eot_id|>") become their ids.
+  // default per model type as llama.cpp) and append EOS when it asks for that
+  // (tokenizer.ggml.add_eos_token); WordPiece adds [CLS] ... [SEP]. This is
+  // llama.cpp's add_special. parse_special: control/user-defined
+  // token texts in `text` (e.g. "<|eot_id|>") become their ids. User-defined
+  // token texts are cut out even without it, as in llama.cpp.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const = 0;
 
   // The bytes a token stands for when streamed: SentencePiece U+2581 becomes
