@@ -7,7 +7,7 @@ packages=(
   # build
   build-essential cmake ninja-build ccache pkg-config
   # engine
-  libsqlite3-dev libssl-dev libpcre2-dev nlohmann-json3-dev libcli11-dev
+  libsqlite3-dev libssl-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # ui

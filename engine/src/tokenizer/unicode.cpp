@@ -1,38 +1,93 @@
 #include "unicode.h"
 
-#include <algorithm>
+#include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
+#include <unicode/unistr.h>
+
 #include <array>
+#include <stdexcept>
 
 namespace atelier::tok::unicode {
 
-uint16_t flags(uint32_t cpt) {
-  using unicode_data::kFlagRunCount;
-  using unicode_data::kFlagRuns;
-  if (cpt > 0x10FFFF) return 0;
-  const auto* end = kFlagRuns + kFlagRunCount;
-  const auto* it = std::upper_bound(kFlagRuns, end, cpt,
-                                    [](uint32_t c, const unicode_data::FlagRun& r) { return c < r.first; });
-  return (it - 1)->flags;  // kFlagRuns[0].first == 0
+namespace {
+
+// The general category as llama.cpp's classes.
+uint16_t category_flags(int8_t category) {
+  switch (category) {
+    case U_UNASSIGNED:  // Cn
+      return kUndefined;
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_LETTER_NUMBER:
+    case U_OTHER_NUMBER:
+      return kNumber;
+    case U_UPPERCASE_LETTER:
+    case U_LOWERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+      return kLetter;
+    case U_SPACE_SEPARATOR:
+    case U_LINE_SEPARATOR:
+    case U_PARAGRAPH_SEPARATOR:
+      return kSeparator;
+    case U_NON_SPACING_MARK:
+    case U_COMBINING_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+      return kAccentMark;
+    case U_CONNECTOR_PUNCTUATION:
+    case U_DASH_PUNCTUATION:
+    case U_START_PUNCTUATION:
+    case U_END_PUNCTUATION:
+    case U_INITIAL_PUNCTUATION:
+    case U_FINAL_PUNCTUATION:
+    case U_OTHER_PUNCTUATION:
+      return kPunctuation;
+    case U_MATH_SYMBOL:
+    case U_CURRENCY_SYMBOL:
+    case U_MODIFIER_SYMBOL:
+    case U_OTHER_SYMBOL:
+      return kSymbol;
+    case U_CONTROL_CHAR:
+    case U_FORMAT_CHAR:
+    case U_PRIVATE_USE_CHAR:
+    case U_SURROGATE:
+      return kControl;
+    default:
+      return 0;
+  }
 }
 
-namespace {
-uint32_t lookup_pair(const unicode_data::CptPair* table, size_t count, uint32_t cpt) {
-  const auto* end = table + count;
-  const auto* it = std::lower_bound(table, end, cpt,
-                                    [](const unicode_data::CptPair& p, uint32_t c) { return p.from < c; });
-  return (it != end && it->from == cpt) ? it->to : cpt;
+const icu::Normalizer2& nfd() {
+  static const icu::Normalizer2& n = []() -> const icu::Normalizer2& {
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::Normalizer2* p = icu::Normalizer2::getNFDInstance(status);
+    if (U_FAILURE(status) || !p) throw std::runtime_error(std::string("ICU NFD data: ") + u_errorName(status));
+    return *p;
+  }();
+  return n;
 }
+
 }  // namespace
+
+uint16_t flags(uint32_t cpt) {
+  if (cpt > 0x10FFFF) return 0;
+  const auto c = static_cast<UChar32>(cpt);
+  // White_Space is exactly llama.cpp's explicit list: U+0009..000D, 0020, 0085, 00A0,
+  // 1680, 2000..200A, 2028, 2029, 202F, 205F, 3000.
+  return category_flags(u_charType(c)) | (u_isUWhiteSpace(c) ? kWhitespace : 0);
+}
 
 uint32_t to_lower(uint32_t cpt) {
   if (cpt < 0x80) return (cpt >= 'A' && cpt <= 'Z') ? cpt + 32 : cpt;
-  return lookup_pair(unicode_data::kLower, unicode_data::kLowerCount, cpt);
+  if (cpt > 0x10FFFF) return cpt;
+  return static_cast<uint32_t>(u_tolower(static_cast<UChar32>(cpt)));
 }
 
 uint32_t nfd_base(uint32_t cpt) {
-  if (cpt < 0xC0) return cpt;
-  if (cpt >= 0xAC00 && cpt <= 0xD7A3) return 0x1100 + (cpt - 0xAC00) / 588;  // Hangul syllable -> leading jamo
-  return lookup_pair(unicode_data::kNfd, unicode_data::kNfdCount, cpt);
+  if (cpt < 0xC0 || cpt > 0x10FFFF) return cpt;
+  icu::UnicodeString decomposition;
+  if (!nfd().getDecomposition(static_cast<UChar32>(cpt), decomposition) || decomposition.isEmpty()) return cpt;
+  return static_cast<uint32_t>(decomposition.char32At(0));
 }
 
 uint32_t next_cpt(std::string_view s, size_t& pos) {

@@ -1,8 +1,8 @@
 // Unicode helpers for the tokenizers (private to engine/src/tokenizer).
-// Code point classes, lower-casing and NFD follow llama.cpp's unicode.cpp
-// (tables generated from the Unicode Character Database, see unicode_data.cpp);
-// UTF-8 decoding is as lenient as llama.cpp's: a byte that does not start a
-// well-formed sequence becomes U+FFFD on its own.
+// Code point classes, lower-casing and NFD follow llama.cpp's unicode.cpp, with
+// the Unicode Character Database facts taken from ICU (libicu); UTF-8 decoding
+// is as lenient as llama.cpp's: a byte that does not start a well-formed
+// sequence becomes U+FFFD on its own.
 #pragma once
 
 #include <cstddef>
@@ -12,22 +12,6 @@
 #include <vector>
 
 namespace atelier::tok {
-
-namespace unicode_data {
-struct FlagRun {
-  uint32_t first;
-  uint16_t flags;
-};
-struct CptPair {
-  uint32_t from, to;
-};
-extern const FlagRun kFlagRuns[];
-extern const size_t kFlagRunCount;
-extern const CptPair kLower[];
-extern const size_t kLowerCount;
-extern const CptPair kNfd[];
-extern const size_t kNfdCount;
-}  // namespace unicode_data
 
 namespace unicode {
 
@@ -44,8 +28,8 @@ enum Flag : uint16_t {
 };
 
 uint16_t flags(uint32_t cpt);  // 0 for values past U+10FFFF
-uint32_t to_lower(uint32_t cpt);
-uint32_t nfd_base(uint32_t cpt);  // first code point of the canonical decomposition
+uint32_t to_lower(uint32_t cpt);  // the simple lowercase mapping
+uint32_t nfd_base(uint32_t cpt);  // first code point of the canonical decomposition (NFD)
 
 // Length of the UTF-8 sequence that `first` starts (1 for continuation bytes), as llama.cpp.
 inline size_t utf8_len(uint8_t first) {
