@@ -16,20 +16,27 @@ namespace avx512 {
 #undef ATELIER_VNNI
 
 // Weight loaders: 16 elements as f32; `mask` selects the valid ones of a
-// partial last chunk (the rest read as zero).
+// partial last chunk (the rest read as zero). Full chunks use plain loads:
+// masked loads cannot fold into the FMA and halve the tile's speed on Zen 4.
+__attribute__((always_inline)) inline __m256i load_u16(const char* w, int64_t k, __mmask16 mask) {
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(w) + k;
+  return mask == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mask, p);
+}
+
 struct LoadF32 {
-  static __m512 load(const char* w, int64_t k, __mmask16 mask) {
-    return _mm512_maskz_loadu_ps(mask, reinterpret_cast<const float*>(w) + k);
+  __attribute__((always_inline)) static inline __m512 load(const char* w, int64_t k, __mmask16 mask) {
+    const float* p = reinterpret_cast<const float*>(w) + k;
+    return mask == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
   }
 };
 struct LoadF16 {
-  static __m512 load(const char* w, int64_t k, __mmask16 mask) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, reinterpret_cast<const uint16_t*>(w) + k));
+  __attribute__((always_inline)) static inline __m512 load(const char* w, int64_t k, __mmask16 mask) {
+    return _mm512_cvtph_ps(load_u16(w, k, mask));
   }
 };
 struct LoadBF16 {
-  static __m512 load(const char* w, int64_t k, __mmask16 mask) {
-    const __m256i h = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const uint16_t*>(w) + k);
+  __attribute__((always_inline)) static inline __m512 load(const char* w, int64_t k, __mmask16 mask) {
+    const __m256i h = load_u16(w, k, mask);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
 };
@@ -38,12 +45,12 @@ struct LoadBF16 {
 template <class Load>
 struct KernelFloat {
   template <int NM, int NR>
-  static void step(const char* const* w, const float* const* x, int64_t k, __mmask16 mask,
+  __attribute__((always_inline)) static inline void step(const char* const* w, const float* const* x, int64_t k, __mmask16 mask,
                    __m512 (&acc)[NM][NR]) {
     __m512 wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = Load::load(w[r], k, mask);
     for (int m = 0; m < NM; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x[m] + k);
+      const __m512 xv = mask == 0xFFFF ? _mm512_loadu_ps(x[m] + k) : _mm512_maskz_loadu_ps(mask, x[m] + k);
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_fmadd_ps(wv[r], xv, acc[m][r]);
     }
   }
