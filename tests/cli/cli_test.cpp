@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -36,13 +37,18 @@ std::string quote(const std::string& s) {
 }
 
 CliRun run(const std::vector<std::string>& args) {
+  // ctest runs test cases in parallel processes: one pair of capture files per process.
   const fs::path dir = fs::temp_directory_path();
-  const std::string out = (dir / "atelier_cli_out").string(), err = (dir / "atelier_cli_err").string();
+  const std::string tag = std::to_string(::getpid());
+  const std::string out = (dir / ("atelier_cli_out_" + tag)).string(), err = (dir / ("atelier_cli_err_" + tag)).string();
   std::string cmd = quote(ATELIER_BINARY);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >" + out + " 2>" + err;
+  for (const auto& a : args) cmd.append(" ").append(quote(a));  // append: GCC 12 misreports " " + s (-Wrestrict)
+  cmd.append(" >").append(out).append(" 2>").append(err);
   int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(out), slurp(err)};
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(out), slurp(err)};
+  fs::remove(out);
+  fs::remove(err);
+  return r;
 }
 
 int count_lines(const std::string& s) {
@@ -139,7 +145,7 @@ TEST(Cli, MissingAndCorruptModelsFailCleanly) {
   EXPECT_NE(missing.err.find("no such model file"), std::string::npos) << missing.err;
 
   const std::string bytes = slurp(kGguf);
-  const std::string cut = (fs::temp_directory_path() / "atelier_cli_cut.gguf").string();
+  const std::string cut = (fs::temp_directory_path() / ("atelier_cli_cut_" + std::to_string(::getpid()) + ".gguf")).string();
   std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   CliRun truncated = run({"text", "-m", cut, "-p", "x"});
   EXPECT_EQ(truncated.code, 1);
@@ -149,7 +155,7 @@ TEST(Cli, MissingAndCorruptModelsFailCleanly) {
 }
 
 TEST(Cli, SynthThenGenerateAndBench) {
-  const std::string path = (fs::temp_directory_path() / "atelier_cli_synth.gguf").string();
+  const std::string path = (fs::temp_directory_path() / ("atelier_cli_synth_" + std::to_string(::getpid()) + ".gguf")).string();
   CliRun s = run({"models", "synth", "--arch", "llama", "--params", "260K", "--type", "q8_0", "--seed", "3", "-o", path});
   ASSERT_EQ(s.code, 0) << s.err;
   CliRun t = run({"text", "-m", path, "-p", "hello", "-n", "8", "--seed", "1"});
