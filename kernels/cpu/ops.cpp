@@ -45,11 +45,13 @@ void swiglu_ref(const float* gate, const float* up, float* out, int64_t n) {
 }
 
 namespace {
-// theta_i = pos * freq_scale * base^(-2i/rot_dim), in double so long contexts
-// keep their phase.
-void rope_angles(int64_t rot_dim, int64_t pos, float freq_base, float freq_scale, float* c, float* s) {
+// theta_i = pos * freq_scale * base^(-2i/rot_dim) / factor_i, in double so
+// long contexts keep their phase.
+void rope_angles(int64_t rot_dim, int64_t pos, float freq_base, float freq_scale, const float* factors, float* c,
+                 float* s) {
   for (int64_t i = 0; i < rot_dim / 2; ++i) {
-    const double theta = double(pos) * freq_scale * std::pow(double(freq_base), -2.0 * double(i) / double(rot_dim));
+    double theta = double(pos) * freq_scale * std::pow(double(freq_base), -2.0 * double(i) / double(rot_dim));
+    if (factors) theta /= double(factors[i]);
     c[i] = static_cast<float>(std::cos(theta));
     s[i] = static_cast<float>(std::sin(theta));
   }
@@ -71,10 +73,10 @@ void rope_apply(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, bo
 }  // namespace
 
 void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
-              float freq_scale, bool neox) {
+              float freq_scale, bool neox, const float* freq_factors) {
   for (int64_t h = 0; h < n_heads; ++h) {  // angles recomputed per head: the plain form
     std::vector<float> c(rot_dim / 2), s(rot_dim / 2);
-    rope_angles(rot_dim, pos, freq_base, freq_scale, c.data(), s.data());
+    rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, c.data(), s.data());
     rope_apply(x + h * head_dim, 1, head_dim, rot_dim, neox, c.data(), s.data());
   }
 }
@@ -97,11 +99,11 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
 }
 
 void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
-          float freq_scale, bool neox) {
+          float freq_scale, bool neox, const float* freq_factors) {
   // One table of angles for all heads: the trigonometry dominates otherwise.
   thread_local std::vector<float> cs;
   cs.resize(static_cast<size_t>(rot_dim));
-  rope_angles(rot_dim, pos, freq_base, freq_scale, cs.data(), cs.data() + rot_dim / 2);
+  rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, cs.data(), cs.data() + rot_dim / 2);
   rope_apply(x, n_heads, head_dim, rot_dim, neox, cs.data(), cs.data() + rot_dim / 2);
 }
 

@@ -108,3 +108,27 @@ TEST(Llama, InconsistentShapesAreReported) {
   }
   std::filesystem::remove(path);
 }
+
+TEST(Llama, RopeFrequencyFactorsAreApplied) {
+  // stories260K rewritten with a rope_freqs tensor (n_rot/2 = 4 divisors).
+  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
+  auto write_with = [&](const std::vector<float>& factors, const std::string& name) {
+    formats::GgufWriter wr;
+    for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
+    for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
+    wr.add_tensor("rope_freqs.weight", {4}, kernels::DType::F32, factors.data(), factors.size() * sizeof(float));
+    const auto path = (std::filesystem::temp_directory_path() / name).string();
+    wr.write(path);
+    return path;
+  };
+  const auto base = last_logits(text::load_llama_gguf(std::move(src)), kPrompt, 4);
+  src = formats::GgufFile::open(kDir + "stories260K.gguf");
+  const auto ones_path = write_with({1, 1, 1, 1}, "atelier_rope_ones.gguf");
+  const auto eights_path = write_with({1, 1, 8, 8}, "atelier_rope_eights.gguf");
+  auto ones = text::load_llama_gguf(formats::GgufFile::open(ones_path));
+  EXPECT_EQ(ones.rope_freq_factors.size(), 4u);
+  EXPECT_EQ(last_logits(ones, kPrompt, 4), base);
+  EXPECT_NE(last_logits(text::load_llama_gguf(formats::GgufFile::open(eights_path)), kPrompt, 4), base);
+  std::filesystem::remove(ones_path);
+  std::filesystem::remove(eights_path);
+}

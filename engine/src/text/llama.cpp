@@ -124,11 +124,11 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
   // Linear RoPE scaling (position interpolation); the older key name too.
   std::string scaling = f.get_string(p + "rope.scaling.type", "");
   double factor = f.get_float(p + "rope.scaling.factor", f.get_float(p + "rope.scale_linear", 1.0));
-  if (!scaling.empty() && scaling != "none" && scaling != "linear")
-    throw UnsupportedError(f.path() + ": rope scaling '" + scaling + "' is not supported (supported: none, linear)");
+  const bool llama3_scaling = scaling == "llama3" && f.find_tensor("rope_freqs.weight");  // applied through rope_freqs
+  if (!scaling.empty() && scaling != "none" && scaling != "linear" && !llama3_scaling)
+    throw UnsupportedError(f.path() + ": rope scaling '" + scaling +
+                           "' is not supported (supported: none, linear, and Llama 3.1 frequency factors)");
   if (factor > 0 && (scaling.empty() || scaling == "linear")) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
-  if (f.find_tensor("rope_freqs.weight"))
-    throw UnsupportedError(f.path() + ": Llama 3.1-style RoPE frequency factors (rope_freqs.weight) are not supported yet");
 
   const formats::GgufTensor& emb = f.tensor("token_embd.weight");
   if (emb.shape.size() != 2) throw bad("token_embd.weight must be 2-D");
@@ -138,6 +138,10 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
   const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
   w.tok_embd = ld.matrix("token_embd.weight", d, hp.n_vocab);
   w.output_norm = ld.vector("output_norm.weight", d);
+  // Llama 3.1+ stretches RoPE's low frequencies with per-pair divisors.
+  w.rope_freq_factors = ld.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+  for (float f : w.rope_freq_factors)
+    if (!(f > 0.0f) || !std::isfinite(f)) throw bad("rope_freqs.weight holds a non-positive or non-finite factor");
   w.output = f.find_tensor("output.weight") ? ld.matrix("output.weight", d, hp.n_vocab) : w.tok_embd;
   w.layers.resize(static_cast<size_t>(hp.n_layer));
   for (int l = 0; l < hp.n_layer; ++l) {
@@ -331,10 +335,11 @@ void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvCache& cache
     add_bias(k_.data(), L.bk, kvd);
     add_bias(v_.data(), L.bv, kvd);
     for (int i = 0; i < n; ++i) {
+      const float* factors = w_.rope_freq_factors.empty() ? nullptr : w_.rope_freq_factors.data();
       kernels::rope(q_.data() + i * qd, hp.n_head, hp.head_dim, hp.n_rot, pos0 + i, hp.rope_freq_base,
-                    hp.rope_freq_scale, hp.rope_neox);
+                    hp.rope_freq_scale, hp.rope_neox, factors);
       kernels::rope(k_.data() + i * kvd, hp.n_head_kv, hp.head_dim, hp.n_rot, pos0 + i, hp.rope_freq_base,
-                    hp.rope_freq_scale, hp.rope_neox);
+                    hp.rope_freq_scale, hp.rope_neox, factors);
       cache.store(l, pos0 + i, k_.data() + i * kvd, v_.data() + i * kvd);
     }
     attention(n, pos0, l, cache);

@@ -44,6 +44,7 @@ struct LlamaWeights {
   kernels::WeightView tok_embd;  // n_vocab rows of n_embd
   kernels::WeightView output;    // n_vocab rows of n_embd (== tok_embd when tied)
   std::vector<float> output_norm;
+  std::vector<float> rope_freq_factors;  // n_rot/2 divisors (Llama 3.1+ rope_freqs.weight) or empty
   std::vector<LlamaLayer> layers;
   std::string format;            // "gguf" or "llama2c"
   std::string weight_types;      // summary for ModelInfo

@@ -92,11 +92,12 @@ void swiglu_ref(const float* gate, const float* up, float* out, int64_t n);
 // (contiguous). Rotates the first rot_dim dims of every head.
 //   neox = false: pairs (2i, 2i+1)          (LLaMA / GGML "normal")
 //   neox = true:  pairs (i, i + rot_dim/2)  (GPT-NeoX, Qwen2, ...)
-// theta_i = pos * freq_scale * base^(-2i/rot_dim)
+// theta_i = pos * freq_scale * base^(-2i/rot_dim) / freq_factors[i]
+// freq_factors: rot_dim/2 per-pair divisors (Llama 3.1's rope_freqs), or nullptr for none.
 void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
-          float freq_base, float freq_scale, bool neox);
+          float freq_base, float freq_scale, bool neox, const float* freq_factors = nullptr);
 void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
-              float freq_base, float freq_scale, bool neox);
+              float freq_base, float freq_scale, bool neox, const float* freq_factors = nullptr);
 
 // sum_i a[i] * b[i] over n floats; fixed accumulation order for a given n.
 float dot_f32(const float* a, const float* b, int64_t n);
