@@ -111,6 +111,35 @@ int run_text(const TextOptions& o) {
   return 0;
 }
 
+struct TokOptions {
+  std::string model, tokenizer, text;
+  bool no_bos = false;
+};
+
+// Only the vocabulary is loaded, so vocabulary-only GGUFs and tokenizer.json
+// files work; a llama2.c checkpoint brings its tokenizer file beside it.
+int run_tokenize(const TokOptions& t) {
+  const bool add_bos = !t.no_bos, parse_special = !t.no_bos;
+  Result<std::vector<int32_t>> ids = Status{};
+  const bool llama2c_checkpoint = t.tokenizer.empty() && t.model.size() > 4 && t.model.substr(t.model.size() - 4) == ".bin";
+  if (llama2c_checkpoint) {
+    TextModelOptions mo;
+    mo.threads = 1;
+    auto model = TextModel::open(t.model, mo);
+    if (!model.ok()) return fail(model.status());
+    ids = model.value()->tokenize(t.text, add_bos, parse_special);
+  } else {
+    auto vocab = Vocabulary::open(t.tokenizer.empty() ? t.model : t.tokenizer);
+    if (!vocab.ok()) return fail(vocab.status());
+    ids = vocab.value()->tokenize(t.text, add_bos, parse_special);
+  }
+  if (!ids.ok()) return fail(ids.status());
+  std::string line;
+  for (size_t i = 0; i < ids.value().size(); ++i) line += (i ? " " : "") + std::to_string(ids.value()[i]);
+  write_stdout(line + "\n");
+  return 0;
+}
+
 }  // namespace
 
 void add_text_commands(CLI::App& root, int& exit_code) {
@@ -137,34 +166,13 @@ void add_text_commands(CLI::App& root, int& exit_code) {
   text->add_flag("--no-bos", o->no_bos, "Do not prepend the BOS token");
   text->callback([o, &exit_code] { exit_code = run_text(*o); });
 
-  struct TokOptions {
-    std::string model, tokenizer, text;
-    bool no_bos = false;
-  };
   auto t = std::make_shared<TokOptions>();
   CLI::App* tok = root.add_subcommand("tokenize", "Print the token ids of a text, space-separated on one line");
-  add_model_options(*tok, t->model, t->tokenizer);
+  tok->add_option("-m,--model", t->model, "Model or vocabulary: GGUF (vocabulary-only files too), tokenizer.json, or a llama2.c .bin")->required();
+  tok->add_option("--tokenizer", t->tokenizer, "Tokenizer file to use instead of the model's (tokenizer.json, llama2.c tokenizer.bin)");
   tok->add_flag("--no-bos", t->no_bos, "No BOS, and special tokens are not parsed (as llama.cpp's vocab tests expect)");
   tok->add_option("text", t->text, "Text to tokenize (put -- before it when it starts with -)")->required();
-  tok->callback([t, &exit_code] {
-    TextModelOptions mo;
-    mo.threads = 1;
-    mo.tokenizer_path = t->tokenizer;
-    auto model = TextModel::open(t->model, mo);
-    if (!model.ok()) {
-      exit_code = fail(model.status());
-      return;
-    }
-    auto ids = model.value()->tokenize(t->text, !t->no_bos, !t->no_bos);
-    if (!ids.ok()) {
-      exit_code = fail(ids.status());
-      return;
-    }
-    std::string line;
-    for (size_t i = 0; i < ids.value().size(); ++i) line += (i ? " " : "") + std::to_string(ids.value()[i]);
-    write_stdout(line + "\n");
-    exit_code = 0;
-  });
+  tok->callback([t, &exit_code] { exit_code = run_tokenize(*t); });
 }
 
 }  // namespace atelier::app

@@ -176,3 +176,28 @@ TEST(Cli, SynthThenGenerateAndBench) {
   fs::remove(path);
   fs::remove(again);
 }
+
+// `tokenize --no-bos` on vocabulary-only files reproduces llama.cpp's vectors
+// (the first strings of each .inp/.out pair), tokenizer.json included.
+TEST(Cli, TokenizeVocabularyFiles) {
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  for (const std::string name : {"gpt-2", "llama-spm", "bert-bge", "llama-bpe"}) {
+    const std::string base = kFix + "/vocab/ggml-vocab-" + name + ".gguf";
+    const std::string model = name == "llama-bpe" ? kFix + "/vocab/llama3-tokenizer.json" : base;
+    const std::string inp = slurp(base + ".inp"), outp = slurp(base + ".out");
+    std::vector<std::string> texts, expected;
+    for (size_t at = 0, next; (next = inp.find(sep, at)) != std::string::npos && texts.size() < 3; at = next + sep.size())
+      texts.push_back(inp.substr(at, next - at));
+    std::istringstream lines(outp);
+    for (std::string l; expected.size() < texts.size() && std::getline(lines, l);) expected.push_back(l);
+    ASSERT_EQ(texts.size(), 3u) << name;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      CliRun r = run({"tokenize", "-m", model, "--no-bos", "--", texts[i]});
+      ASSERT_EQ(r.code, 0) << name << ": " << r.err;
+      // .out lines start with a space before each id; ours are space-separated.
+      std::string want = expected[i];
+      while (!want.empty() && want.front() == ' ') want.erase(0, 1);
+      EXPECT_EQ(r.out, want + "\n") << name << " string " << i;
+    }
+  }
+}

@@ -156,6 +156,27 @@ class TextModel {
   std::unique_ptr<Impl> impl_;
 };
 
+// A tokenizer on its own: from a GGUF (weights not needed, so vocabulary-only
+// files work), a Hugging Face tokenizer.json, or a llama2.c tokenizer.bin.
+class Vocabulary {
+ public:
+  static Result<std::shared_ptr<Vocabulary>> open(const std::string& path);
+  ~Vocabulary();
+  Vocabulary(const Vocabulary&) = delete;
+  Vocabulary& operator=(const Vocabulary&) = delete;
+
+  std::string model() const;  // "llama", "gpt2", "bert"
+  int n_vocab() const;
+  Result<std::vector<int32_t>> tokenize(std::string_view text, bool add_bos, bool parse_special) const;
+  std::string token_piece(int32_t id) const;
+
+  struct Impl;
+
+ private:
+  explicit Vocabulary(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // ---------------------------------------------------------------- benchmarks
 
 struct MachineLimits {

@@ -144,7 +144,7 @@ Llama2cModel load_llama2c(const std::string& path) {
 }
 
 Llama2cVocab load_llama2c_tokenizer(const std::string& path, int vocab_size) {
-  if (vocab_size <= 0 || vocab_size > kMaxVocab)
+  if (vocab_size < 0 || vocab_size > kMaxVocab)
     throw Error(path + ": cannot read a llama2.c tokenizer for a vocabulary of " + std::to_string(vocab_size) +
                 " tokens");
   MappedFile map(path);
@@ -169,13 +169,16 @@ Llama2cVocab load_llama2c_tokenizer(const std::string& path, int vocab_size) {
   if (v.max_token_length <= 0 || v.max_token_length > (1 << 16))
     throw Error(path + ": not a llama2.c tokenizer: max_token_length = " + std::to_string(v.max_token_length));
   // Each token takes at least 8 bytes (score + length).
+  const bool to_end = vocab_size == 0;  // read every token the file holds
+  if (to_end && (size - pos) / 8 > static_cast<uint64_t>(kMaxVocab))
+    throw Error(path + ": not a llama2.c tokenizer: it would hold more than " + std::to_string(kMaxVocab) + " tokens");
   if (static_cast<uint64_t>(vocab_size) > (size - pos) / 8)
     throw Error(path + ": truncated: the model has " + std::to_string(vocab_size) +
                 " tokens but this tokenizer file has room for at most " + std::to_string((size - pos) / 8) +
                 " — is it the tokenizer of this model?");
   v.pieces.reserve(static_cast<size_t>(vocab_size));
   v.scores.reserve(static_cast<size_t>(vocab_size));
-  for (int i = 0; i < vocab_size; ++i) {
+  for (int i = 0; to_end ? pos < size : i < vocab_size; ++i) {
     const std::string tok = "token " + std::to_string(i);
     if (size - pos < 4) truncated(tok + " score", 4);
     float score;

@@ -50,6 +50,7 @@ struct Llama2cVocab {
   std::vector<std::string> pieces;
   std::vector<float> scores;
 };
+// vocab_size: the model's; the file must hold exactly that many tokens (0: as many as it holds).
 Llama2cVocab load_llama2c_tokenizer(const std::string& path, int vocab_size);
 
 }  // namespace atelier::formats

@@ -1,0 +1,50 @@
+// Vocabulary: a tokenizer loaded without a model's weights, so `atelier
+// tokenize` works on vocabulary-only GGUF files and tokenizer.json files.
+#include <atelier/engine.h>
+
+#include <filesystem>
+
+#include "formats/gguf.h"
+#include "formats/llama2c.h"
+#include "text_model_impl.h"
+
+namespace atelier {
+
+struct Vocabulary::Impl {
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+};
+
+Vocabulary::Vocabulary(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Vocabulary::~Vocabulary() = default;
+
+Result<std::shared_ptr<Vocabulary>> Vocabulary::open(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such file");
+  return guarded([&]() -> Result<std::shared_ptr<Vocabulary>> {
+    auto impl = std::make_unique<Impl>();
+    const std::string ext = std::filesystem::path(path).extension().string();
+    if (ext == ".json") {
+      impl->tokenizer = tok::Tokenizer::from_hf_json(path);
+    } else if (ext == ".bin") {
+      // A llama2.c tokenizer file (its vocabulary size is its own token count).
+      impl->tokenizer = tok::Tokenizer::from_llama2c(formats::load_llama2c_tokenizer(path, 0));
+    } else {
+      impl->tokenizer = tok::Tokenizer::from_gguf(*formats::GgufFile::open(path));
+    }
+    return std::shared_ptr<Vocabulary>(new Vocabulary(std::move(impl)));
+  });
+}
+
+std::string Vocabulary::model() const { return impl_->tokenizer->model_name(); }
+int Vocabulary::n_vocab() const { return impl_->tokenizer->n_vocab(); }
+
+Result<std::vector<int32_t>> Vocabulary::tokenize(std::string_view text, bool add_bos, bool parse_special) const {
+  return guarded([&]() -> Result<std::vector<int32_t>> { return impl_->tokenizer->encode(text, add_bos, parse_special); });
+}
+
+std::string Vocabulary::token_piece(int32_t id) const {
+  if (id < 0 || id >= impl_->tokenizer->n_vocab()) return {};
+  return impl_->tokenizer->token_to_piece(id);
+}
+
+}  // namespace atelier
