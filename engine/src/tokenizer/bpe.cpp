@@ -241,10 +241,7 @@ std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const
 }
 
 namespace {
-struct Symbol {
-  int prev, next;
-  size_t offset, n;
-};
+using Symbol = MergeSymbol;
 struct Bigram {
   int left, right;
   int rank;
@@ -267,13 +264,7 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
       return;
     }
   }
-  std::vector<Symbol> symbols;
-  for (size_t offs = 0; offs < word.size();) {
-    const size_t len = std::min(unicode::utf8_len(static_cast<uint8_t>(word[offs])), word.size() - offs);
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offs + len == word.size() ? -1 : index + 1, offs, len});
-    offs += len;
-  }
+  std::vector<Symbol> symbols = split_symbols(word);
   std::priority_queue<Bigram, std::vector<Bigram>, BigramGreater> queue;
   const auto add = [&](int left, int right) {
     if (left == -1 || right == -1) return;
@@ -330,9 +321,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_bos, b
 }
 
 std::string BpeTokenizer::token_to_piece(int32_t id) const {
-  if (id < 0 || id >= n_vocab())
-    throw Error("token id " + std::to_string(id) + " is out of range (vocabulary of " + std::to_string(n_vocab()) +
-                " tokens)");
+  check_id(id);
   const std::string& text = texts_[static_cast<size_t>(id)];
   switch (types_[static_cast<size_t>(id)]) {
     case TokenType::UserDefined:

@@ -6,7 +6,6 @@
 #include <map>
 #include <queue>
 
-#include "core/error.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
@@ -14,10 +13,7 @@ namespace atelier::tok {
 
 namespace {
 
-struct Symbol {
-  int prev, next;
-  size_t offset, n;  // into the escaped text
-};
+using Symbol = MergeSymbol;  // offsets into the escaped text
 
 struct Bigram {
   int left, right;
@@ -32,6 +28,20 @@ struct BigramLess {  // the queue's top: highest score, then leftmost
 };
 
 }  // namespace
+
+std::string unescape_spm_spaces(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
+      out += ' ';
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
 
 SpmTokenizer::SpmTokenizer(VocabSpec& spec) {
   init_vocab(spec);
@@ -51,14 +61,7 @@ int32_t SpmTokenizer::byte_token(uint8_t byte) const {
 }
 
 void SpmTokenizer::encode_fragment(const std::string& text, std::vector<int32_t>& out) const {
-  std::vector<Symbol> symbols;
-  symbols.reserve(text.size());
-  for (size_t offs = 0; offs < text.size();) {
-    const size_t len = std::min(unicode::utf8_len(static_cast<uint8_t>(text[offs])), text.size() - offs);
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offs + len == text.size() ? -1 : index + 1, offs, len});
-    offs += len;
-  }
+  std::vector<Symbol> symbols = split_symbols(text);
 
   std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue;
   std::map<std::string, std::pair<int, int>> rev_merge;
@@ -139,25 +142,13 @@ std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_bos, b
 }
 
 std::string SpmTokenizer::token_to_piece(int32_t id) const {
-  if (id < 0 || id >= n_vocab()) throw Error("token id " + std::to_string(id) + " is out of range (vocabulary of " +
-                                              std::to_string(n_vocab()) + " tokens)");
+  check_id(id);
   const std::string& text = texts_[static_cast<size_t>(id)];
   switch (types_[static_cast<size_t>(id)]) {
     case TokenType::UserDefined:
       return text;
-    case TokenType::Normal: {
-      std::string out;
-      out.reserve(text.size());
-      for (size_t i = 0; i < text.size(); ++i) {
-        if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
-          out += ' ';
-          i += 2;
-        } else {
-          out += text[i];
-        }
-      }
-      return out;
-    }
+    case TokenType::Normal:
+      return unescape_spm_spaces(text);
     case TokenType::Byte:
       if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && std::isxdigit(static_cast<unsigned char>(text[3])) &&
           std::isxdigit(static_cast<unsigned char>(text[4])))

@@ -10,6 +10,7 @@
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "tokenizer_impl.h"
+#include "unicode.h"
 
 namespace atelier::tok {
 
@@ -143,6 +144,24 @@ void Tokenizer::init_vocab(VocabSpec& spec) {
 int32_t Tokenizer::find_token(std::string_view text) const {
   auto it = ids_.find(text);
   return it == ids_.end() ? -1 : it->second;
+}
+
+void Tokenizer::check_id(int32_t id) const {
+  if (id < 0 || id >= n_vocab())
+    throw Error("token id " + std::to_string(id) + " is out of range (vocabulary of " + std::to_string(n_vocab()) +
+                " tokens)");
+}
+
+std::vector<MergeSymbol> split_symbols(std::string_view text) {
+  std::vector<MergeSymbol> symbols;
+  symbols.reserve(text.size());
+  for (size_t offs = 0; offs < text.size();) {
+    const size_t len = std::min(unicode::utf8_len(static_cast<uint8_t>(text[offs])), text.size() - offs);
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({index - 1, offs + len == text.size() ? -1 : index + 1, offs, len});
+    offs += len;
+  }
+  return symbols;
 }
 
 std::vector<Tokenizer::Fragment> Tokenizer::partition(std::string_view text, bool parse_special) const {

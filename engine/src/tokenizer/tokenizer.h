@@ -67,6 +67,8 @@ class Tokenizer {
   void init_vocab(VocabSpec& spec);
   // The token whose text is exactly `text`, or -1.
   int32_t find_token(std::string_view text) const;
+  // Throws atelier::Error unless 0 <= id < n_vocab().
+  void check_id(int32_t id) const;
   // llama.cpp's tokenizer_st_partition: control, unknown (only with
   // parse_special) and user-defined (always) token texts are cut out of `text`,
   // longest first. A fragment is a token (token >= 0) or raw text [offset, offset + length).

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,19 @@ struct VocabSpec {
 };
 
 std::unique_ptr<Tokenizer> make_tokenizer(VocabSpec&& spec);
+
+// `text` with every SentencePiece space mark U+2581 turned back into ' '.
+std::string unescape_spm_spaces(std::string_view text);
+
+// One symbol of the doubly linked list the SPM and BPE merge loops work on:
+// bytes [offset, offset + n) of the text, neighbours by index (-1: none).
+struct MergeSymbol {
+  int prev, next;
+  size_t offset, n;
+};
+// `text` split into its UTF-8 characters (a truncated last sequence is one
+// short symbol), linked in order.
+std::vector<MergeSymbol> split_symbols(std::string_view text);
 
 class SpmTokenizer final : public Tokenizer {
  public:

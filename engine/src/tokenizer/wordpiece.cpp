@@ -3,7 +3,6 @@
 // white space and around punctuation, ASCII symbols and CJK ideographs, then
 // match each word greedily, longest token first. llama.cpp's converter stores
 // word-initial pieces with a U+2581 prefix and continuations without "##".
-#include "core/error.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
@@ -82,25 +81,13 @@ std::vector<int32_t> WpmTokenizer::encode(std::string_view text, bool add_bos, b
 }
 
 std::string WpmTokenizer::token_to_piece(int32_t id) const {
-  if (id < 0 || id >= n_vocab())
-    throw Error("token id " + std::to_string(id) + " is out of range (vocabulary of " + std::to_string(n_vocab()) +
-                " tokens)");
+  check_id(id);
   const std::string& text = texts_[static_cast<size_t>(id)];
   switch (types_[static_cast<size_t>(id)]) {
     case TokenType::UserDefined:
       return text;
-    case TokenType::Normal: {
-      std::string out;
-      for (size_t i = 0; i < text.size(); ++i) {
-        if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
-          out += ' ';
-          i += 2;
-        } else {
-          out += text[i];
-        }
-      }
-      return out;
-    }
+    case TokenType::Normal:
+      return unescape_spm_spaces(text);
     default:
       return {};
   }
