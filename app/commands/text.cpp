@@ -14,23 +14,10 @@ namespace atelier::app {
 
 namespace {
 
+// Flags bind straight into the engine's request values, so the defaults are the engine's.
 struct TextOptions {
-  std::string model;
-  std::string prompt;
-  std::string tokenizer;
-  int n = 128;
-  float temp = 0.8f;
-  int top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.05f;
-  float repeat_penalty = 1.0f;
-  int repeat_last_n = 64;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  uint64_t seed = SamplingParams::kRandomSeed;
-  std::vector<std::string> stop;
-  int threads = 0;
-  int ctx = 0;
+  TextRequest req;
+  TextModelOptions model;
   std::string kv_type = "f16";
   bool echo = false;
   bool json = false;
@@ -43,32 +30,14 @@ void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer
 }
 
 int run_text(const TextOptions& o) {
-  TextModelOptions mo;
-  mo.threads = o.threads;
-  mo.context_tokens = o.ctx;
+  TextModelOptions mo = o.model;
   mo.kv_type = o.kv_type == "f32" ? KvType::F32 : KvType::F16;
-  mo.tokenizer_path = o.tokenizer;
-  auto model = TextModel::open(o.model, mo);
+  auto model = TextModel::open(o.req.model, mo);
   if (!model.ok()) return fail(model.status());
-
-  TextRequest req;
-  req.model = o.model;
-  req.prompt = o.prompt;
-  req.max_new_tokens = o.n;
-  req.stop = o.stop;
+  TextRequest req = o.req;
   req.add_bos = !o.no_bos;
-  SamplingParams& s = req.sampling;
-  s.temperature = o.temp;
-  s.top_k = o.top_k;
-  s.top_p = o.top_p;
-  s.min_p = o.min_p;
-  s.repeat_penalty = o.repeat_penalty;
-  s.repeat_last_n = o.repeat_last_n;
-  s.frequency_penalty = o.frequency_penalty;
-  s.presence_penalty = o.presence_penalty;
-  s.seed = o.seed;
 
-  if (o.echo && !o.json) write_stdout(o.prompt);
+  if (o.echo && !o.json) write_stdout(req.prompt);
   size_t printed = 0;
   auto on_token = [&](const TokenEvent& ev) {
     if (o.json) {
@@ -91,7 +60,7 @@ int run_text(const TextOptions& o) {
     all_ids.insert(all_ids.end(), r.ids.begin(), r.ids.end());
     print_json_line({{"type", "result"},
                      {"text", r.text},
-                     {"prompt", o.echo ? nlohmann::json(o.prompt) : nlohmann::json(nullptr)},
+                     {"prompt", o.echo ? nlohmann::json(req.prompt) : nlohmann::json(nullptr)},
                      {"prompt_ids", r.prompt_ids},
                      {"ids", all_ids},
                      {"prompt_tokens", st.prompt_tokens},
@@ -145,21 +114,22 @@ int run_tokenize(const TokOptions& t) {
 void add_text_commands(CLI::App& root, int& exit_code) {
   auto o = std::make_shared<TextOptions>();
   CLI::App* text = root.add_subcommand("text", "Generate text from a prompt, streaming tokens to stdout as they are sampled");
-  add_model_options(*text, o->model, o->tokenizer);
-  text->add_option("-p,--prompt", o->prompt, "Prompt text")->required();
-  text->add_option("-n,--n-predict", o->n, "Maximum new tokens")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  text->add_option("--temp", o->temp, "Temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
-  text->add_option("--top-k", o->top_k, "Keep the K most likely tokens; 0 turns it off")->check(CLI::Range(0, 1 << 24))->capture_default_str();
-  text->add_option("--top-p", o->top_p, "Nucleus sampling mass; 1 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  text->add_option("--min-p", o->min_p, "Drop tokens below P times the top probability; 0 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  text->add_option("--repeat-penalty", o->repeat_penalty, "Penalty for repeated tokens; 1 turns it off")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
-  text->add_option("--repeat-last-n", o->repeat_last_n, "Window of recent tokens the penalties look at")->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  text->add_option("--frequency-penalty", o->frequency_penalty, "Subtract F times a token's count")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
-  text->add_option("--presence-penalty", o->presence_penalty, "Subtract P from tokens already present")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
-  text->add_option("--seed", o->seed, "Random seed (default: random; printed in the summary)");
-  text->add_option("--stop", o->stop, "Stop before this string (repeatable)")->allow_extra_args(false);
-  text->add_option("--threads", o->threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
-  text->add_option("--ctx", o->ctx, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
+  SamplingParams& sp = o->req.sampling;
+  add_model_options(*text, o->req.model, o->model.tokenizer_path);
+  text->add_option("-p,--prompt", o->req.prompt, "Prompt text")->required();
+  text->add_option("-n,--n-predict", o->req.max_new_tokens, "Maximum new tokens")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  text->add_option("--temp", sp.temperature, "Temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  text->add_option("--top-k", sp.top_k, "Keep the K most likely tokens; 0 turns it off")->check(CLI::Range(0, 1 << 24))->capture_default_str();
+  text->add_option("--top-p", sp.top_p, "Nucleus sampling mass; 1 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  text->add_option("--min-p", sp.min_p, "Drop tokens below P times the top probability; 0 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  text->add_option("--repeat-penalty", sp.repeat_penalty, "Penalty for repeated tokens; 1 turns it off")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  text->add_option("--repeat-last-n", sp.repeat_last_n, "Window of recent tokens the penalties look at")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  text->add_option("--frequency-penalty", sp.frequency_penalty, "Subtract F times a token's count")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
+  text->add_option("--presence-penalty", sp.presence_penalty, "Subtract P from tokens already present")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
+  text->add_option("--seed", sp.seed, "Random seed (default: random; printed in the summary)");
+  text->add_option("--stop", o->req.stop, "Stop before this string (repeatable)")->allow_extra_args(false);
+  text->add_option("--threads", o->model.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
   text->add_option("--kv-type", o->kv_type, "KV cache precision")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
   text->add_flag("--echo", o->echo, "Print the prompt before the new text");
   text->add_flag("--json", o->json, "Print JSON Lines events (one per token, then the result) instead of text");
