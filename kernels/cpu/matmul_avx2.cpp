@@ -91,10 +91,10 @@ RowsFn rows_fn_avx2(DType t) {
     case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 4, 3>::run;
     case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 4, 3>::run;
     case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 4, 3>::run;
-    case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 2>::run;
-    case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2>::run;
-    case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2>::run;
-    case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2>::run;
+    case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 2, 4, 2, 2>::run;
+    case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2, 4, 2, 2>::run;
+    case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 4, 2, 2>::run;
+    case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2, 4, 2, 2>::run;
     default: return nullptr;
   }
 }

@@ -1,6 +1,6 @@
-// AVX-512 matmul tiles: 512-bit FMA for float weights, AVX512-VL VNNI
-// (dpbusd/dpwssd on 256-bit vectors) for the integer dots. dpbf16ps is not
-// used: it would round the activations to bf16.
+// AVX-512 matmul tiles: 512-bit FMA for float weights, 512-bit VNNI
+// (dpbusd/dpwssd) for the integer dots, software prefetch for the weight
+// streams. dpbf16ps is not used: it would round the activations to bf16.
 #include <immintrin.h>
 
 #include <cstring>
@@ -11,9 +11,352 @@
 namespace atelier::kernels::cpu {
 namespace avx512 {
 
-#define ATELIER_VNNI 1
-#include "matmul_x86_quant.inc"
-#undef ATELIER_VNNI
+#define AI __attribute__((always_inline)) inline
+
+// ---- integer-dot tiles (Q8_0, Q4_0, Q4_K, Q6_K) -----------------------------
+//
+// 512-bit VNNI: one dpbusd covers two 32-element blocks (Q8_0/Q4_0) or two
+// sub-blocks of a K-quant. Per (m, r) the tile keeps one 16-lane f32
+// accumulator; its lanes are reduced by reduce_rows, which sums each row's
+// lanes in one fixed tree (the same tree whether 1 or 8 rows are reduced at
+// once). Every tile shape therefore runs the same arithmetic per (m, r), in
+// the same order: batch invariance. The tiles loop weight row outer, activation
+// row inner, so only one weight row's decoded block is live at a time.
+
+// 16 f32 lanes: 8 of `lo`, then 8 of `hi`.
+AI __m512 bcast2_ps(float lo, float hi) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
+}
+AI __m512i bcast2_epi32(int lo, int hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(lo)), _mm256_set1_epi32(hi), 1);
+}
+// fp16 scales of two blocks widened to 8 + 8 f32 lanes
+AI __m512 bcast2_ph(uint16_t lo, uint16_t hi) {
+  const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(lo))),
+                                            _mm_set1_epi16(static_cast<short>(hi)), 1);
+  return _mm512_cvtph_ps(h);
+}
+AI __m512i load2x256(const void* lo, const void* hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(lo))),
+                            _mm256_loadu_si256(static_cast<const __m256i*>(hi)), 1);
+}
+
+// Software prefetch into L2 of the weight bytes [p, p + n), `ahead` bytes
+// further on. The tiles stream NR rows at once, each only a few cache lines
+// long at model widths (768 Q8_0 columns: 13 lines), too short for the
+// hardware prefetcher; without this, matrix-vector products out of DRAM ran
+// at a third of the bandwidth. `ahead` is kAheadTiles * NR row strides: the
+// same row kAheadTiles tiles on. Prefetching only moves data, so the tile
+// shape (and the distance) never changes the arithmetic.
+constexpr int kAheadTiles = 4;
+constexpr auto kHint = _MM_HINT_T1;
+template <int N>
+AI void prefetch(const void* p, int64_t ahead) {
+  const char* c = static_cast<const char*>(p) + ahead;
+  for (int i = 0; i < N; i += 64) _mm_prefetch(c + i, kHint);
+}
+
+// Horizontal sums of up to 4 accumulators at once: lanes 0..3 of the result
+// are the sums of v[0..3]. Each row's 16 lanes go through the same tree
+// (halves of 256, then of 128, then lane i + i+2, then i + i+1) whatever the
+// other rows hold, so a row's sum never depends on its neighbours.
+AI __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // [a0+a2, a1+a3, b0+b2, b1+b3] in 128-bit chunks
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  // one 128-bit chunk per row
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+}
+
+// y[m][r0 .. r0 + NR) = the lane sums of acc[m][..]
+template <int NM, int NR>
+AI void store_rows(const MatmulArgs& a, int64_t m0, int64_t r0, __m512 (&acc)[NM][NR]) {
+  const __m512 z = _mm512_setzero_ps();
+  for (int m = 0; m < NM; ++m) {
+    float* y = a.y + (m0 + m) * a.w->rows + r0;
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r += 4) {
+      const __m128 s = reduce4(acc[m][r], r + 1 < NR ? acc[m][r + 1] : z, r + 2 < NR ? acc[m][r + 2] : z,
+                               r + 3 < NR ? acc[m][r + 3] : z);
+      const int n = NR - r < 4 ? NR - r : 4;
+      if (n == 4) _mm_storeu_ps(y + r, s);
+      else _mm_mask_storeu_ps(y + r, static_cast<__mmask8>((1u << n) - 1), s);
+    }
+  }
+}
+
+template <int NM, int NR>
+AI void zero(__m512 (&acc)[NM][NR]) {
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+}
+
+// Q8_0 weights x Q8_0 activations, two blocks per step:
+//   acc += (d_w * d_x) * (sum (w + 128) x  -  128 sum x)
+struct KernelQ8_0 {
+  // kOne: a single last block, upper lanes zero
+  template <int NM, int NR, bool kOne>
+  AI static void step(const BlockQ8_0* const* w, const ActQ8_0* const* x, int64_t b, int64_t ahead,
+                      __m512 (&acc)[NM][NR]) {
+    const __m512i off = _mm512_set1_epi8(-128);
+    __m512i xv[NM], bias[NM];
+    __m512 xd[NM];
+#pragma GCC unroll 8
+    for (int m = 0; m < NM; ++m) {
+      const ActQ8_0* xb = x[m] + b;
+      if constexpr (kOne) {
+        xv[m] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[0].qs)));
+        xd[m] = _mm512_zextps256_ps512(_mm256_set1_ps(xb[0].d));
+        bias[m] = _mm512_zextsi256_si512(_mm256_set1_epi32(-16 * xb[0].sum));  // -128 sum over 8 lanes
+      } else {
+        xv[m] = load2x256(xb[0].qs, xb[1].qs);
+        xd[m] = bcast2_ps(xb[0].d, xb[1].d);
+        bias[m] = bcast2_epi32(-16 * xb[0].sum, -16 * xb[1].sum);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const BlockQ8_0* wb = w[r] + b;
+      prefetch<2 * sizeof(BlockQ8_0)>(wb, ahead);
+      __m512i wa;
+      __m512 wd;
+      if constexpr (kOne) {
+        wa = _mm512_maskz_xor_epi32(0x00FF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[0].qs))), off);
+        wd = _mm512_zextps256_ps512(_mm256_set1_ps(_cvtsh_ss(wb[0].d)));
+      } else {
+        wa = _mm512_xor_si512(load2x256(wb[0].qs, wb[1].qs), off);  // w + 128 as u8
+        wd = bcast2_ph(wb[0].d, wb[1].d);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < NM; ++m) {
+        const __m512i s = _mm512_dpbusd_epi32(bias[m], wa, xv[m]);
+        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xd[m]), _mm512_cvtepi32_ps(s), acc[m][r]);
+      }
+    }
+  }
+
+  template <int NM, int NR>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
+    const int64_t nb = a.w->cols / kQK;
+    const BlockQ8_0* w[NR];
+    const ActQ8_0* x[NM];
+    for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ8_0*>(weight_row(a, r0 + r));
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    __m512 acc[NM][NR];
+    zero(acc);
+    int64_t b = 0;
+    const int64_t ahead = kAheadTiles * NR * a.w->row_stride_bytes;
+    for (; b + 2 <= nb; b += 2) step<NM, NR, false>(w, x, b, ahead, acc);
+    if (b < nb) step<NM, NR, true>(w, x, b, ahead, acc);
+    store_rows<NM, NR>(a, m0, r0, acc);
+  }
+};
+
+// Q4_0 weights x Q8_0 activations, two blocks per step: unsigned nibbles
+// times x, minus 8 * sum(x).
+struct KernelQ4_0 {
+  template <int NM, int NR, bool kOne>
+  AI static void step(const BlockQ4_0* const* w, const ActQ8_0* const* x, int64_t b, int64_t ahead,
+                      __m512 (&acc)[NM][NR]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i xv[NM], bias[NM];
+    __m512 xd[NM];
+#pragma GCC unroll 8
+    for (int m = 0; m < NM; ++m) {
+      const ActQ8_0* xb = x[m] + b;
+      if constexpr (kOne) {
+        xv[m] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[0].qs)));
+        xd[m] = _mm512_zextps256_ps512(_mm256_set1_ps(xb[0].d));
+        bias[m] = _mm512_zextsi256_si512(_mm256_set1_epi32(-xb[0].sum));  // -8 sum over 8 lanes
+      } else {
+        xv[m] = load2x256(xb[0].qs, xb[1].qs);
+        xd[m] = bcast2_ps(xb[0].d, xb[1].d);
+        bias[m] = bcast2_epi32(-xb[0].sum, -xb[1].sum);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const BlockQ4_0* wb = w[r] + b;
+      prefetch<2 * sizeof(BlockQ4_0)>(wb, ahead);
+      __m512i wn;
+      __m512 wd;
+      if constexpr (kOne) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs));
+        // low nibbles are elements 0..15, high nibbles 16..31
+        wn = _mm512_zextsi256_si512(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F)));
+        wd = _mm512_zextps256_ps512(_mm256_set1_ps(_cvtsh_ss(wb[0].d)));
+      } else {
+        const __m256i q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs)), 1);
+        // [q0, q1, q0 >> 4, q1 >> 4] -> [q0, q0 >> 4, q1, q1 >> 4] in 128-bit chunks
+        const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+        wn = _mm512_and_si512(_mm512_shuffle_i64x2(u, u, _MM_SHUFFLE(3, 1, 2, 0)), m4);
+        wd = bcast2_ph(wb[0].d, wb[1].d);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < NM; ++m) {
+        const __m512i s = _mm512_dpbusd_epi32(bias[m], wn, xv[m]);
+        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xd[m]), _mm512_cvtepi32_ps(s), acc[m][r]);
+      }
+    }
+  }
+
+  template <int NM, int NR>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
+    const int64_t nb = a.w->cols / kQK;
+    const BlockQ4_0* w[NR];
+    const ActQ8_0* x[NM];
+    for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ4_0*>(weight_row(a, r0 + r));
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    __m512 acc[NM][NR];
+    zero(acc);
+    int64_t b = 0;
+    const int64_t ahead = kAheadTiles * NR * a.w->row_stride_bytes;
+    for (; b + 2 <= nb; b += 2) step<NM, NR, false>(w, x, b, ahead, acc);
+    if (b < nb) step<NM, NR, true>(w, x, b, ahead, acc);
+    store_rows<NM, NR>(a, m0, r0, acc);
+  }
+};
+
+// Q4_K weights x Q8_K activations. Per super-block:
+//   d * sum_j sc_j * (q_j . x_j)  -  dmin * sum_j m_j * sum(x_j)
+// both sums exact in int32 lanes; one zmm covers sub-blocks 2c and 2c + 1
+// (the low and high nibbles of the same 32 bytes).
+struct KernelQ4_K {
+  template <int NM, int NR>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
+    const int64_t nb = a.w->cols / kQK_K;
+    const int64_t ahead = kAheadTiles * NR * a.w->row_stride_bytes;
+    const BlockQ4_K* w[NR];
+    const BlockQ8_K* x[NM];
+    for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ4_K*>(weight_row(a, r0 + r));
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const BlockQ8_K*>(act_row(a, m0 + m));
+    __m512 acc[NM][NR];
+    zero(acc);
+    __m128 accm[NM][NR];  // the dmin terms
+    for (auto& row : accm)
+      for (auto& v : row) v = _mm_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i sidx[4];  // words: 16 x scale 2c, 16 x scale 2c + 1
+    for (int c = 0; c < 4; ++c)
+      sidx[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * c))),
+                                   _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m128i bsum[NM];
+      __m512 xd[NM];
+#pragma GCC unroll 8
+      for (int m = 0; m < NM; ++m) {
+        const BlockQ8_K& xb = x[m][b];
+        xd[m] = _mm512_set1_ps(xb.d);
+        // sums of x over each 32-element sub-block
+        bsum[m] = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums)),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8)));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const BlockQ4_K& blk = w[r][b];
+        prefetch<sizeof(BlockQ4_K)>(&blk, ahead);
+        __m512i q[4], sc[4];
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * c));
+          q[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
+        }
+        // Unpack the 6-bit scales (bytes 0..7) and mins (bytes 8..15) in one go.
+        uint32_t u[4];
+        std::memcpy(u, blk.scales, 12);
+        constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+        u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+        const uint32_t aux = u[1] & kmask1;
+        u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+        u[2] = aux;
+        u[0] &= kmask1;
+        const __m128i sm = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(u[1]), static_cast<int>(u[0])));
+        for (int c = 0; c < 4; ++c) sc[c] = _mm512_permutexvar_epi16(sidx[c], _mm512_castsi128_si512(sm));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(u[3]), static_cast<int>(u[2])));
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(blk.d));
+        const __m128 dmin = _mm_set1_ps(_cvtsh_ss(blk.dmin));
+#pragma GCC unroll 8
+        for (int m = 0; m < NM; ++m) {
+          const int8_t* xq = x[m][b].qs;
+          __m512i sumi = _mm512_setzero_si512();
+          for (int c = 0; c < 4; ++c)
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(xq + 64 * c)), sc[c]);
+          acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd[m]), _mm512_cvtepi32_ps(sumi), acc[m][r]);
+          accm[m][r] = _mm_fmadd_ps(_mm_mul_ps(dmin, _mm512_castps512_ps128(xd[m])),
+                                    _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsum[m])), accm[m][r]);
+        }
+      }
+    }
+    // fold the min terms into lanes 0..3 (subtracted), then the usual reduction
+    for (int m = 0; m < NM; ++m)
+      for (int r = 0; r < NR; ++r)
+        acc[m][r] = _mm512_sub_ps(acc[m][r], _mm512_zextps128_ps512(accm[m][r]));
+    store_rows<NM, NR>(a, m0, r0, acc);
+  }
+};
+
+// Q6_K weights x Q8_K activations: codes 0..63 times x with 16-element scales,
+// minus 32 * sum_s sc_s * bsum_s. One zmm covers 64 elements (4 scales).
+struct KernelQ6_K {
+  template <int NM, int NR>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
+    const int64_t nb = a.w->cols / kQK_K;
+    const int64_t ahead = kAheadTiles * NR * a.w->row_stride_bytes;
+    const BlockQ6_K* w[NR];
+    const BlockQ8_K* x[NM];
+    for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ6_K*>(weight_row(a, r0 + r));
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const BlockQ8_K*>(act_row(a, m0 + m));
+    __m512 acc[NM][NR];
+    zero(acc);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512i sidx[4];  // words: 8 each of scales 4j .. 4j + 3
+    for (int j = 0; j < 4; ++j)
+      sidx[j] = _mm512_setr_epi64(0x0001000100010001LL * (4 * j), 0x0001000100010001LL * (4 * j),
+                                  0x0001000100010001LL * (4 * j + 1), 0x0001000100010001LL * (4 * j + 1),
+                                  0x0001000100010001LL * (4 * j + 2), 0x0001000100010001LL * (4 * j + 2),
+                                  0x0001000100010001LL * (4 * j + 3), 0x0001000100010001LL * (4 * j + 3));
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512 xd[NM];
+      for (int m = 0; m < NM; ++m) xd[m] = _mm512_set1_ps(x[m][b].d);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const BlockQ6_K& blk = w[r][b];
+        prefetch<sizeof(BlockQ6_K)>(&blk, ahead);
+        __m512i q[4], sc[4];  // q[j]: elements 64j .. 64j + 63
+        for (int n = 0; n < 2; ++n) {
+          const __m512i ql = _mm512_loadu_si512(blk.ql + 64 * n);
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * n));
+          const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+          // (ql & 0x0F) | ((qh << 4) & 0x30): ternary logic A & C | B
+          q[2 * n] = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30), m4, 0xEC);
+          q[2 * n + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_and_si512(qh2, m30), m4, 0xEC);
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+        for (int j = 0; j < 4; ++j) sc[j] = _mm512_permutexvar_epi16(sidx[j], _mm512_castsi256_si512(sc16));
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(blk.d));
+#pragma GCC unroll 8
+        for (int m = 0; m < NM; ++m) {
+          const BlockQ8_K& xb = x[m][b];
+          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+          // -32 * sum sc * bsum
+          __m512i sumi = _mm512_zextsi256_si512(
+              _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5)));
+          for (int j = 0; j < 4; ++j)
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(xb.qs + 64 * j)), sc[j]);
+          acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd[m]), _mm512_cvtepi32_ps(sumi), acc[m][r]);
+        }
+      }
+    }
+    store_rows<NM, NR>(a, m0, r0, acc);
+  }
+};
 
 // Weight loaders: 16 elements as f32; `mask` selects the valid ones of a
 // partial last chunk (the rest read as zero). Full chunks use plain loads:
@@ -24,17 +367,20 @@ __attribute__((always_inline)) inline __m256i load_u16(const char* w, int64_t k,
 }
 
 struct LoadF32 {
+  static constexpr int kBytes = 4;
   __attribute__((always_inline)) static inline __m512 load(const char* w, int64_t k, __mmask16 mask) {
     const float* p = reinterpret_cast<const float*>(w) + k;
     return mask == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
   }
 };
 struct LoadF16 {
+  static constexpr int kBytes = 2;
   __attribute__((always_inline)) static inline __m512 load(const char* w, int64_t k, __mmask16 mask) {
     return _mm512_cvtph_ps(load_u16(w, k, mask));
   }
 };
 struct LoadBF16 {
+  static constexpr int kBytes = 2;
   __attribute__((always_inline)) static inline __m512 load(const char* w, int64_t k, __mmask16 mask) {
     const __m256i h = load_u16(w, k, mask);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -46,9 +392,12 @@ template <class Load>
 struct KernelFloat {
   template <int NM, int NR>
   __attribute__((always_inline)) static inline void step(const char* const* w, const float* const* x, int64_t k, __mmask16 mask,
-                   __m512 (&acc)[NM][NR]) {
+                   int64_t ahead, __m512 (&acc)[NM][NR]) {
     __m512 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = Load::load(w[r], k, mask);
+    for (int r = 0; r < NR; ++r) {
+      prefetch<16 * Load::kBytes>(w[r] + k * Load::kBytes, ahead);
+      wv[r] = Load::load(w[r], k, mask);
+    }
     for (int m = 0; m < NM; ++m) {
       const __m512 xv = mask == 0xFFFF ? _mm512_loadu_ps(x[m] + k) : _mm512_maskz_loadu_ps(mask, x[m] + k);
       for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_fmadd_ps(wv[r], xv, acc[m][r]);
@@ -65,13 +414,16 @@ struct KernelFloat {
     __m512 acc[NM][NR];
     for (auto& row : acc)
       for (auto& v : row) v = _mm512_setzero_ps();
+    const int64_t ahead = kAheadTiles * NR * a.w->row_stride_bytes;
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) step<NM, NR>(w, x, k, 0xFFFF, acc);
-    if (k < K) step<NM, NR>(w, x, k, static_cast<__mmask16>((1u << (K - k)) - 1), acc);
+    for (; k + 16 <= K; k += 16) step<NM, NR>(w, x, k, 0xFFFF, ahead, acc);
+    if (k < K) step<NM, NR>(w, x, k, static_cast<__mmask16>((1u << (K - k)) - 1), ahead, acc);
     for (int m = 0; m < NM; ++m)
       for (int r = 0; r < NR; ++r) a.y[(m0 + m) * a.w->rows + r0 + r] = _mm512_reduce_add_ps(acc[m][r]);
   }
 };
+
+#undef AI
 
 }  // namespace avx512
 
@@ -79,13 +431,13 @@ struct KernelFloat {
 RowsFn rows_fn_avx512(DType t) {
   using namespace avx512;
   switch (t) {
-    case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 6, 4>::run;
-    case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 6, 4>::run;
-    case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 6, 4>::run;
-    case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 2>::run;
-    case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2>::run;
-    case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2>::run;
-    case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2>::run;
+    case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 6, 4, 8, 8, 6, 4, 4>::run;
+    case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 6, 4, 8, 8, 6, 4, 4>::run;
+    case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 6, 4, 8, 8, 6, 4, 4>::run;
+    case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>::run;
+    case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 4, 8, 4, 4>::run;
+    case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 8, 4, 4>::run;
+    case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2, 8, 4, 4>::run;
     default: return nullptr;
   }
 }

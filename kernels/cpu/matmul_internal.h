@@ -35,24 +35,45 @@ RowsFn rows_fn_avx512(DType t);
 constexpr int64_t kRowUnit = 24;
 
 // Runs Kernel::tile<NM, NR>(args, m0, r0) over the rows [r0, r1) in tiles of
-// at most RM activation rows by RN weight rows. Every tile shape performs the
-// same per-(m, r) arithmetic, which is what makes the result batch-invariant.
-template <class Kernel, int RM, int RN>
+// at most RM activation rows by RN weight rows. When the whole batch is
+// smaller than RM (generation: 1..RM-1 activation rows), the tiles are
+// NarrowRN[m_rows - 1] weight rows wide instead: more independent
+// accumulators for the latency-bound matrix-vector case. Every tile shape
+// performs the same per-(m, r) arithmetic, which is what makes the result
+// batch-invariant.
+template <class Kernel, int RM, int RN, int... NarrowRN>
 struct TileDriver {
+  static_assert(sizeof...(NarrowRN) == 0 || sizeof...(NarrowRN) == RM - 1);
   using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
 
-  template <int... I>
-  static constexpr std::array<TileFn, RM * RN> make(std::integer_sequence<int, I...>) {
-    return {&Kernel::template tile<I / RN + 1, I % RN + 1>...};
+  static constexpr int max_rn() {
+    int n = RN;
+    for (int v : {RN, NarrowRN...}) n = v > n ? v : n;
+    return n;
   }
-  static constexpr std::array<TileFn, RM * RN> kTable = make(std::make_integer_sequence<int, RM * RN>{});
+  static constexpr int kN = max_rn();
+  // NR used for a batch of m rows
+  static constexpr int width(int64_t m_rows) {
+    if constexpr (sizeof...(NarrowRN) == 0) return RN;
+    else {
+      constexpr int narrow[] = {NarrowRN...};
+      return m_rows < RM ? narrow[m_rows - 1] : RN;
+    }
+  }
+
+  template <int... I>
+  static constexpr std::array<TileFn, RM * kN> make(std::integer_sequence<int, I...>) {
+    return {&Kernel::template tile<I / kN + 1, I % kN + 1>...};
+  }
+  static constexpr std::array<TileFn, RM * kN> kTable = make(std::make_integer_sequence<int, RM * kN>{});
 
   static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r += RN) {
-      const int nr = static_cast<int>(r1 - r < RN ? r1 - r : RN);
+    const int rn = width(a.m_rows);
+    for (int64_t r = r0; r < r1; r += rn) {
+      const int nr = static_cast<int>(r1 - r < rn ? r1 - r : rn);
       for (int64_t m = 0; m < a.m_rows; m += RM) {
         const int nm = static_cast<int>(a.m_rows - m < RM ? a.m_rows - m : RM);
-        kTable[(nm - 1) * RN + (nr - 1)](a, m, r);
+        kTable[(nm - 1) * kN + (nr - 1)](a, m, r);
       }
     }
   }

@@ -161,6 +161,33 @@ TEST(Matmul, BatchAndThreadInvariant) {
   }
 }
 
+// Every tile shape the drivers pick (1..8 weight rows wide for batches of 1..3
+// rows, the full tiles for larger batches, and all the partial tiles at the
+// end of a row range) gives the same bits as the single-row product, for
+// every row count up to two full decode tiles plus a tail, and odd block
+// counts (a lone last Q8_0/Q4_0 block).
+TEST(Matmul, TileShapesInvariant) {
+  for (DType t : kTypes) {
+    const int64_t cols = act_block(t) == 256 ? 512 : act_block(t) == 32 ? 96 : 37;
+    const int64_t total = 7;
+    const auto x = random_floats(total * cols, 31);
+    for (int64_t rows = 1; rows <= 19; ++rows) {
+      const Weights w = make_weights(t, rows, cols, 40 + static_cast<uint32_t>(rows));
+      for (const auto& level : available_levels()) {
+        ScopedSimd simd(level);
+        std::vector<float> single(static_cast<size_t>(total * rows));
+        for (int64_t m = 0; m < total; ++m) matmul(w.view(), x.data() + m * cols, single.data() + m * rows, 1);
+        for (int64_t batch = 2; batch <= total; ++batch) {
+          std::vector<float> y(static_cast<size_t>(batch * rows));
+          matmul(w.view(), x.data(), y.data(), batch);
+          ASSERT_EQ(0, std::memcmp(y.data(), single.data(), y.size() * sizeof(float)))
+              << level << " " << dtype_name(t) << " rows " << rows << " batch " << batch;
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, HonoursRowStride) {
   for (DType t : kTypes) {
     const int64_t cols = 256, rows = 29, m_rows = 5;
