@@ -55,7 +55,9 @@ std::string find_llama2c_tokenizer(const std::string& model_path, const std::str
               "tokenizer.bin, tok512.bin); pass --tokenizer FILE");
 }
 
-Status validate(const TextRequest& r, int n_ctx) {
+}  // namespace
+
+Status validate_request(const TextRequest& r, int n_ctx) {
   auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };
   const SamplingParams& s = r.sampling;
   if (r.max_new_tokens < 1 || r.max_new_tokens > n_ctx)
@@ -73,7 +75,6 @@ Status validate(const TextRequest& r, int n_ctx) {
   return {};
 }
 
-}  // namespace
 
 TextModel::TextModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TextModel::~TextModel() = default;
@@ -144,7 +145,7 @@ std::string TextModel::token_piece(int32_t id) const {
 Result<TextResult> TextModel::generate(const TextRequest& request,
                                        const std::function<bool(const TokenEvent&)>& on_token) {
   Impl& m = *impl_;
-  if (Status s = validate(request, m.n_ctx); !s.ok()) return s;
+  if (Status s = validate_request(request, m.n_ctx); !s.ok()) return s;
   return guarded([&]() -> Result<TextResult> {
     TextResult result;
     result.prompt_ids = m.tokenizer->encode(request.prompt, request.add_bos, request.parse_special);

@@ -24,6 +24,9 @@ struct TextModel::Impl {
   int n_ctx = 0;
 };
 
+// InvalidArgument with a message naming the bad value, or Ok.
+Status validate_request(const TextRequest& request, int n_ctx);
+
 // Runs fn, turning the engine's exceptions into a Status: exceptions stop here.
 template <class F>
 inline auto guarded(F&& fn) -> decltype(fn()) {

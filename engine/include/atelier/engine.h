@@ -87,7 +87,21 @@ struct TextRequest {
   std::vector<std::string> stop;    // generation ends before the first occurrence of any of these
   bool add_bos = true;              // when the vocabulary uses a BOS token
   bool parse_special = true;        // "<|eot_id|>" etc. in the prompt become their tokens
+  // Queue placement (Engine only). Higher priority is admitted first; an
+  // interactive job counts kInteractiveBoost above its priority and has a latency target.
+  int priority = 0;
+  bool interactive = false;
+  static constexpr int kInteractiveBoost = 100;
 };
+
+// The JSON form of a request: the job database stores it, `atelier batch`
+// reads one per line. Keys: model, prompt, max_new_tokens, stop, add_bos,
+// parse_special, priority, interactive, and sampling{temperature, top_k,
+// top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
+// presence_penalty, seed}; all but model and prompt optional. Unknown keys are
+// refused (a typo should not silently fall back to a default).
+std::string request_to_json(const TextRequest& request);
+Result<TextRequest> request_from_json(std::string_view json);
 
 // One sampled token. `text` is what a display may show now: the token's
 // bytes, minus anything held back because it may start a stop string or is
@@ -174,6 +188,137 @@ class Vocabulary {
 
  private:
   explicit Vocabulary(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------- the engine: durable queue + batching scheduler
+
+using JobId = int64_t;
+enum class JobState { Queued, Running, Completed, Failed, Cancelled };
+std::string_view job_state_name(JobState state);  // "queued", "running", ...
+
+struct EngineConfig {
+  std::string data_dir;               // holds jobs.db (SQLite, WAL); created if missing
+  int threads = 0;                    // 0: one per core
+  int max_batch = 32;                 // sequences decoded together per step
+  int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
+  int64_t kv_memory_bytes = int64_t{1} << 30;  // KV cache budget per loaded model
+  int kv_block_tokens = 16;           // paged KV block size
+  int prefill_tokens_per_step = 256;  // prompt tokens prefilled per step, so decoding stays responsive
+  KvType kv_type = KvType::F16;
+  double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
+  int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms
+  bool execute = true;                // false: only read and write the queue (another process runs it)
+  int poll_ms = 200;                  // how often the runner looks for jobs other processes queued
+};
+
+struct JobStats {
+  double queue_wait_ms = 0, time_to_first_token_ms = 0, total_ms = 0, tokens_per_s = 0;
+  int prompt_tokens = 0, new_tokens = 0, cached_prompt_tokens = 0;
+};
+
+struct JobInfo {
+  JobId id = 0;
+  JobState state = JobState::Queued;
+  TextRequest request;
+  int priority = 0;
+  int64_t created_ms = 0, started_ms = 0, finished_ms = 0;  // unix epoch ms, 0 = not yet
+  uint64_t seed = 0;
+  std::string model_version;  // what produced the result
+  int attempts = 0;
+  std::string text;           // the result (completed jobs)
+  std::string stop_reason;
+  JobStats stats;             // final figures; while running, new_tokens is live progress
+  std::string error;          // failed jobs
+};
+
+struct JobFilter {
+  std::optional<JobState> state;
+  int limit = 1000;
+  bool newest_first = false;
+};
+
+enum class EventType { Queued, Started, Token, Segment, Progress, Completed, Failed, Cancelled, Alert };
+std::string_view event_type_name(EventType type);
+
+// One event. Per job, events arrive in order: Queued, Started, Token/Segment/
+// Progress..., then exactly one of Completed, Failed, Cancelled. Alerts have job 0.
+struct Event {
+  EventType type = EventType::Queued;
+  JobId job = 0;
+  int index = 0;              // Token: index among new tokens; Token events merged under backpressure carry the last index
+  int32_t token_id = 0;
+  std::string text;           // Token: displayable text (see TokenEvent); Segment: a finished sentence or paragraph
+  double progress = 0;        // Progress: new tokens / max_new_tokens
+  TextResult result;          // Completed
+  JobStats stats;             // Completed, Failed, Cancelled
+  StatusCode code = StatusCode::Ok;  // Failed
+  std::string message;        // Failed, Alert
+};
+using EventSink = std::function<void(const Event&)>;
+
+struct Percentiles {
+  double p50 = 0, p99 = 0;
+};
+
+struct EngineMetrics {
+  double tokens_per_s = 0;              // generated tokens/s over the last 10 s
+  double recent_tokens_per_s = 0;       // same, averaged over the last minute (for the alert)
+  Percentiles time_to_first_token_ms, inter_token_ms;
+  std::vector<int64_t> batch_size_histogram;  // [k] = steps that decoded k sequences (k = 0..max_batch)
+  int queue_depth = 0, running = 0;
+  int64_t completed = 0, failed = 0, cancelled = 0;
+  int64_t preemptions = 0;              // sequences whose KV memory was taken back (recomputed later)
+  int kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
+  double prefix_cache_hit_rate = 0;     // prompt tokens served from shared blocks / prompt tokens
+  double busy_fraction = 0;             // executor time spent in model steps over the last 10 s
+  std::vector<std::string> active_alerts;
+};
+
+struct AlertRules {
+  double throughput_drop_fraction = 0.20;  // tokens/s below (1 - x) x its recent average
+  double memory_fraction = 0.90;           // KV blocks used / total
+  double error_rate = 0.05;                // failed / finished over the last 100 jobs
+};
+
+class Engine {
+ public:
+  // Opens the data dir, recovers the queue (jobs that were running when a
+  // process died are re-queued and their partial output discarded) and, when
+  // config.execute, starts the executor. Only one process executes a data
+  // dir's queue at a time; a second one gets an error (use execute = false).
+  static Result<std::unique_ptr<Engine>> open(const EngineConfig& config);
+  ~Engine();  // stops the executor; running jobs go back to the queue
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates (InvalidArgument, nothing queued) and stores the request; returns its id.
+  Result<JobId> submit(const TextRequest& request);
+  Status cancel(JobId id);                    // takes effect within one step; NotFound / InvalidArgument if finished
+  Status set_priority(JobId id, int priority);
+  void pause();                               // stop admitting new jobs (persistent); running ones finish
+  void resume();
+  bool paused() const;
+  Result<JobInfo> job(JobId id) const;
+  std::vector<JobInfo> list(const JobFilter& filter = {}) const;
+  int clear_finished();                       // forget completed/failed/cancelled jobs
+  int cancel_queued();                        // cancel every queued job
+
+  // Events of one job (id) or of all jobs (0), delivered on an engine thread
+  // per subscription through a bounded buffer: a slow sink never stalls the
+  // engine (Token events merge and Progress events coalesce when it lags).
+  uint64_t subscribe(JobId id, EventSink sink);
+  void unsubscribe(uint64_t subscription);
+
+  EngineMetrics metrics() const;
+  void set_alert_rules(const AlertRules& rules);
+  // Blocks until no job is queued or running (or timeout); true when idle.
+  bool wait_idle(int timeout_ms);
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -214,73 +214,49 @@ LlamaWeights load_llama2c(const std::string& path) {
   return w;
 }
 
-// ---------------------------------------------------------------- KV cache
-
-KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16)
-    : n_ctx_(n_ctx), row_(hp.n_head_kv * hp.head_dim), n_layer_(hp.n_layer), f16_(f16) {
-  const size_t n = static_cast<size_t>(n_layer_) * static_cast<size_t>(n_ctx_) * static_cast<size_t>(row_);
-  if (f16_) {
-    k16_.resize(n);
-    v16_.resize(n);
-  } else {
-    k32_.resize(n);
-    v32_.resize(n);
-  }
-}
-
-void KvCache::store(int layer, int pos, const float* k, const float* v) {
-  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
-  if (f16_) {
-    kernels::f32_to_fp16_row(k, k16_.data() + off, row_);
-    kernels::f32_to_fp16_row(v, v16_.data() + off, row_);
-  } else {
-    std::memcpy(k32_.data() + off, k, sizeof(float) * static_cast<size_t>(row_));
-    std::memcpy(v32_.data() + off, v, sizeof(float) * static_cast<size_t>(row_));
-  }
-}
-
-const void* KvCache::k_row(int layer, int pos) const {
-  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
-  return f16_ ? static_cast<const void*>(k16_.data() + off) : static_cast<const void*>(k32_.data() + off);
-}
-
-const void* KvCache::v_row(int layer, int pos) const {
-  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
-  return f16_ ? static_cast<const void*>(v16_.data() + off) : static_cast<const void*>(v32_.data() + off);
-}
-
 // ---------------------------------------------------------------- forward pass
 
 LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex) : w_(w), ex_(ex) {}
 
-void LlamaRunner::ensure_scratch(int n) {
-  if (n <= cap_) return;
+void LlamaRunner::ensure_scratch(int n, int n_logits) {
   const LlamaHparams& hp = w_.hp;
-  const size_t N = static_cast<size_t>(n);
-  const size_t d = static_cast<size_t>(hp.n_embd), qd = static_cast<size_t>(hp.n_head * hp.head_dim),
-               kvd = static_cast<size_t>(hp.n_head_kv * hp.head_dim), ff = static_cast<size_t>(hp.n_ff);
-  x_.resize(N * d);
-  xn_.resize(N * d);
-  q_.resize(N * qd);
-  k_.resize(N * kvd);
-  v_.resize(N * kvd);
-  att_out_.resize(N * qd);
-  tmp_.resize(N * d);
-  gate_.resize(N * ff);
-  up_.resize(N * ff);
-  cap_ = n;
+  if (n > cap_) {
+    const size_t N = static_cast<size_t>(n);
+    const size_t d = static_cast<size_t>(hp.n_embd), qd = static_cast<size_t>(hp.n_head * hp.head_dim),
+                 kvd = static_cast<size_t>(hp.n_head_kv * hp.head_dim), ff = static_cast<size_t>(hp.n_ff);
+    x_.resize(N * d);
+    xn_.resize(N * d);
+    q_.resize(N * qd);
+    k_.resize(N * kvd);
+    v_.resize(N * kvd);
+    att_out_.resize(N * qd);
+    tmp_.resize(N * d);
+    gate_.resize(N * ff);
+    up_.resize(N * ff);
+    row_seq_.resize(N);
+    row_pos_.resize(N);
+    cap_ = n;
+  }
+  if (n_logits > cap_logits_) {
+    logits_.resize(static_cast<size_t>(n_logits) * static_cast<size_t>(hp.n_vocab));
+    cap_logits_ = n_logits;
+  }
 }
 
-void LlamaRunner::attention(int n, int pos0, int layer, const KvCache& cache) {
+void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
   const LlamaHparams& hp = w_.hp;
   const int hd = hp.head_dim, qd = hp.n_head * hd, group = hp.n_head / hp.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool f16 = cache.f16();
+  // Each task is one (row, head): it reads only the row's own sequence's
+  // cache, and its arithmetic depends only on that row, so the result is the
+  // same whatever else is in the step and however the tasks are split.
   auto task = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(pos0 + n));
+    std::vector<float> scores(static_cast<size_t>(max_len_));
     for (int64_t t = begin; t < end; ++t) {
       const int i = static_cast<int>(t / hp.n_head), h = static_cast<int>(t % hp.n_head);
-      const int kvh = h / group, len = pos0 + i + 1;
+      const KvSeq& cache = *seqs[row_seq_[static_cast<size_t>(i)]].kv;
+      const bool f16 = cache.f16();
+      const int kvh = h / group, len = row_pos_[static_cast<size_t>(i)] + 1;
       const float* q = q_.data() + static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
       float* out = att_out_.data() + static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
       for (int p = 0; p < len; ++p) {
@@ -298,65 +274,117 @@ void LlamaRunner::attention(int n, int pos0, int layer, const KvCache& cache) {
       }
     }
   };
-  const int64_t tasks = int64_t{n} * hp.n_head;
+  const int64_t tasks = int64_t{rows} * hp.n_head;
   if (ex_) ex_->parallel_for(tasks, task);
   else task(0, tasks);
 }
 
-void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvCache& cache, float* logits) {
+void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits) {
+  SeqInput s;
+  s.tokens = tokens;
+  s.n = n;
+  s.pos0 = pos0;
+  s.kv = &cache;
+  s.logits = logits;
+  forward_batch(&s, 1);
+}
+
+void LlamaRunner::forward_batch(const std::vector<SeqInput>& seqs) {
+  forward_batch(seqs.data(), static_cast<int>(seqs.size()));
+}
+
+void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   const LlamaHparams& hp = w_.hp;
-  if (n <= 0) return;
-  if (pos0 < 0 || pos0 + n > cache.n_ctx())
-    throw Error("the sequence needs " + std::to_string(pos0 + n) + " positions but the context holds " +
-                std::to_string(cache.n_ctx()));
-  ensure_scratch(n);
-  const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
-  for (int i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
-      throw Error("token id " + std::to_string(tokens[i]) + " is outside the vocabulary (0.." +
-                  std::to_string(hp.n_vocab - 1) + ")");
-    const uint8_t* row = static_cast<const uint8_t*>(w_.tok_embd.data) + int64_t{tokens[i]} * w_.tok_embd.row_stride_bytes;
-    kernels::dequantize_row(w_.tok_embd.type, row, x_.data() + i * d, d);
+  // Check everything before computing anything.
+  int rows = 0, n_logits = 0, max_len = 0;
+  for (int s = 0; s < count; ++s) {
+    const SeqInput& in = seqs[s];
+    if (in.n <= 0) continue;
+    if (!in.kv) throw Error("sequence " + std::to_string(s) + " of the step has no KV cache");
+    if (!in.tokens) throw Error("sequence " + std::to_string(s) + " of the step has no tokens");
+    if (in.pos0 < 0 || in.pos0 + in.n > in.kv->capacity())
+      throw Error("the sequence needs " + std::to_string(in.pos0 + in.n) + " positions but the context holds " +
+                  std::to_string(in.kv->capacity()));
+    for (int i = 0; i < in.n; ++i)
+      if (in.tokens[i] < 0 || in.tokens[i] >= hp.n_vocab)
+        throw Error("token id " + std::to_string(in.tokens[i]) + " is outside the vocabulary (0.." +
+                    std::to_string(hp.n_vocab - 1) + ")");
+    for (int o = 0; o < s; ++o)
+      if (seqs[o].n > 0 && seqs[o].kv == in.kv)
+        throw Error("sequences " + std::to_string(o) + " and " + std::to_string(s) + " of the step share one KV cache");
+    rows += in.n;
+    max_len = std::max(max_len, in.pos0 + in.n);
+    if (in.logits) ++n_logits;
   }
-  auto add_rows = [&](float* dst, const float* src, int64_t count) {
-    for (int64_t j = 0; j < count; ++j) dst[j] += src[j];
+  if (rows == 0) return;
+  ensure_scratch(rows, n_logits);
+  max_len_ = max_len;
+
+  const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
+  for (int s = 0, r = 0; s < count; ++s) {
+    const SeqInput& in = seqs[s];
+    for (int i = 0; i < in.n; ++i, ++r) {
+      row_seq_[static_cast<size_t>(r)] = s;
+      row_pos_[static_cast<size_t>(r)] = in.pos0 + i;
+      const uint8_t* row = static_cast<const uint8_t*>(w_.tok_embd.data) + int64_t{in.tokens[i]} * w_.tok_embd.row_stride_bytes;
+      kernels::dequantize_row(w_.tok_embd.type, row, x_.data() + r * d, d);
+    }
+  }
+  auto add_rows = [&](float* dst, const float* src, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
   };
   auto add_bias = [&](float* dst, const std::vector<float>& b, int64_t width) {
     if (b.empty()) return;
-    for (int i = 0; i < n; ++i) add_rows(dst + i * width, b.data(), width);
+    for (int r = 0; r < rows; ++r) add_rows(dst + r * width, b.data(), width);
   };
+  const float* factors = w_.rope_freq_factors.empty() ? nullptr : w_.rope_freq_factors.data();
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
-    for (int i = 0; i < n; ++i) kernels::rms_norm(x_.data() + i * d, L.attn_norm.data(), xn_.data() + i * d, d, hp.rms_eps);
-    kernels::matmul(L.wq, xn_.data(), q_.data(), n, ex_);
-    kernels::matmul(L.wk, xn_.data(), k_.data(), n, ex_);
-    kernels::matmul(L.wv, xn_.data(), v_.data(), n, ex_);
+    for (int r = 0; r < rows; ++r) kernels::rms_norm(x_.data() + r * d, L.attn_norm.data(), xn_.data() + r * d, d, hp.rms_eps);
+    kernels::matmul(L.wq, xn_.data(), q_.data(), rows, ex_);
+    kernels::matmul(L.wk, xn_.data(), k_.data(), rows, ex_);
+    kernels::matmul(L.wv, xn_.data(), v_.data(), rows, ex_);
     add_bias(q_.data(), L.bq, qd);
     add_bias(k_.data(), L.bk, kvd);
     add_bias(v_.data(), L.bv, kvd);
-    for (int i = 0; i < n; ++i) {
-      const float* factors = w_.rope_freq_factors.empty() ? nullptr : w_.rope_freq_factors.data();
-      kernels::rope(q_.data() + i * qd, hp.n_head, hp.head_dim, hp.n_rot, pos0 + i, hp.rope_freq_base,
+    for (int r = 0; r < rows; ++r) {
+      const int pos = row_pos_[static_cast<size_t>(r)];
+      kernels::rope(q_.data() + r * qd, hp.n_head, hp.head_dim, hp.n_rot, pos, hp.rope_freq_base, hp.rope_freq_scale,
+                    hp.rope_neox, factors);
+      kernels::rope(k_.data() + r * kvd, hp.n_head_kv, hp.head_dim, hp.n_rot, pos, hp.rope_freq_base,
                     hp.rope_freq_scale, hp.rope_neox, factors);
-      kernels::rope(k_.data() + i * kvd, hp.n_head_kv, hp.head_dim, hp.n_rot, pos0 + i, hp.rope_freq_base,
-                    hp.rope_freq_scale, hp.rope_neox, factors);
-      cache.store(l, pos0 + i, k_.data() + i * kvd, v_.data() + i * kvd);
+      seqs[row_seq_[static_cast<size_t>(r)]].kv->store(l, pos, k_.data() + r * kvd, v_.data() + r * kvd);
     }
-    attention(n, pos0, l, cache);
-    kernels::matmul(L.wo, att_out_.data(), tmp_.data(), n, ex_);
-    add_rows(x_.data(), tmp_.data(), n * d);
+    attention(rows, l, seqs);
+    kernels::matmul(L.wo, att_out_.data(), tmp_.data(), rows, ex_);
+    add_rows(x_.data(), tmp_.data(), rows * d);
 
-    for (int i = 0; i < n; ++i) kernels::rms_norm(x_.data() + i * d, L.ffn_norm.data(), xn_.data() + i * d, d, hp.rms_eps);
-    kernels::matmul(L.w_gate, xn_.data(), gate_.data(), n, ex_);
-    kernels::matmul(L.w_up, xn_.data(), up_.data(), n, ex_);
-    kernels::swiglu(gate_.data(), up_.data(), gate_.data(), int64_t{n} * hp.n_ff);
-    kernels::matmul(L.w_down, gate_.data(), tmp_.data(), n, ex_);
-    add_rows(x_.data(), tmp_.data(), n * d);
+    for (int r = 0; r < rows; ++r) kernels::rms_norm(x_.data() + r * d, L.ffn_norm.data(), xn_.data() + r * d, d, hp.rms_eps);
+    kernels::matmul(L.w_gate, xn_.data(), gate_.data(), rows, ex_);
+    kernels::matmul(L.w_up, xn_.data(), up_.data(), rows, ex_);
+    kernels::swiglu(gate_.data(), up_.data(), gate_.data(), int64_t{rows} * hp.n_ff);
+    kernels::matmul(L.w_down, gate_.data(), tmp_.data(), rows, ex_);
+    add_rows(x_.data(), tmp_.data(), rows * d);
   }
-  if (logits) {
-    const float* last = x_.data() + (n - 1) * d;
-    kernels::rms_norm(last, w_.output_norm.data(), xn_.data(), d, hp.rms_eps);
-    kernels::matmul(w_.output, xn_.data(), logits, 1, ex_);
+  if (n_logits == 0) return;
+  // The last row of every sequence that wants logits, gathered, through one
+  // matmul (row-invariant, so each row's logits are those it would get alone).
+  int g = 0;
+  for (int s = 0, r = 0; s < count; ++s) {
+    const SeqInput& in = seqs[s];
+    r += in.n;
+    if (in.n <= 0 || !in.logits) continue;
+    kernels::rms_norm(x_.data() + (r - 1) * d, w_.output_norm.data(), xn_.data() + g * d, d, hp.rms_eps);
+    ++g;
+  }
+  kernels::matmul(w_.output, xn_.data(), logits_.data(), n_logits, ex_);
+  const size_t nv = static_cast<size_t>(hp.n_vocab);
+  g = 0;
+  for (int s = 0; s < count; ++s) {
+    const SeqInput& in = seqs[s];
+    if (in.n <= 0 || !in.logits) continue;
+    std::memcpy(in.logits, logits_.data() + static_cast<size_t>(g) * nv, sizeof(float) * nv);
+    ++g;
   }
 }
 

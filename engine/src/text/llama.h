@@ -1,5 +1,6 @@
 // The LLaMA-family decoder: weights from GGUF (llama.* metadata) or a
-// llama2.c checkpoint, a KV cache, and a forward pass over a chunk of tokens.
+// llama2.c checkpoint, and a forward pass over a step of one or more sequences,
+// each with its own KV cache (contiguous or paged, text/kv_cache.h).
 // Embeddings, RMSNorm, RoPE (normal or NeoX pairing), grouped-query
 // attention, SwiGLU feed-forward, tied or separate output matrix.
 #pragma once
@@ -10,6 +11,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "text/kv_cache.h"
 
 namespace atelier::formats {
 class GgufFile;
@@ -60,40 +63,44 @@ struct LlamaWeights {
 LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file);
 LlamaWeights load_llama2c(const std::string& path);
 
-// Per-sequence key/value cache: for each layer, n_ctx rows of n_head_kv*head_dim.
-class KvCache {
- public:
-  KvCache(const LlamaHparams& hp, int n_ctx, bool f16);
-  int n_ctx() const { return n_ctx_; }
-  bool f16() const { return f16_; }
-  void store(int layer, int pos, const float* k, const float* v);
-  // Row pointers (float* when !f16, uint16_t* when f16).
-  const void* k_row(int layer, int pos) const;
-  const void* v_row(int layer, int pos) const;
-
- private:
-  int n_ctx_, row_, n_layer_;
-  bool f16_;
-  std::vector<float> k32_, v32_;
-  std::vector<uint16_t> k16_, v16_;
+// One sequence's share of a forward_batch step.
+struct SeqInput {
+  const int32_t* tokens = nullptr;
+  int n = 0;                // tokens of this sequence in this step (prefill chunk or 1 for decode)
+  int pos0 = 0;             // position of tokens[0]
+  KvSeq* kv = nullptr;
+  float* logits = nullptr;  // non-null: receive the logits of this sequence's LAST token (n_vocab floats)
 };
 
-// Scratch buffers and the forward pass. One per running sequence.
+// Scratch buffers and the forward pass. One per executor (or per running
+// sequence); the scratch grows to the largest step seen and is then reused.
 class LlamaRunner {
  public:
   LlamaRunner(const LlamaWeights& w, kernels::Executor* ex);
   // Runs n tokens at positions pos0..pos0+n-1 through the model, appending
   // to the cache. When logits is non-null, writes the last token's n_vocab logits.
-  void forward(const int32_t* tokens, int n, int pos0, KvCache& cache, float* logits);
+  // The same as forward_batch with one sequence.
+  void forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits);
+  // One step over several sequences: all their rows go through each matmul
+  // together; attention of each row reads only its own sequence's cache.
+  // Batch-invariant: a sequence's logits and cache contents are bit-identical
+  // whatever else shares the step and however many threads run it.
+  // Entries with n == 0 are skipped. Throws atelier::Error (nothing is
+  // computed) for a token outside the vocabulary, a missing cache, one cache
+  // named twice, or positions beyond a cache's capacity().
+  void forward_batch(const std::vector<SeqInput>& seqs);
+  void forward_batch(const SeqInput* seqs, int count);
 
  private:
-  void ensure_scratch(int n);
-  void attention(int n, int pos0, int layer, const KvCache& cache);
+  void ensure_scratch(int rows, int n_logits);
+  void attention(int rows, int layer, const SeqInput* seqs);
 
   const LlamaWeights& w_;
   kernels::Executor* ex_;
-  int cap_ = 0;
-  std::vector<float> x_, xn_, q_, k_, v_, att_out_, tmp_, gate_, up_;
+  int cap_ = 0, cap_logits_ = 0;
+  std::vector<float> x_, xn_, q_, k_, v_, att_out_, tmp_, gate_, up_, logits_;
+  std::vector<int> row_seq_, row_pos_;  // per row: index into the step's sequences, position
+  int max_len_ = 0;                      // longest attention span in the current step
 };
 
 }  // namespace atelier::text

@@ -1,0 +1,244 @@
+// Engine: the public handle over the durable job queue (runtime/job_db), the
+// batching executor (scheduler.cpp), event delivery and metrics.
+#include <atelier/engine.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "events.h"
+#include "metrics.h"
+#include "runtime/job_db.h"
+#include "scheduler.h"
+#include "text_model_impl.h"
+
+namespace atelier {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string_view job_state_name(JobState s) {
+  switch (s) {
+    case JobState::Queued: return "queued";
+    case JobState::Running: return "running";
+    case JobState::Completed: return "completed";
+    case JobState::Failed: return "failed";
+    case JobState::Cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string_view event_type_name(EventType t) {
+  switch (t) {
+    case EventType::Queued: return "queued";
+    case EventType::Started: return "started";
+    case EventType::Token: return "token";
+    case EventType::Segment: return "segment";
+    case EventType::Progress: return "progress";
+    case EventType::Completed: return "completed";
+    case EventType::Failed: return "failed";
+    case EventType::Cancelled: return "cancelled";
+    case EventType::Alert: return "alert";
+  }
+  return "unknown";
+}
+
+namespace {
+int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+JobState parse_state(const std::string& s) {
+  for (JobState st : {JobState::Queued, JobState::Running, JobState::Completed, JobState::Failed, JobState::Cancelled})
+    if (job_state_name(st) == s) return st;
+  return JobState::Failed;
+}
+
+JobInfo to_info(const runtime::JobRow& row) {
+  JobInfo j;
+  j.id = row.id;
+  j.state = parse_state(row.state);
+  if (auto req = request_from_json(row.request_json); req.ok()) j.request = req.value();
+  j.priority = row.priority;
+  j.created_ms = row.created_ms;
+  j.started_ms = row.started_ms;
+  j.finished_ms = row.finished_ms;
+  j.seed = row.seed;
+  j.model_version = row.model_version;
+  j.attempts = row.attempts;
+  if (!row.error_message.empty()) j.error = row.error_message;
+  if (!row.result_json.empty()) {
+    const json r = json::parse(row.result_json, nullptr, false);
+    if (r.is_object()) {
+      j.text = r.value("text", "");
+      j.stop_reason = r.value("stop_reason", "");
+      if (r.contains("stats")) {
+        const json& s = r["stats"];
+        j.stats.queue_wait_ms = s.value("queue_wait_ms", 0.0);
+        j.stats.time_to_first_token_ms = s.value("time_to_first_token_ms", 0.0);
+        j.stats.total_ms = s.value("total_ms", 0.0);
+        j.stats.tokens_per_s = s.value("tokens_per_s", 0.0);
+        j.stats.prompt_tokens = s.value("prompt_tokens", 0);
+        j.stats.cached_prompt_tokens = s.value("cached_prompt_tokens", 0);
+        j.stats.new_tokens = s.value("new_tokens", 0);
+      }
+    }
+  }
+  return j;
+}
+}  // namespace
+
+struct Engine::Impl {
+  EngineConfig config;
+  std::unique_ptr<runtime::JobDb> db;
+  std::unique_ptr<runtime::RunnerLock> lock;
+  EventHub hub;
+  std::unique_ptr<MetricsRecorder> metrics;
+  std::unique_ptr<Scheduler> scheduler;  // last: stopped first, while the rest still exists
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
+  auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };
+  if (c.data_dir.empty()) return bad("the engine needs a data dir");
+  if (c.max_batch < 1 || c.max_batch > 1024) return bad("max_batch must be between 1 and 1024");
+  if (c.max_wait_ms < 0 || c.max_wait_ms > 60'000) return bad("max_wait_ms must be between 0 and 60000");
+  if (c.kv_memory_bytes <= 0) return bad("the KV memory budget must be positive");
+  if (c.kv_block_tokens < 1 || c.kv_block_tokens > 4096) return bad("kv_block_tokens must be between 1 and 4096");
+  if (c.prefill_tokens_per_step < 1) return bad("prefill_tokens_per_step must be at least 1");
+  if (c.threads < 0) return bad("threads must be >= 0 (0: one per core)");
+  if (c.poll_ms < 1) return bad("poll_ms must be at least 1");
+  return guarded([&]() -> Result<std::unique_ptr<Engine>> {
+    std::error_code ec;
+    fs::create_directories(c.data_dir, ec);
+    if (ec) return Status::error(StatusCode::Io, c.data_dir + ": cannot create the data dir: " + ec.message());
+    auto impl = std::make_unique<Impl>();
+    impl->config = c;
+    impl->db = runtime::JobDb::open((fs::path(c.data_dir) / "jobs.db").string());
+    impl->metrics = std::make_unique<MetricsRecorder>(c.max_batch);
+    if (c.execute) {
+      impl->lock = runtime::RunnerLock::try_acquire(c.data_dir);
+      if (!impl->lock)
+        return Status::error(StatusCode::InvalidArgument,
+                             "another Atelier process is running the queue in " + c.data_dir +
+                                 "; add jobs with `atelier queue add` instead, or stop it first");
+      impl->db->recover();
+      impl->scheduler = std::make_unique<Scheduler>(c, *impl->db, impl->hub, *impl->metrics);
+    }
+    return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+  });
+}
+
+Result<JobId> Engine::submit(const TextRequest& request) {
+  if (request.model.empty()) return Status::error(StatusCode::InvalidArgument, "the request names no model");
+  std::error_code ec;
+  if (!fs::is_regular_file(request.model, ec))
+    return Status::error(StatusCode::NotFound, request.model + ": no such model file");
+  if (Status s = validate_request(request, 1 << 20); !s.ok()) return s;
+  TextRequest r = request;
+  if (r.sampling.seed == SamplingParams::kRandomSeed) {
+    // Fixed at submission, so the stored request reproduces the job exactly.
+    std::random_device rd;
+    r.sampling.seed = ((static_cast<uint64_t>(rd()) << 32) | rd()) & 0x7fffffffffffffffull;
+  }
+  return guarded([&]() -> Result<JobId> {
+    const JobId id = impl_->db->insert(request_to_json(r), r.priority, r.interactive, r.sampling.seed, epoch_ms());
+    Event ev;
+    ev.type = EventType::Queued;
+    ev.job = id;
+    impl_->hub.publish(ev);
+    if (impl_->scheduler) impl_->scheduler->notify();
+    return id;
+  });
+}
+
+Status Engine::cancel(JobId id) {
+  return guarded([&]() -> Status {
+    auto row = impl_->db->get(id);
+    if (!row) return Status::error(StatusCode::NotFound, "no job " + std::to_string(id));
+    if (row->state != "queued" && row->state != "running")
+      return Status::error(StatusCode::InvalidArgument, "job " + std::to_string(id) + " is already " + row->state);
+    // The in-process executor first: the database write below waits for a sync.
+    if (impl_->scheduler) impl_->scheduler->request_cancel(id);
+    impl_->db->request_cancel(id);
+    return Status{};
+  });
+}
+
+Status Engine::set_priority(JobId id, int priority) {
+  return guarded([&]() -> Status {
+    if (!impl_->db->set_priority(id, priority))
+      return Status::error(StatusCode::NotFound, "no queued or running job " + std::to_string(id));
+    if (impl_->scheduler) impl_->scheduler->notify();
+    return Status{};
+  });
+}
+
+void Engine::pause() {
+  impl_->db->set_paused(true);
+  if (impl_->scheduler) impl_->scheduler->notify();
+}
+
+void Engine::resume() {
+  impl_->db->set_paused(false);
+  if (impl_->scheduler) impl_->scheduler->notify();
+}
+
+bool Engine::paused() const { return impl_->db->paused(); }
+
+Result<JobInfo> Engine::job(JobId id) const {
+  return guarded([&]() -> Result<JobInfo> {
+    auto row = impl_->db->get(id);
+    if (!row) return Status::error(StatusCode::NotFound, "no job " + std::to_string(id));
+    JobInfo info = to_info(*row);
+    if (info.state == JobState::Running && impl_->scheduler)
+      info.stats.new_tokens = std::max(0, impl_->scheduler->live_new_tokens(id));
+    return info;
+  });
+}
+
+std::vector<JobInfo> Engine::list(const JobFilter& f) const {
+  std::vector<JobInfo> out;
+  for (const auto& row : impl_->db->list(f.state ? std::string(job_state_name(*f.state)) : "", f.limit, f.newest_first))
+    out.push_back(to_info(row));
+  return out;
+}
+
+int Engine::clear_finished() { return impl_->db->clear_finished(); }
+
+int Engine::cancel_queued() {
+  const int n = impl_->db->clear_queued();
+  if (impl_->scheduler) impl_->scheduler->notify();
+  return n;
+}
+
+uint64_t Engine::subscribe(JobId id, EventSink sink) { return impl_->hub.subscribe(id, std::move(sink)); }
+void Engine::unsubscribe(uint64_t subscription) { impl_->hub.unsubscribe(subscription); }
+
+EngineMetrics Engine::metrics() const {
+  EngineMetrics m;
+  if (impl_->scheduler) impl_->scheduler->fill_metrics(m);
+  else m.queue_depth = static_cast<int>(impl_->db->count("queued"));
+  impl_->metrics->fill(m, epoch_ms());
+  return m;
+}
+
+void Engine::set_alert_rules(const AlertRules& rules) {
+  if (impl_->scheduler) impl_->scheduler->set_alert_rules(rules);
+}
+
+bool Engine::wait_idle(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const bool empty = impl_->db->count("queued") == 0 && impl_->db->count("running") == 0;
+    if (empty && (!impl_->scheduler || impl_->scheduler->idle())) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace atelier

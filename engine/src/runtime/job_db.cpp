@@ -1,0 +1,496 @@
+#include "runtime/job_db.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string_view>
+#include <thread>
+
+#include "core/error.h"
+
+namespace atelier::runtime {
+
+namespace {
+
+// Ordered migrations: entry i takes the schema from version i to i + 1. Never
+// edit a shipped entry; append a new one and bump JobDb::kSchemaVersion.
+constexpr const char* kMigrations[] = {
+    // 1: the jobs table and the queue-order index.
+    R"sql(
+CREATE TABLE jobs (
+  id            INTEGER PRIMARY KEY AUTOINCREMENT,
+  state         TEXT    NOT NULL DEFAULT 'queued'
+                CHECK (state IN ('queued', 'running', 'completed', 'failed', 'cancelled')),
+  priority      INTEGER NOT NULL DEFAULT 0,
+  interactive   INTEGER NOT NULL DEFAULT 0,
+  request_json  TEXT    NOT NULL,
+  created_ms    INTEGER NOT NULL,
+  started_ms    INTEGER NOT NULL DEFAULT 0,
+  finished_ms   INTEGER NOT NULL DEFAULT 0,
+  seed          INTEGER NOT NULL DEFAULT 0,
+  model_version TEXT    NOT NULL DEFAULT '',
+  result_json   TEXT    NOT NULL DEFAULT '',
+  error_code    TEXT    NOT NULL DEFAULT '',
+  error_message TEXT    NOT NULL DEFAULT '',
+  attempts      INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX jobs_queue ON jobs (state, priority DESC, id);
+)sql",
+    // 2: cancel requests from processes that do not run the queue.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+)sql",
+};
+static_assert(std::size(kMigrations) == JobDb::kSchemaVersion, "one migration per schema version");
+
+constexpr const char* kColumns =
+    "id, state, priority, interactive, request_json, created_ms, started_ms, finished_ms, seed, "
+    "model_version, result_json, error_code, error_message, attempts, cancel_requested";
+
+constexpr int kBusyTimeoutMs = 5000;
+
+int64_t system_now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void throw_sqlite(sqlite3* db, const std::string& path, const std::string& what) {
+  std::string msg = "job database " + path + ": " + what;
+  if (db) msg += ": " + std::string(sqlite3_errmsg(db));
+  throw Error(msg);
+}
+
+// A prepared statement, finalized on scope exit. Indexes are 1-based for
+// bind (as in SQLite) and 0-based for columns.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const std::string& path, std::string_view sql) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &s_, nullptr) != SQLITE_OK)
+      throw_sqlite(db, path, "cannot prepare \"" + std::string(sql) + "\"");
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& i64(int index, int64_t v) {
+    check(sqlite3_bind_int64(s_, index, v));
+    return *this;
+  }
+  Stmt& text(int index, const std::string& v) {
+    check(sqlite3_bind_text(s_, index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    return *this;
+  }
+  // True when a row is ready, false when done.
+  bool step() {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    fail_step();
+  }
+  // Runs a write to completion; returns the rows it changed.
+  int run() {
+    while (step()) {
+    }
+    return sqlite3_changes(db_);
+  }
+  int64_t col_i64(int c) const { return sqlite3_column_int64(s_, c); }
+  std::string col_text(int c) const {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, c));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, c))) : std::string();
+  }
+
+ private:
+  // Out of line: GCC 12 warns falsely (-Wrestrict) on inlined string concatenation.
+  [[noreturn]] __attribute__((noinline)) void fail_step() {
+    std::string what = "statement failed: ";
+    what.append(sqlite3_sql(s_));
+    throw_sqlite(db_, path_, what);
+  }
+  void check(int rc) {
+    if (rc != SQLITE_OK) throw_sqlite(db_, path_, "cannot bind a parameter");
+  }
+  sqlite3* db_;
+  const std::string& path_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+void exec(sqlite3* db, const std::string& path, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db);
+    sqlite3_free(err);
+    throw Error("job database " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg);
+  }
+}
+
+// BEGIN IMMEDIATE takes the write lock up front (waiting up to the busy
+// timeout), so a read-then-write transaction never fails on lock upgrade.
+class Txn {
+ public:
+  Txn(sqlite3* db, const std::string& path) : db_(db), path_(path) { exec(db, path, "BEGIN IMMEDIATE"); }
+  ~Txn() {
+    if (open_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  void commit() {
+    exec(db_, path_, "COMMIT");
+    open_ = false;
+  }
+
+ private:
+  sqlite3* db_;
+  const std::string& path_;
+  bool open_ = true;
+};
+
+JobRow read_row(const Stmt& s) {
+  JobRow r;
+  r.id = s.col_i64(0);
+  r.state = s.col_text(1);
+  r.priority = static_cast<int>(s.col_i64(2));
+  r.interactive = s.col_i64(3) != 0;
+  r.request_json = s.col_text(4);
+  r.created_ms = s.col_i64(5);
+  r.started_ms = s.col_i64(6);
+  r.finished_ms = s.col_i64(7);
+  r.seed = static_cast<uint64_t>(s.col_i64(8));
+  r.model_version = s.col_text(9);
+  r.result_json = s.col_text(10);
+  r.error_code = s.col_text(11);
+  r.error_message = s.col_text(12);
+  r.attempts = static_cast<int>(s.col_i64(13));
+  r.cancel_requested = s.col_i64(14) != 0;
+  return r;
+}
+
+}  // namespace
+
+JobDb::JobDb(std::string path) : path_(std::move(path)) {}
+
+JobDb::~JobDb() {
+  if (db_) sqlite3_close_v2(db_);
+}
+
+std::unique_ptr<JobDb> JobDb::open(const std::string& path) {
+  std::unique_ptr<JobDb> j(new JobDb(path));
+  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
+  if (sqlite3_open_v2(path.c_str(), &j->db_, flags, nullptr) != SQLITE_OK) {
+    // db_ may hold a handle carrying the message; the destructor closes it.
+    throw_sqlite(j->db_, path, "cannot open");
+  }
+  sqlite3_extended_result_codes(j->db_, 1);
+  sqlite3_busy_timeout(j->db_, kBusyTimeoutMs);
+  {
+    // Switching a new file to WAL needs an exclusive lock and, when several
+    // processes create the database at once, can report SQLITE_BUSY without
+    // calling the busy handler; retry it for as long as the busy timeout.
+    std::string mode;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
+    for (;;) {
+      sqlite3_stmt* s = nullptr;
+      int rc = sqlite3_prepare_v2(j->db_, "PRAGMA journal_mode = WAL", -1, &s, nullptr);
+      if (rc == SQLITE_OK) {
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+          const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+          mode = p ? p : "";
+        }
+      }
+      sqlite3_finalize(s);
+      if (rc == SQLITE_ROW) break;
+      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline)
+        throw_sqlite(j->db_, path, "cannot open (switching to WAL journaling)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (mode != "wal")
+      throw Error("job database " + path + ": cannot switch to WAL journaling (got \"" + mode +
+                  "\"); put the data dir on a local file system");
+  }
+  // FULL: in WAL mode every commit is synced, so an acknowledged job also
+  // survives an OS crash or power loss, not only kill -9.
+  exec(j->db_, path, "PRAGMA synchronous = FULL");
+  exec(j->db_, path, "PRAGMA foreign_keys = ON");
+  j->migrate();
+  return j;
+}
+
+std::string JobDb::meta_get(const std::string& key) const {
+  Stmt s(db_, path_, "SELECT value FROM meta WHERE key = ?1");
+  s.text(1, key);
+  return s.step() ? s.col_text(0) : std::string();
+}
+
+void JobDb::meta_set(const std::string& key, const std::string& value) {
+  Stmt s(db_, path_, "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+  s.text(1, key).text(2, value).run();
+}
+
+void JobDb::migrate() {
+  std::lock_guard lock(mu_);
+  for (;;) {
+    // One transaction per migration, re-reading the version inside it, so two
+    // processes opening the same new database at once apply each step once.
+    Txn txn(db_, path_);
+    exec(db_, path_, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
+    const std::string text = meta_get("schema_version");
+    int version = 0;
+    if (!text.empty()) {
+      size_t used = 0;
+      try {
+        version = std::stoi(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != text.size() || version < 0)
+        throw Error("job database " + path_ + ": unreadable schema version \"" + text +
+                    "\"; the file is damaged or not an Atelier job database");
+    }
+    if (version > kSchemaVersion)
+      throw Error("job database " + path_ + " was made by a newer Atelier (schema version " + std::to_string(version) +
+                  ", this build knows up to " + std::to_string(kSchemaVersion) +
+                  "); update Atelier or use another data dir");
+    if (version == kSchemaVersion) {
+      txn.commit();
+      return;
+    }
+    exec(db_, path_, kMigrations[version]);
+    meta_set("schema_version", std::to_string(version + 1));
+    txn.commit();
+  }
+}
+
+int JobDb::schema_version() const {
+  std::lock_guard lock(mu_);
+  const std::string v = meta_get("schema_version");
+  return v.empty() ? 0 : std::stoi(v);
+}
+
+int64_t JobDb::insert(const std::string& request_json, int priority, bool interactive, uint64_t seed,
+                      int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_,
+         "INSERT INTO jobs (state, priority, interactive, request_json, created_ms, seed) "
+         "VALUES ('queued', ?1, ?2, ?3, ?4, ?5)");
+  s.i64(1, priority).i64(2, interactive ? 1 : 0).text(3, request_json).i64(4, now_ms).i64(5, static_cast<int64_t>(seed));
+  s.run();
+  return sqlite3_last_insert_rowid(db_);
+}
+
+std::vector<int64_t> JobDb::insert_many(const std::vector<NewJob>& jobs, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  std::vector<int64_t> ids;
+  ids.reserve(jobs.size());
+  Txn txn(db_, path_);
+  for (const NewJob& j : jobs) {
+    Stmt s(db_, path_,
+           "INSERT INTO jobs (state, priority, interactive, request_json, created_ms, seed) "
+           "VALUES ('queued', ?1, ?2, ?3, ?4, ?5)");
+    s.i64(1, j.priority).i64(2, j.interactive ? 1 : 0).text(3, j.request_json).i64(4, now_ms);
+    s.i64(5, static_cast<int64_t>(j.seed));
+    s.run();
+    ids.push_back(sqlite3_last_insert_rowid(db_));
+  }
+  txn.commit();
+  return ids;
+}
+
+// Each transition below is one UPDATE guarded by the source state, run as its
+// own (autocommit) transaction: of any number of racing callers, threads or
+// processes, exactly one sees a changed row.
+
+bool JobDb::mark_running(int64_t id, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_,
+         "UPDATE jobs SET state = 'running', started_ms = ?2, attempts = attempts + 1, cancel_requested = 0 "
+         "WHERE id = ?1 AND state = 'queued'");
+  return s.i64(1, id).i64(2, now_ms).run() == 1;
+}
+
+bool JobDb::complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_,
+         "UPDATE jobs SET state = 'completed', result_json = ?2, model_version = ?3, finished_ms = ?4 "
+         "WHERE id = ?1 AND state = 'running'");
+  return s.i64(1, id).text(2, result_json).text(3, model_version).i64(4, now_ms).run() == 1;
+}
+
+bool JobDb::fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_,
+         "UPDATE jobs SET state = 'failed', error_code = ?2, error_message = ?3, finished_ms = ?4 "
+         "WHERE id = ?1 AND state IN ('queued', 'running')");
+  return s.i64(1, id).text(2, code).text(3, message).i64(4, now_ms).run() == 1;
+}
+
+bool JobDb::cancel(int64_t id, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_,
+         "UPDATE jobs SET state = 'cancelled', finished_ms = ?2 WHERE id = ?1 AND state IN ('queued', 'running')");
+  return s.i64(1, id).i64(2, now_ms).run() == 1;
+}
+
+bool JobDb::request_cancel(int64_t id) { return request_cancel(id, system_now_ms()); }
+
+bool JobDb::request_cancel(int64_t id, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  // One statement: a queued job is cancelled at once, a running one flagged.
+  Stmt s(db_, path_,
+         "UPDATE jobs SET cancel_requested = 1, "
+         "  finished_ms = CASE WHEN state = 'queued' THEN ?2 ELSE finished_ms END, "
+         "  state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END "
+         "WHERE id = ?1 AND state IN ('queued', 'running')");
+  return s.i64(1, id).i64(2, now_ms).run() == 1;
+}
+
+std::vector<int64_t> JobDb::cancel_requests() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, "SELECT id FROM jobs WHERE state = 'running' AND cancel_requested = 1 ORDER BY id");
+  std::vector<int64_t> ids;
+  while (s.step()) ids.push_back(s.col_i64(0));
+  return ids;
+}
+
+bool JobDb::set_priority(int64_t id, int priority) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, "UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state IN ('queued', 'running')");
+  return s.i64(1, id).i64(2, priority).run() == 1;
+}
+
+namespace {
+// running -> queued, or cancelled when a cancel was requested meanwhile.
+constexpr const char* kRequeueSet =
+    "UPDATE jobs SET "
+    "  state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+    "  finished_ms = CASE WHEN cancel_requested THEN ?1 ELSE 0 END, "
+    "  started_ms = CASE WHEN cancel_requested THEN started_ms ELSE 0 END, "
+    "  result_json = '', model_version = '', error_code = '', error_message = '' "
+    "WHERE state = 'running'";
+}  // namespace
+
+bool JobDb::requeue(int64_t id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, std::string(kRequeueSet) + " AND id = ?2");
+  return s.i64(1, system_now_ms()).i64(2, id).run() == 1;
+}
+
+int JobDb::recover() {
+  std::lock_guard lock(mu_);
+  Txn txn(db_, path_);
+  Stmt c(db_, path_, "SELECT count(*) FROM jobs WHERE state = 'running' AND cancel_requested = 0");
+  const int requeued = c.step() ? static_cast<int>(c.col_i64(0)) : 0;
+  Stmt s(db_, path_, kRequeueSet);
+  s.i64(1, system_now_ms()).run();
+  txn.commit();
+  return requeued;
+}
+
+std::optional<JobRow> JobDb::get(int64_t id) const {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, std::string("SELECT ") + kColumns + " FROM jobs WHERE id = ?1");
+  s.i64(1, id);
+  if (!s.step()) return std::nullopt;
+  return read_row(s);
+}
+
+std::vector<JobRow> JobDb::list(const std::string& state, int limit, bool newest_first) const {
+  std::lock_guard lock(mu_);
+  std::string sql = std::string("SELECT ") + kColumns + " FROM jobs WHERE (?1 = '' OR state = ?1) ORDER BY id " +
+                    (newest_first ? "DESC" : "ASC") + " LIMIT ?2";
+  Stmt s(db_, path_, sql);
+  s.text(1, state).i64(2, limit > 0 ? limit : -1);
+  std::vector<JobRow> rows;
+  while (s.step()) rows.push_back(read_row(s));
+  return rows;
+}
+
+std::vector<JobRow> JobDb::next_queued(int limit) const {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_,
+         std::string("SELECT ") + kColumns +
+             " FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id ASC LIMIT ?1");
+  s.i64(1, limit > 0 ? limit : -1);
+  std::vector<JobRow> rows;
+  while (s.step()) rows.push_back(read_row(s));
+  return rows;
+}
+
+int64_t JobDb::count(const std::string& state) const {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, "SELECT count(*) FROM jobs WHERE (?1 = '' OR state = ?1)");
+  s.text(1, state);
+  return s.step() ? s.col_i64(0) : 0;
+}
+
+int JobDb::clear_finished() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, "DELETE FROM jobs WHERE state IN ('completed', 'failed', 'cancelled')");
+  return s.run();
+}
+
+int JobDb::clear_queued() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, "UPDATE jobs SET state = 'cancelled', finished_ms = ?1 WHERE state = 'queued'");
+  return s.i64(1, system_now_ms()).run();
+}
+
+void JobDb::set_paused(bool paused) {
+  std::lock_guard lock(mu_);
+  meta_set("queue_paused", paused ? "1" : "0");
+}
+
+bool JobDb::paused() const {
+  std::lock_guard lock(mu_);
+  return meta_get("queue_paused") == "1";
+}
+
+// ---- RunnerLock ----------------------------------------------------------
+
+namespace {
+std::string lock_path(const std::string& data_dir) { return data_dir + "/runner.lock"; }
+}  // namespace
+
+std::unique_ptr<RunnerLock> RunnerLock::try_acquire(const std::string& data_dir) {
+  const std::string path = lock_path(data_dir);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot open the runner lock " + path + ": " + std::strerror(errno));
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return nullptr;
+    throw Error("cannot lock the runner lock " + path + ": " + std::strerror(err));
+  }
+  // Record the holder's pid, for "the queue is run by process N" messages.
+  const std::string pid = std::to_string(static_cast<long long>(::getpid())) + "\n";
+  if (::ftruncate(fd, 0) == 0) {
+    [[maybe_unused]] const ssize_t n = ::pwrite(fd, pid.data(), pid.size(), 0);
+  }
+  return std::unique_ptr<RunnerLock>(new RunnerLock(fd));
+}
+
+int64_t RunnerLock::holder_pid(const std::string& data_dir) {
+  const int fd = ::open(lock_path(data_dir).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  ::close(fd);
+  if (n <= 0) return 0;
+  try {
+    return std::stoll(std::string(buf, static_cast<size_t>(n)));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+RunnerLock::~RunnerLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+}  // namespace atelier::runtime

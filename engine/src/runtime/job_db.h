@@ -1,0 +1,157 @@
+// The durable job queue: one SQLite database (WAL) per data dir, holding every
+// job with its request, state, timestamps, seed, model version, result and
+// error. A job that was acknowledged by insert() survives a crash, kill -9 or
+// a restart; every state change is a single guarded UPDATE (WHERE state = ...)
+// so that a job starts and finishes exactly once, even when threads or
+// processes race on it.
+//
+// States and the transitions this class allows (anything else returns false):
+//
+//   queued  --mark_running-->  running  --complete-->  completed
+//   queued  --fail-->          failed      running  --fail-->    failed
+//   queued  --cancel / request_cancel / clear_queued-->  cancelled
+//   running --cancel-->        cancelled
+//   running --request_cancel-> running with cancel_requested = 1 (the runner
+//                              sees it in cancel_requests() and calls cancel())
+//   running --requeue / recover--> queued   (or cancelled when a cancel was
+//                              requested while it ran)
+//
+// One JobDb may be shared by many threads (calls are serialized by a mutex);
+// several JobDb objects, in one process or many, may use the same file.
+// Never carry an open JobDb across fork(): open a new one in the child.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+struct sqlite3;
+
+namespace atelier::runtime {
+
+struct JobRow {
+  int64_t id = 0;
+  std::string state;            // "queued", "running", "completed", "failed", "cancelled"
+  int priority = 0;             // higher runs first
+  bool interactive = false;
+  std::string request_json;     // the request as submitted (JSON text)
+  int64_t created_ms = 0, started_ms = 0, finished_ms = 0;   // unix epoch ms; 0 = not yet
+  uint64_t seed = 0;
+  std::string model_version;    // what produced the result (path or digest)
+  std::string result_json;      // on completion
+  std::string error_code, error_message;
+  int attempts = 0;             // times it was started
+  bool cancel_requested = false;
+};
+
+// One job for insert_many().
+struct NewJob {
+  std::string request_json;
+  int priority = 0;
+  bool interactive = false;
+  uint64_t seed = 0;
+};
+
+class JobDb {
+ public:
+  // The schema version this build creates and understands.
+  static constexpr int kSchemaVersion = 2;
+
+  // Opens or creates PATH (SQLite, WAL, synchronous=FULL, busy timeout 5 s,
+  // foreign keys on) and applies pending migrations, each in its own
+  // transaction. Throws atelier::Error naming the path and SQLite's message;
+  // a database from a newer Atelier is refused ("made by a newer Atelier").
+  // The parent folder must exist.
+  static std::unique_ptr<JobDb> open(const std::string& path);
+  ~JobDb();
+  JobDb(const JobDb&) = delete;
+  JobDb& operator=(const JobDb&) = delete;
+
+  const std::string& path() const { return path_; }
+  int schema_version() const;
+
+  // Queues a job (state "queued"); returns its id once the row is committed
+  // and synced, so an acknowledged job survives kill -9 and power loss.
+  int64_t insert(const std::string& request_json, int priority, bool interactive, uint64_t seed, int64_t now_ms);
+  // Queues many jobs in one transaction (one sync); ids in input order.
+  std::vector<int64_t> insert_many(const std::vector<NewJob>& jobs, int64_t now_ms);
+
+  // queued -> running, attempts + 1, started_ms = now, cancel_requested = 0;
+  // false if it was not queued (cancelled meanwhile, or another runner won).
+  bool mark_running(int64_t id, int64_t now_ms);
+  // running -> completed with result and model version; false if not running.
+  bool complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms);
+  // queued or running -> failed (a queued job may fail admission without
+  // ever running); false if already finished or unknown.
+  bool fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms);
+  // queued or running -> cancelled; false if already finished or unknown.
+  bool cancel(int64_t id, int64_t now_ms);
+  // For a process that does not run the queue: queued -> cancelled at once;
+  // running -> cancel_requested = 1 (the runner cancels it). False if already
+  // finished or unknown. The one-argument form stamps the system clock.
+  bool request_cancel(int64_t id);
+  bool request_cancel(int64_t id, int64_t now_ms);
+  // Ids of running jobs with cancel_requested, ascending.
+  std::vector<int64_t> cancel_requests();
+  // Changes the priority of a queued or running job; false if finished or unknown.
+  bool set_priority(int64_t id, int priority);
+  // running -> queued (preemption, clean shutdown): started_ms = 0, result
+  // and error cleared, partial output is not stored. A job whose cancel was
+  // requested while it ran goes to cancelled instead. True when the job left
+  // "running"; false if it was not running.
+  bool requeue(int64_t id);
+  // At engine start: every running job -> queued (or cancelled when a cancel
+  // was requested). Returns how many were re-queued (cancelled ones not counted).
+  int recover();
+
+  std::optional<JobRow> get(int64_t id) const;
+  // STATE "" = all; LIMIT <= 0 = no limit; ordered by id.
+  std::vector<JobRow> list(const std::string& state, int limit, bool newest_first) const;
+  // Queued jobs by priority desc then id asc; LIMIT <= 0 = no limit.
+  std::vector<JobRow> next_queued(int limit) const;
+  // Rows in STATE ("" = all).
+  int64_t count(const std::string& state) const;
+  // Deletes completed/failed/cancelled jobs; returns how many.
+  int clear_finished();
+  // Cancels every queued job (finished_ms = system clock); returns how many.
+  int clear_queued();
+
+  // Persistent queue pause flag (meta table); false on a new database.
+  void set_paused(bool paused);
+  bool paused() const;
+
+ private:
+  explicit JobDb(std::string path);
+  void migrate();
+  std::string meta_get(const std::string& key) const;  // "" when absent; caller holds mu_
+  void meta_set(const std::string& key, const std::string& value);
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  mutable std::mutex mu_;
+};
+
+// Only one process executes the queue of a data dir at a time; others only
+// read and write the database. flock(LOCK_EX | LOCK_NB) on DIR/runner.lock,
+// held for the object's lifetime and released by the kernel when the holder
+// dies, even by SIGKILL. The file holds the holder's pid, for messages.
+class RunnerLock {
+ public:
+  // nullptr if another process (or another RunnerLock in this one) holds it;
+  // throws atelier::Error if the file cannot be opened (missing dir, rights).
+  static std::unique_ptr<RunnerLock> try_acquire(const std::string& data_dir);
+  // The pid written by the current or last holder, 0 if none or unreadable.
+  static int64_t holder_pid(const std::string& data_dir);
+  ~RunnerLock();
+  RunnerLock(const RunnerLock&) = delete;
+  RunnerLock& operator=(const RunnerLock&) = delete;
+
+ private:
+  explicit RunnerLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+}  // namespace atelier::runtime

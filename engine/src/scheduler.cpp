@@ -1,0 +1,602 @@
+#include "scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "text/kv_cache.h"
+#include "text/sampler.h"
+#include "text/text_stream.h"
+#include "text_model_impl.h"
+
+namespace atelier {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+// A sentence or paragraph ends at the last ". ", "! ", "? " (or before a newline) or blank line.
+size_t segment_end(const std::string& s) {
+  size_t end = std::string::npos;
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    const char c = s[i], n = s[i + 1];
+    if (((c == '.' || c == '!' || c == '?') && (n == ' ' || n == '\n')) || (c == '\n' && n == '\n')) end = i + 2;
+  }
+  return end;
+}
+}  // namespace
+
+struct LoadedModel {
+  std::string path, version;
+  std::shared_ptr<TextModel> model;
+  std::unique_ptr<text::KvPool> pool;
+  std::unique_ptr<text::LlamaRunner> runner;
+  int n_ctx = 0;
+  TextModel::Impl& impl() { return model->impl(); }
+};
+
+struct Sequence {
+  JobId id = 0;
+  TextRequest req;
+  int priority = 0;
+  int64_t created_ms = 0, started_ms = 0;
+  Clock::time_point enqueued, started, last_token;
+  LoadedModel* model = nullptr;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int n_prompt = 0, n_past = 0, cached_prompt_tokens = 0;
+  std::unique_ptr<text::PagedSeq> kv;
+  std::unique_ptr<text::Sampler> sampler;
+  std::unique_ptr<text::TextStream> stream;
+  std::vector<int32_t> new_ids;
+  std::vector<float> logits;
+  std::string segment;
+  double ttft_ms = 0;
+  bool has_first = false, started_once = false, cancel = false, done = false;
+};
+
+Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics)
+    : config_(config), db_(db), hub_(hub), metrics_(metrics) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  stop_ = true;
+  notify();
+  thread_.join();
+}
+
+void Scheduler::notify() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void Scheduler::request_cancel(JobId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_requests_.insert(id);
+  }
+  notify();
+}
+
+void Scheduler::set_alert_rules(const AlertRules& rules) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rules_ = rules;
+}
+
+void Scheduler::fill_metrics(EngineMetrics& m) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  m.kv_blocks_used = kv_stats_.used;
+  m.kv_blocks_free = kv_stats_.free;
+  m.kv_blocks_cached = kv_stats_.cached;
+  m.queue_depth = queue_depth_;
+  m.running = running_count_;
+}
+
+int Scheduler::live_new_tokens(JobId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_tokens_.find(id);
+  return it == live_tokens_.end() ? -1 : it->second;
+}
+
+double Scheduler::effective_priority(const Sequence& s, int64_t now_ms) const {
+  // Aging: a waiting job gains a point per aging_ms, so low priorities are not starved.
+  const double age = static_cast<double>(std::max<int64_t>(0, now_ms - s.created_ms)) / std::max(1, config_.aging_ms);
+  return s.priority + (s.req.interactive ? TextRequest::kInteractiveBoost : 0) + age;
+}
+
+LoadedModel* Scheduler::model_for(const std::string& path, Status& error) {
+  auto it = models_.find(path);
+  if (it != models_.end()) return it->second.get();
+  TextModelOptions o;
+  o.threads = config_.threads;
+  o.kv_type = config_.kv_type;
+  auto opened = TextModel::open(path, o);
+  if (!opened.ok()) {
+    error = opened.status();
+    return nullptr;
+  }
+  auto lm = std::make_unique<LoadedModel>();
+  lm->path = path;
+  std::error_code ec;
+  lm->version = std::filesystem::weakly_canonical(path, ec).string();
+  lm->model = opened.value();
+  TextModel::Impl& impl = lm->impl();
+  lm->n_ctx = impl.n_ctx;
+  error = guarded([&]() -> Status {
+    lm->pool = std::make_unique<text::KvPool>(impl.weights.hp, config_.kv_block_tokens, config_.kv_memory_bytes,
+                                              config_.kv_type == KvType::F16);
+    lm->runner = std::make_unique<text::LlamaRunner>(impl.weights, impl.pool.get());
+    return Status{};
+  });
+  if (!error.ok()) return nullptr;
+  LoadedModel* raw = lm.get();
+  models_[path] = std::move(lm);
+  return raw;
+}
+
+void Scheduler::run() {
+  std::deque<Clock::time_point> arrivals;  // recent submissions, for the adaptive batching window
+  int64_t last_alert_check = 0;
+  while (!stop_) {
+    const int64_t now = epoch_ms();
+    std::set<JobId> cancels;
+    bool woken;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancels.swap(cancel_requests_);
+      woken = wake_;
+      wake_ = false;
+    }
+    for (JobId id : cancels) {
+      bool found = false;
+      for (auto& s : running_)
+        if (s->id == id) s->cancel = found = true;
+      for (auto& s : waiting_)
+        if (s->id == id && !s->done) {
+          finish(*s, JobState::Cancelled, "cancelled");
+          found = true;
+        }
+      if (!found) {  // cancelled while still only in the database
+        Event ev;
+        ev.type = EventType::Cancelled;
+        ev.job = id;
+        hub_.publish(ev);
+        metrics_.on_finish(JobState::Cancelled, now);
+      }
+      known_.insert(id);
+    }
+    std::erase_if(waiting_, [](const auto& s) { return s->done; });
+    if (woken || now - last_poll_ms_ >= config_.poll_ms) {
+      const size_t before = waiting_.size();
+      refresh_queue(now);
+      for (size_t i = before; i < waiting_.size(); ++i) arrivals.push_back(Clock::now());
+    }
+    while (!arrivals.empty() && arrivals.front() < Clock::now() - std::chrono::seconds(1)) arrivals.pop_front();
+
+    // Dynamic batching window: from idle, wait until max_batch jobs wait or the
+    // oldest has waited the window; the window shrinks with the arrival rate so
+    // a lone request (or any interactive one) starts at once.
+    bool hold = false;
+    int wait_ms = config_.poll_ms;
+    if (running_.empty() && !waiting_.empty() && !db_.paused()) {
+      bool interactive = false;
+      Clock::time_point oldest = Clock::now();
+      for (const auto& s : waiting_) {
+        interactive |= s->req.interactive;
+        oldest = std::min(oldest, s->enqueued);
+      }
+      const double rate_fill = std::min(1.0, static_cast<double>(arrivals.size()) / std::max(1, config_.max_batch));
+      const double window = interactive ? 0.0 : config_.max_wait_ms * rate_fill;
+      const double waited = ms_between(oldest, Clock::now());
+      if (static_cast<int>(waiting_.size()) < config_.max_batch && waited < window) {
+        hold = true;
+        wait_ms = std::max(1, static_cast<int>(window - waited));
+      }
+    }
+    if (!hold) admit(now);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_depth_ = static_cast<int>(waiting_.size());
+      running_count_ = static_cast<int>(running_.size());
+      kv_stats_ = {};
+      for (const auto& [path, m] : models_) {
+        kv_stats_.used += m->pool->used_blocks();
+        kv_stats_.free += m->pool->free_blocks();
+        kv_stats_.cached += m->pool->cached_blocks();
+      }
+    }
+    idle_ = running_.empty() && waiting_.empty();
+    if (now - last_alert_check >= 1000) {
+      last_alert_check = now;
+      EngineMetrics m;
+      fill_metrics(m);
+      metrics_.fill(m, now);
+      AlertRules rules;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        rules = rules_;
+      }
+      for (const std::string& a : metrics_.check_alerts(rules, m)) {
+        Event ev;
+        ev.type = EventType::Alert;
+        ev.message = a;
+        hub_.publish(ev);
+      }
+    }
+    if (!running_.empty()) {
+      step();
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return wake_ || stop_.load(); });
+  }
+  // Shutdown: what was running goes back to the queue; its partial output is discarded.
+  for (auto& s : running_) db_.requeue(s->id);
+  for (auto& s : waiting_)
+    if (s->started_once) db_.requeue(s->id);
+}
+
+void Scheduler::refresh_queue(int64_t now) {
+  last_poll_ms_ = now;
+  std::set<JobId> queued;
+  for (const runtime::JobRow& row : db_.next_queued(0)) {
+    queued.insert(row.id);
+    if (known_.count(row.id)) {
+      for (auto& s : waiting_)
+        if (s->id == row.id) s->priority = row.priority;
+      continue;
+    }
+    known_.insert(row.id);
+    auto req = request_from_json(row.request_json);
+    if (!req.ok()) {
+      db_.fail(row.id, "invalid_request", req.status().message, now);
+      Event ev;
+      ev.type = EventType::Failed;
+      ev.job = row.id;
+      ev.code = StatusCode::InvalidArgument;
+      ev.message = req.status().message;
+      hub_.publish(ev);
+      metrics_.on_finish(JobState::Failed, now);
+      continue;
+    }
+    auto s = std::make_unique<Sequence>();
+    s->id = row.id;
+    s->req = req.value();
+    s->priority = row.priority;
+    s->created_ms = row.created_ms;
+    s->enqueued = Clock::now();
+    waiting_.push_back(std::move(s));
+  }
+  // Jobs another process cancelled or cleared while they waited here.
+  for (auto& s : waiting_) {
+    if (!s->started_once && !queued.count(s->id)) {
+      s->done = true;
+      Event ev;
+      ev.type = EventType::Cancelled;
+      ev.job = s->id;
+      hub_.publish(ev);
+      metrics_.on_finish(JobState::Cancelled, now);
+    }
+  }
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
+  for (int64_t id : db_.cancel_requests())
+    for (auto& s : running_)
+      if (s->id == id) s->cancel = true;
+}
+
+bool Scheduler::preempt_lowest(const Sequence* requester) {
+  const int64_t now = epoch_ms();
+  Sequence* victim = nullptr;
+  for (auto& s : running_) {
+    if (s.get() == requester || s->done) continue;
+    if (!victim || effective_priority(*s, now) < effective_priority(*victim, now) ||
+        (effective_priority(*s, now) == effective_priority(*victim, now) && s->id > victim->id))
+      victim = s.get();
+  }
+  if (!victim) return false;
+  if (requester && effective_priority(*victim, now) >= effective_priority(*requester, now)) return false;
+  // Recompute later: keep tokens, sampler and stream; give the memory back.
+  metrics_.on_preempt();
+  victim->kv.reset();
+  victim->n_past = 0;
+  victim->enqueued = Clock::now();
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == victim; });
+  waiting_.push_back(std::move(*it));
+  running_.erase(it);
+  return true;
+}
+
+bool Scheduler::admit(int64_t now) {
+  if (waiting_.empty() || db_.paused()) return false;
+  std::stable_sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
+    const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
+    return pa > pb || (pa == pb && a->id < b->id);
+  });
+  const std::string current = running_.empty() ? waiting_.front()->req.model : running_.front()->req.model;
+  const bool latency_pressure = metrics_.interactive_p99_inter_token_ms() > config_.interactive_p99_itl_ms;
+  bool admitted = false;
+  // A snapshot: preemption below appends to waiting_.
+  std::vector<Sequence*> order;
+  for (auto& p : waiting_) order.push_back(p.get());
+  for (Sequence* sp : order) {
+    Sequence& s = *sp;
+    if (static_cast<int>(running_.size()) >= config_.max_batch) break;
+    if (s.done || s.req.model != current) continue;
+    if (latency_pressure && !s.req.interactive) continue;  // defer batch jobs while interactive ones miss their target
+    Status err;
+    LoadedModel* m = s.model ? s.model : model_for(s.req.model, err);
+    if (!m) {
+      finish(s, JobState::Failed, "error", err);
+      continue;
+    }
+    s.model = m;
+    TextModel::Impl& impl = m->impl();
+    if (s.tokens.empty()) {
+      Status st = guarded([&]() -> Status {
+        s.tokens = impl.tokenizer->encode(s.req.prompt, s.req.add_bos, s.req.parse_special);
+        return Status{};
+      });
+      s.n_prompt = static_cast<int>(s.tokens.size());
+      if (st.ok() && s.n_prompt == 0) st = Status::error(StatusCode::InvalidArgument, "the prompt is empty and the model has no BOS token");
+      if (st.ok() && s.n_prompt >= m->n_ctx)
+        st = Status::error(StatusCode::InvalidArgument, "the prompt has " + std::to_string(s.n_prompt) +
+                                                            " tokens but the context holds " + std::to_string(m->n_ctx));
+      const int64_t need = (std::min<int64_t>(m->n_ctx, int64_t{s.n_prompt} + s.req.max_new_tokens) + m->pool->block_tokens() - 1) /
+                           m->pool->block_tokens();
+      if (st.ok() && need > m->pool->total_blocks())
+        st = Status::error(StatusCode::InvalidArgument,
+                           "the job needs " + std::to_string(need) + " KV blocks (" +
+                               std::to_string(need * m->pool->block_bytes() / (1 << 20)) + " MiB) but the KV pool holds " +
+                               std::to_string(m->pool->total_blocks()) +
+                               "; raise the KV memory budget or lower max_new_tokens");
+      if (!st.ok()) {
+        finish(s, JobState::Failed, "error", st);
+        continue;
+      }
+      s.sampler = std::make_unique<text::Sampler>(s.req.sampling);
+      for (int32_t t : s.tokens) s.sampler->accept(t);
+      s.stream = std::make_unique<text::TextStream>(s.req.stop);
+      s.logits.resize(static_cast<size_t>(impl.weights.hp.n_vocab));
+    }
+    s.kv = std::make_unique<text::PagedSeq>(*m->pool);
+    const int cached = s.kv->attach_prefix(s.tokens.data(), static_cast<int>(s.tokens.size()) - 1);
+    s.n_past = cached;
+    const int need_now = s.kv->blocks_for(static_cast<int>(s.tokens.size())) - static_cast<int>(s.kv->blocks().size());
+    while (m->pool->free_blocks() < need_now && preempt_lowest(&s)) {
+    }
+    if (m->pool->free_blocks() < need_now) {
+      s.kv.reset();  // admission in priority order: lower jobs wait behind this one
+      s.n_past = 0;
+      break;
+    }
+    if (!s.started_once) {
+      if (!db_.mark_running(s.id, now)) {  // cancelled meanwhile
+        s.kv.reset();
+        s.done = true;
+        continue;
+      }
+      s.started_once = true;
+      s.started_ms = now;
+      s.started = Clock::now();
+      s.cached_prompt_tokens = cached;
+      metrics_.on_prompt(s.n_prompt, cached);
+      Event ev;
+      ev.type = EventType::Started;
+      ev.job = s.id;
+      hub_.publish(ev);
+    }
+    auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p.get() == sp; });
+    running_.push_back(std::move(*it));
+    waiting_.erase(it);
+    admitted = true;
+  }
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
+  return admitted;
+}
+
+void Scheduler::step() {
+  const int64_t now = epoch_ms();
+  ++step_counter_;
+  const bool latency_pressure = metrics_.interactive_p99_inter_token_ms() > config_.interactive_p99_itl_ms;
+  bool any_interactive = false;
+  for (const auto& s : running_) any_interactive |= s->req.interactive;
+  const bool defer_batch = latency_pressure && any_interactive && step_counter_ % 2 == 1;
+
+  std::stable_sort(running_.begin(), running_.end(), [&](const auto& a, const auto& b) {
+    return effective_priority(*a, now) > effective_priority(*b, now);
+  });
+  for (auto& s : running_)
+    if (s->cancel && !s->done) finish(*s, JobState::Cancelled, "cancelled");
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+
+  std::vector<text::SeqInput> inputs;
+  std::vector<Sequence*> owners;
+  int budget = config_.prefill_tokens_per_step;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* s = running_[i].get();
+    if (defer_batch && !s->req.interactive) continue;
+    const int pending = static_cast<int>(s->tokens.size()) - s->n_past;
+    int n = pending;
+    if (pending > 1) {
+      n = std::min(pending, budget);
+      if (n <= 0) continue;
+    }
+    bool fits = s->kv->reserve(s->n_past + n);
+    while (!fits && preempt_lowest(nullptr) ) {
+      // preempt_lowest(nullptr) may have taken s itself; then stop.
+      if (std::none_of(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == s; })) break;
+      fits = s->kv->reserve(s->n_past + n);
+    }
+    if (!fits) continue;  // s was preempted (or nothing could be freed this step)
+    if (pending > 1) budget -= n;
+    text::SeqInput in;
+    in.tokens = s->tokens.data() + s->n_past;
+    in.n = n;
+    in.pos0 = s->n_past;
+    in.kv = s->kv.get();
+    in.logits = s->n_past + n == static_cast<int>(s->tokens.size()) ? s->logits.data() : nullptr;
+    inputs.push_back(in);
+    owners.push_back(s);
+  }
+  // Inputs of sequences preempted after they were added must not run.
+  std::vector<text::SeqInput> live;
+  std::vector<Sequence*> live_owners;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (owners[i]->kv) {
+      live.push_back(inputs[i]);
+      live_owners.push_back(owners[i]);
+    }
+  }
+  if (live.empty()) return;
+  LoadedModel* m = live_owners.front()->model;
+  const auto t0 = Clock::now();
+  Status st = guarded([&]() -> Status {
+    m->runner->forward_batch(live);
+    return Status{};
+  });
+  const double step_ms = ms_between(t0, Clock::now());
+  if (!st.ok()) {
+    for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", st);
+    std::erase_if(running_, [](const auto& s) { return s->done; });
+    return;
+  }
+  int decoded = 0, generated = 0;
+  const tok::Tokenizer& tokenizer = *m->impl().tokenizer;
+  for (size_t i = 0; i < live.size(); ++i) {
+    Sequence& s = *live_owners[i];
+    s.n_past += live[i].n;
+    s.kv->publish(s.tokens.data(), s.n_past);
+    if (live[i].n == 1) ++decoded;
+    if (!live[i].logits) continue;
+    const int32_t id = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
+    if (tokenizer.is_eog(id)) {
+      finish(s, JobState::Completed, "eos");
+      continue;
+    }
+    ++generated;
+    s.sampler->accept(id);
+    s.tokens.push_back(id);
+    s.new_ids.push_back(id);
+    const auto t = Clock::now();
+    if (!s.has_first) {
+      s.has_first = true;
+      s.ttft_ms = static_cast<double>(epoch_ms() - s.created_ms);
+      metrics_.on_first_token(s.ttft_ms);
+    } else {
+      metrics_.on_inter_token(ms_between(s.last_token, t), s.req.interactive);
+    }
+    s.last_token = t;
+    Event ev;
+    ev.type = EventType::Token;
+    ev.job = s.id;
+    ev.index = static_cast<int>(s.new_ids.size()) - 1;
+    ev.token_id = id;
+    ev.text = s.stream->push(tokenizer.token_to_piece(id));
+    s.segment += ev.text;
+    hub_.publish(ev);
+    if (const size_t end = segment_end(s.segment); end != std::string::npos) {
+      Event seg;
+      seg.type = EventType::Segment;
+      seg.job = s.id;
+      seg.text = s.segment.substr(0, end);
+      s.segment.erase(0, end);
+      hub_.publish(seg);
+    }
+    if (s.new_ids.size() % 8 == 0) {
+      Event pr;
+      pr.type = EventType::Progress;
+      pr.job = s.id;
+      pr.progress = static_cast<double>(s.new_ids.size()) / s.req.max_new_tokens;
+      hub_.publish(pr);
+    }
+    if (s.stream->stopped()) finish(s, JobState::Completed, "stop");
+    else if (static_cast<int>(s.new_ids.size()) >= s.req.max_new_tokens) finish(s, JobState::Completed, "length");
+    else if (static_cast<int>(s.tokens.size()) >= s.model->n_ctx) finish(s, JobState::Completed, "context");
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_tokens_.clear();
+    for (const auto& s : running_) live_tokens_[s->id] = static_cast<int>(s->new_ids.size());
+  }
+  metrics_.on_step(now, decoded, generated, step_ms);
+}
+
+void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, const Status& error) {
+  const int64_t now = epoch_ms();
+  JobStats stats;
+  stats.prompt_tokens = s.n_prompt;
+  stats.new_tokens = static_cast<int>(s.new_ids.size());
+  stats.cached_prompt_tokens = s.cached_prompt_tokens;
+  stats.queue_wait_ms = s.started_ms ? static_cast<double>(s.started_ms - s.created_ms) : static_cast<double>(now - s.created_ms);
+  stats.time_to_first_token_ms = s.ttft_ms;
+  stats.total_ms = static_cast<double>(now - s.created_ms);
+  const double gen_ms = s.started_once ? ms_between(s.started, Clock::now()) : 0.0;
+  stats.tokens_per_s = gen_ms > 0 ? stats.new_tokens * 1000.0 / gen_ms : 0.0;
+  Event ev;
+  ev.job = s.id;
+  ev.stats = stats;
+  if (state == JobState::Completed) {
+    TextResult r;
+    r.text = s.stream->text();
+    r.prompt_ids.assign(s.tokens.begin(), s.tokens.begin() + s.n_prompt);
+    r.ids = s.new_ids;
+    r.stats.prompt_tokens = s.n_prompt;
+    r.stats.new_tokens = stats.new_tokens;
+    r.stats.new_tokens_per_s = stats.tokens_per_s;
+    r.stats.stop_reason = reason;
+    r.stats.seed = s.sampler->seed();
+    const json result = {{"text", r.text},
+                         {"stop_reason", reason},
+                         {"prompt_ids", r.prompt_ids},
+                         {"ids", r.ids},
+                         {"seed", r.stats.seed},
+                         {"stats",
+                          {{"queue_wait_ms", stats.queue_wait_ms},
+                           {"time_to_first_token_ms", stats.time_to_first_token_ms},
+                           {"total_ms", stats.total_ms},
+                           {"tokens_per_s", stats.tokens_per_s},
+                           {"prompt_tokens", stats.prompt_tokens},
+                           {"cached_prompt_tokens", stats.cached_prompt_tokens},
+                           {"new_tokens", stats.new_tokens}}}};
+    if (!s.segment.empty() || s.stream->released() < r.text.size()) {
+      Event seg;
+      seg.type = EventType::Segment;
+      seg.job = s.id;
+      seg.text = s.segment + r.text.substr(std::min(s.stream->released(), r.text.size()));
+      hub_.publish(seg);
+    }
+    if (db_.complete(s.id, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, now)) {
+      ev.type = EventType::Completed;
+      ev.result = std::move(r);
+    } else {
+      state = JobState::Cancelled;  // cancelled by another process in the same instant
+      ev.type = EventType::Cancelled;
+    }
+  } else if (state == JobState::Cancelled) {
+    db_.cancel(s.id, now);
+    ev.type = EventType::Cancelled;
+  } else {
+    db_.fail(s.id, std::to_string(static_cast<int>(error.code)), error.message, now);
+    ev.type = EventType::Failed;
+    ev.code = error.code;
+    ev.message = error.message;
+  }
+  s.kv.reset();
+  s.done = true;
+  hub_.publish(ev);
+  metrics_.on_finish(state, now);
+}
+
+}  // namespace atelier

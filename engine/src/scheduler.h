@@ -1,0 +1,81 @@
+// The executor: one thread per device (the CPU here) that runs the queue with
+// continuous batching. At every step running sequences decode one token each,
+// admitted ones prefill in chunks under a per-step token budget, finished and
+// cancelled ones leave at once. KV memory is paged (text/kv_cache.h): a job
+// starts only when its prompt's blocks fit, identical prompt prefixes share
+// blocks, and the lowest-priority sequence is preempted (and later
+// recomputed) when memory runs out.
+#pragma once
+
+#include <atelier/engine.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "events.h"
+#include "metrics.h"
+#include "runtime/job_db.h"
+
+namespace atelier {
+
+struct Sequence;
+struct LoadedModel;
+
+class Scheduler {
+ public:
+  Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics);
+  ~Scheduler();  // stops the executor; running jobs go back to the queue
+
+  void notify();                      // something changed in the queue
+  void request_cancel(JobId id);      // in-process fast path (takes effect at the next step)
+  bool idle() const { return idle_.load(); }
+  void fill_metrics(EngineMetrics& m) const;
+  // New tokens a running job has produced so far (-1 when not running here).
+  int live_new_tokens(JobId id) const;
+  const AlertRules& alert_rules() const { return rules_; }
+  void set_alert_rules(const AlertRules& rules);
+
+ private:
+  void run();
+  void refresh_queue(int64_t now_ms);
+  bool admit(int64_t now_ms);
+  void step();
+  void finish(Sequence& s, JobState state, const std::string& reason, const Status& error = {});
+  bool preempt_lowest(const Sequence* keep);
+  LoadedModel* model_for(const std::string& path, Status& error);
+  double effective_priority(const Sequence& s, int64_t now_ms) const;
+
+  EngineConfig config_;
+  runtime::JobDb& db_;
+  EventHub& hub_;
+  MetricsRecorder& metrics_;
+  AlertRules rules_;
+
+  mutable std::mutex mu_;             // guards the fields below shared with API threads
+  std::condition_variable cv_;
+  bool wake_ = false;
+  std::set<JobId> cancel_requests_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> idle_{true};
+  struct KvStats {
+    int used = 0, free = 0, cached = 0;
+  } kv_stats_;
+  int queue_depth_ = 0, running_count_ = 0;
+  std::map<JobId, int> live_tokens_;  // running jobs' progress, refreshed after every step
+
+  // Executor-thread state.
+  std::map<std::string, std::unique_ptr<LoadedModel>> models_;
+  std::vector<std::unique_ptr<Sequence>> waiting_, running_;
+  std::set<JobId> known_;
+  int64_t last_poll_ms_ = 0;
+  int64_t step_counter_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace atelier
