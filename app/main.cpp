@@ -8,14 +8,17 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Atelier: local text and image generation", "atelier"};
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);  // none only with --headless
   app.set_version_flag("--version", "atelier 0.1.0");
   int exit_code = 0;
   atelier::app::add_text_commands(app, exit_code);
   atelier::app::add_bench_commands(app, exit_code);
   atelier::app::add_models_commands(app, exit_code);
+  atelier::app::add_queue_commands(app, exit_code);
   try {
     app.parse(argc, argv);
+    if (app.get_subcommands().empty() && app.count("--headless") == 0)
+      throw CLI::RequiredError("A subcommand (text, tokenize, batch, queue, metrics, bench, models) or --headless");
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

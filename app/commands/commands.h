@@ -12,5 +12,6 @@ namespace atelier::app {
 void add_text_commands(CLI::App& root, int& exit_code);    // text, tokenize
 void add_bench_commands(CLI::App& root, int& exit_code);   // bench text
 void add_models_commands(CLI::App& root, int& exit_code);  // models synth, models scan
+void add_queue_commands(CLI::App& root, int& exit_code);   // batch, queue ..., metrics, --headless
 
 }  // namespace atelier::app

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace atelier::app {
@@ -20,6 +21,35 @@ inline void write_stdout(const std::string& s) {
 // Invalid UTF-8 (a token that is half of a character) is replaced, not thrown on.
 inline void print_json_line(const nlohmann::json& j) {
   write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+// Where the persistent queue lives: $ATELIER_HOME, else $XDG_DATA_HOME/atelier,
+// else ~/.local/share/atelier.
+inline std::string default_data_dir() {
+  if (const char* home = std::getenv("ATELIER_HOME"); home && *home) return home;
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg) return std::string(xdg) + "/atelier";
+  const char* user_home = std::getenv("HOME");
+  return std::string(user_home && *user_home ? user_home : ".") + "/.local/share/atelier";
+}
+
+inline nlohmann::json metrics_json(const EngineMetrics& m) {
+  return {{"tokens_per_s", m.tokens_per_s},
+          {"recent_tokens_per_s", m.recent_tokens_per_s},
+          {"time_to_first_token_ms", {{"p50", m.time_to_first_token_ms.p50}, {"p99", m.time_to_first_token_ms.p99}}},
+          {"inter_token_ms", {{"p50", m.inter_token_ms.p50}, {"p99", m.inter_token_ms.p99}}},
+          {"batch_size_histogram", m.batch_size_histogram},
+          {"queue_depth", m.queue_depth},
+          {"running", m.running},
+          {"completed", m.completed},
+          {"failed", m.failed},
+          {"cancelled", m.cancelled},
+          {"preemptions", m.preemptions},
+          {"kv_blocks_used", m.kv_blocks_used},
+          {"kv_blocks_free", m.kv_blocks_free},
+          {"kv_blocks_cached", m.kv_blocks_cached},
+          {"prefix_cache_hit_rate", m.prefix_cache_hit_rate},
+          {"busy_fraction", m.busy_fraction},
+          {"alerts", m.active_alerts}};
 }
 
 inline int fail(const Status& s) {

@@ -9,6 +9,7 @@
 
 #include "commands/commands.h"
 #include "commands/output.h"
+#include "commands/request_options.h"
 
 namespace atelier::app {
 
@@ -114,20 +115,8 @@ int run_tokenize(const TokOptions& t) {
 void add_text_commands(CLI::App& root, int& exit_code) {
   auto o = std::make_shared<TextOptions>();
   CLI::App* text = root.add_subcommand("text", "Generate text from a prompt, streaming tokens to stdout as they are sampled");
-  SamplingParams& sp = o->req.sampling;
   add_model_options(*text, o->req.model, o->model.tokenizer_path);
-  text->add_option("-p,--prompt", o->req.prompt, "Prompt text")->required();
-  text->add_option("-n,--n-predict", o->req.max_new_tokens, "Maximum new tokens")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  text->add_option("--temp", sp.temperature, "Temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
-  text->add_option("--top-k", sp.top_k, "Keep the K most likely tokens; 0 turns it off")->check(CLI::Range(0, 1 << 24))->capture_default_str();
-  text->add_option("--top-p", sp.top_p, "Nucleus sampling mass; 1 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  text->add_option("--min-p", sp.min_p, "Drop tokens below P times the top probability; 0 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  text->add_option("--repeat-penalty", sp.repeat_penalty, "Penalty for repeated tokens; 1 turns it off")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
-  text->add_option("--repeat-last-n", sp.repeat_last_n, "Window of recent tokens the penalties look at")->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  text->add_option("--frequency-penalty", sp.frequency_penalty, "Subtract F times a token's count")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
-  text->add_option("--presence-penalty", sp.presence_penalty, "Subtract P from tokens already present")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
-  text->add_option("--seed", sp.seed, "Random seed (default: random; printed in the summary)");
-  text->add_option("--stop", o->req.stop, "Stop before this string (repeatable)")->allow_extra_args(false);
+  add_request_options(*text, o->req);
   text->add_option("--threads", o->model.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
   text->add_option("--kv-type", o->kv_type, "KV cache precision")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();

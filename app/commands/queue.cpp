@@ -1,0 +1,430 @@
+// The persistent queue from the command line: `atelier batch`, `atelier
+// queue ...`, `atelier --headless` and `atelier metrics`. Every command works
+// on a data dir (default: $ATELIER_HOME or ~/.local/share/atelier); one
+// process at a time executes its queue, the others read and write it.
+#include <atelier/engine.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "commands/commands.h"
+#include "commands/output.h"
+#include "commands/request_options.h"
+
+namespace atelier::app {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_signal(int) { g_interrupted = true; }
+
+struct RunnerOptions {
+  std::string data_dir = default_data_dir();
+  int threads = 0;
+  int max_batch = 32;
+  int max_wait_ms = 100;
+  int64_t kv_mib = 1024;
+  bool metrics = false;
+};
+
+void add_data_dir_option(CLI::App& cmd, RunnerOptions& o) {
+  cmd.add_option("--data-dir", o.data_dir, "Queue and job database folder")->capture_default_str();
+}
+
+void add_runner_options(CLI::App& cmd, RunnerOptions& o) {
+  add_data_dir_option(cmd, o);
+  cmd.add_option("--threads", o.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  cmd.add_option("--max-batch", o.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd.add_option("--max-wait-ms", o.max_wait_ms, "Dynamic batching window from idle")->check(CLI::Range(0, 60000))->capture_default_str();
+  cmd.add_option("--kv-mib", o.kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd.add_flag("--metrics", o.metrics, "Print the engine metrics as JSON on stdout at the end");
+}
+
+EngineConfig engine_config(const RunnerOptions& o, bool execute) {
+  EngineConfig c;
+  c.data_dir = o.data_dir;
+  c.threads = o.threads;
+  c.max_batch = o.max_batch;
+  c.max_wait_ms = o.max_wait_ms;
+  c.kv_memory_bytes = o.kv_mib << 20;
+  c.execute = execute;
+  return c;
+}
+
+// The runner's metrics for other processes (`atelier metrics`): written atomically.
+void write_metrics_snapshot(const std::string& dir, const EngineMetrics& m) {
+  const fs::path tmp = fs::path(dir) / "metrics.json.tmp", dst = fs::path(dir) / "metrics.json";
+  json j = metrics_json(m);
+  j["written_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  j["pid"] = static_cast<int64_t>(::getpid());
+  {
+    std::ofstream out(tmp);
+    out << j.dump() << "\n";
+    if (!out) return;  // metrics are best effort; the queue itself is in the database
+  }
+  std::error_code ec;
+  fs::rename(tmp, dst, ec);
+}
+
+std::string format_eta(double s) {
+  if (!(s >= 0) || s > 359999) return "--:--";
+  const int t = static_cast<int>(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+  return buf;
+}
+
+// Announces finished jobs and alerts on stderr, as the runner works.
+uint64_t subscribe_log(Engine& e) {
+  return e.subscribe(0, [](const Event& ev) {
+    switch (ev.type) {
+      case EventType::Completed:
+        std::fprintf(stderr, "job %lld completed: %d tokens, %.1f tokens/s\n", static_cast<long long>(ev.job),
+                     ev.stats.new_tokens, ev.stats.tokens_per_s);
+        break;
+      case EventType::Failed:
+        std::fprintf(stderr, "job %lld failed: %s\n", static_cast<long long>(ev.job), ev.message.c_str());
+        break;
+      case EventType::Cancelled:
+        std::fprintf(stderr, "job %lld cancelled\n", static_cast<long long>(ev.job));
+        break;
+      case EventType::Alert:
+        std::fprintf(stderr, "alert: %s\n", ev.message.c_str());
+        break;
+      default:
+        break;
+    }
+  });
+}
+
+int run_headless(const RunnerOptions& o, bool watch) {
+  auto opened = Engine::open(engine_config(o, true));
+  if (!opened.ok()) return fail(opened.status());
+  Engine& e = *opened.value();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  subscribe_log(e);
+  std::fprintf(stderr, "running the queue in %s%s\n", o.data_dir.c_str(), watch ? " (until stopped)" : " until it is empty");
+  while (!g_interrupted) {
+    const bool idle = e.wait_idle(1000);
+    write_metrics_snapshot(o.data_dir, e.metrics());
+    if (idle && !watch) break;
+  }
+  if (g_interrupted) std::fprintf(stderr, "stopping: running jobs go back to the queue\n");
+  if (o.metrics) print_json_line(metrics_json(e.metrics()));
+  return 0;
+}
+
+struct BatchOptions {
+  std::string file, out_dir = "batch-out", shard;
+  RunnerOptions runner;
+};
+
+int run_batch(const BatchOptions& o) {
+  int shard_i = 0, shard_n = 1;
+  if (!o.shard.empty()) {
+    if (std::sscanf(o.shard.c_str(), "%d/%d", &shard_i, &shard_n) != 2 || shard_n < 1 || shard_i < 0 || shard_i >= shard_n)
+      return fail(Status::error(StatusCode::InvalidArgument, "--shard wants I/N with 0 <= I < N, e.g. 0/4; got '" + o.shard + "'"));
+  }
+  std::ifstream in(o.file);
+  if (!in) return fail(Status::error(StatusCode::NotFound, o.file + ": cannot open the batch file"));
+  struct Line {
+    int number;
+    TextRequest request;
+    JobId job = 0;
+  };
+  std::vector<Line> lines;
+  std::vector<std::string> errors;
+  std::string text;
+  for (int number = 1; std::getline(in, text); ++number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not jobs
+    if (number % shard_n != shard_i) continue;
+    auto req = request_from_json(text);
+    if (!req.ok()) errors.push_back(o.file + ":" + std::to_string(number) + ": " + req.status().message);
+    else lines.push_back({number, req.value()});
+  }
+  if (!errors.empty()) {
+    for (const auto& e : errors) std::fprintf(stderr, "atelier: error: %s\n", e.c_str());
+    std::fprintf(stderr, "atelier: nothing was queued: fix the %zu line(s) above\n", errors.size());
+    return 2;
+  }
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return fail(Status::error(StatusCode::Io, o.out_dir + ": cannot create the output folder: " + ec.message()));
+
+  // Run the queue here, or, when another process already runs it, queue and wait for it.
+  auto opened = Engine::open(engine_config(o.runner, true));
+  if (!opened.ok()) {
+    opened = Engine::open(engine_config(o.runner, false));
+    if (!opened.ok()) return fail(opened.status());
+    std::fprintf(stderr, "another process runs the queue in %s; waiting for it to run these jobs\n", o.runner.data_dir.c_str());
+  }
+  Engine& e = *opened.value();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  // A request the engine refuses (a missing model file, say) is a failed line, not the end of the batch.
+  std::map<int, std::string> refused;
+  for (auto& l : lines) {
+    auto id = e.submit(l.request);
+    if (id.ok()) l.job = id.value();
+    else refused[l.number] = id.status().message;
+  }
+  const auto t0 = Clock::now();
+  const bool tty = ::isatty(STDERR_FILENO);
+  std::map<JobId, JobInfo> finished;
+  int last_decile = -1;
+  while (!g_interrupted) {
+    int64_t tokens = 0;
+    for (const auto& l : lines) {
+      if (l.job == 0) continue;  // refused at submission
+      if (finished.count(l.job)) {
+        tokens += finished[l.job].stats.new_tokens;
+        continue;
+      }
+      auto j = e.job(l.job);
+      if (!j.ok()) continue;
+      if (j->state == JobState::Completed || j->state == JobState::Failed || j->state == JobState::Cancelled)
+        finished[l.job] = j.value();
+      tokens += j->stats.new_tokens;
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    const size_t done = finished.size() + refused.size(), total = lines.size();
+    const double rate = elapsed > 0 ? tokens / elapsed : 0;
+    const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : -1;
+    const int width = 30, filled = total ? static_cast<int>(width * done / total) : width;
+    char bar[256];
+    std::snprintf(bar, sizeof bar, "[%s%s] %zu/%zu jobs | %.1f tokens/s | ETA %s", std::string(static_cast<size_t>(filled), '#').c_str(),
+                  std::string(static_cast<size_t>(width - filled), '.').c_str(), done, total, rate, format_eta(eta).c_str());
+    const int decile = total ? static_cast<int>(10 * done / total) : 10;
+    if (tty) std::fprintf(stderr, "\r%s", bar);
+    else if (decile != last_decile) std::fprintf(stderr, "%s\n", bar);
+    last_decile = decile;
+    if (done == total) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (g_interrupted) {
+    std::fprintf(stderr, "interrupted: unfinished jobs stay in the queue (run `atelier --headless` to finish them)\n");
+    return 1;
+  }
+  const fs::path results = fs::path(o.out_dir) / "results.jsonl";
+  std::ofstream out(results);
+  std::vector<std::string> failed;
+  for (const auto& l : lines) {
+    JobInfo j;
+    if (l.job != 0) {
+      j = finished[l.job];
+    } else {
+      j.state = JobState::Failed;
+      j.error = refused[l.number];
+    }
+    json r = {{"line", l.number},
+              {"job", l.job},
+              {"state", job_state_name(j.state)},
+              {"text", j.text},
+              {"stop_reason", j.stop_reason},
+              {"prompt_tokens", j.stats.prompt_tokens},
+              {"new_tokens", j.stats.new_tokens},
+              {"tokens_per_s", j.stats.tokens_per_s},
+              {"seed", j.seed},
+              {"model_version", j.model_version}};
+    if (j.state != JobState::Completed) {
+      r["error"] = j.error.empty() ? std::string(job_state_name(j.state)) : j.error;
+      failed.push_back("line " + std::to_string(l.number) + " (job " + std::to_string(l.job) + "): " + r["error"].get<std::string>());
+    }
+    out << r.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  }
+  out.close();
+  if (!out) return fail(Status::error(StatusCode::Io, results.string() + ": cannot write the results (disk full?)"));
+  std::fprintf(stderr, "wrote %s (%zu results)\n", results.string().c_str(), lines.size());
+  if (o.runner.metrics) print_json_line(metrics_json(e.metrics()));
+  if (!failed.empty()) {
+    std::fprintf(stderr, "atelier: %zu of %zu jobs did not complete:\n", failed.size(), lines.size());
+    for (const auto& f : failed) std::fprintf(stderr, "  %s\n", f.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+std::string excerpt(const std::string& s, size_t n) {
+  std::string r;
+  for (char c : s) r += (c == '\n' || c == '\t') ? ' ' : c;
+  if (r.size() > n) r = r.substr(0, n - 3) + "...";
+  return r;
+}
+
+}  // namespace
+
+void add_queue_commands(CLI::App& root, int& exit_code) {
+  // atelier --headless [--watch]: flags of the root command, valid only together.
+  struct HeadlessOptions {
+    RunnerOptions runner;
+    bool headless = false, watch = false;
+  };
+  auto h = std::make_shared<HeadlessOptions>();
+  CLI::Option* headless_flag = root.add_flag("--headless", h->headless, "Run the persistent queue until it is empty (no window)");
+  root.add_flag("--watch", h->watch, "With --headless: keep running and wait for new jobs until stopped")->needs(headless_flag);
+  add_runner_options(root, h->runner);
+  for (const char* name : {"--data-dir", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--metrics"})
+    root.get_option(name)->needs(headless_flag);
+  root.callback([&root, h, &exit_code] {
+    if (h->headless && root.get_subcommands().empty()) exit_code = run_headless(h->runner, h->watch);
+  });
+
+  // atelier batch FILE.jsonl
+  auto b = std::make_shared<BatchOptions>();
+  CLI::App* batch = root.add_subcommand("batch", "Run a JSON Lines file of requests through the queue; results to DIR/results.jsonl");
+  batch->add_option("file", b->file, "One request per line, in the JSON form (see README)")->required();
+  batch->add_option("--out", b->out_dir, "Output folder")->capture_default_str();
+  batch->add_option("--shard", b->shard, "Run only lines whose number (1-based) is I modulo N, e.g. 0/4 (a Kubernetes indexed Job or Slurm array task)");
+  add_runner_options(*batch, b->runner);
+  batch->callback([b, &exit_code] { exit_code = run_batch(*b); });
+
+  // atelier queue ...
+  CLI::App* queue = root.add_subcommand("queue", "The persistent job queue");
+  queue->require_subcommand(1);
+  auto dir = std::make_shared<RunnerOptions>();
+  add_data_dir_option(*queue, *dir);
+  auto client = [dir]() { return Engine::open(engine_config(*dir, false)); };
+
+  struct AddOptions {
+    TextRequest req;
+  };
+  auto a = std::make_shared<AddOptions>();
+  CLI::App* add = queue->add_subcommand("add", "Queue a text job (run by `atelier --headless` or a running studio)");
+  add->add_option("-m,--model", a->req.model, "Model file")->required();
+  add_request_options(*add, a->req);
+  add->add_option("--priority", a->req.priority, "Higher runs first")->capture_default_str();
+  add->add_flag("--interactive", a->req.interactive, "Interactive job: admitted above batch jobs, with a latency target");
+  add->callback([a, client, &exit_code] {
+    auto e = client();
+    if (!e.ok()) return void(exit_code = fail(e.status()));
+    auto id = e.value()->submit(a->req);
+    if (!id.ok()) return void(exit_code = fail(id.status()));
+    write_stdout(std::to_string(id.value()) + "\n");
+    exit_code = 0;
+  });
+
+  struct ListOptions {
+    std::string state;
+    int limit = 100;
+    bool json = false;
+  };
+  auto l = std::make_shared<ListOptions>();
+  CLI::App* list = queue->add_subcommand("list", "List jobs, newest first");
+  list->add_option("--state", l->state, "Only jobs in this state")->check(CLI::IsMember({"queued", "running", "completed", "failed", "cancelled"}));
+  list->add_option("--limit", l->limit, "At most this many")->check(CLI::Range(1, 1000000))->capture_default_str();
+  list->add_flag("--json", l->json, "JSON Lines");
+  list->callback([l, client, &exit_code] {
+    auto e = client();
+    if (!e.ok()) return void(exit_code = fail(e.status()));
+    JobFilter f;
+    f.limit = l->limit;
+    f.newest_first = true;
+    for (JobState s : {JobState::Queued, JobState::Running, JobState::Completed, JobState::Failed, JobState::Cancelled})
+      if (job_state_name(s) == l->state) f.state = s;
+    const auto jobs = e.value()->list(f);
+    if (!l->json) std::printf("%6s  %-9s  %4s  %6s  %-28s  %s\n", "ID", "STATE", "PRIO", "TOKENS", "MODEL VERSION", "PROMPT");
+    for (const JobInfo& j : jobs) {
+      if (l->json) {
+        print_json_line({{"id", j.id}, {"state", job_state_name(j.state)}, {"priority", j.priority},
+                         {"interactive", j.request.interactive}, {"model", j.request.model}, {"model_version", j.model_version},
+                         {"prompt", j.request.prompt}, {"created_ms", j.created_ms}, {"started_ms", j.started_ms},
+                         {"finished_ms", j.finished_ms}, {"seed", j.seed}, {"attempts", j.attempts},
+                         {"new_tokens", j.stats.new_tokens}, {"text", j.text}, {"error", j.error}});
+      } else {
+        std::printf("%6lld  %-9s  %4d  %6d  %-28s  %s\n", static_cast<long long>(j.id), std::string(job_state_name(j.state)).c_str(),
+                    j.priority, j.stats.new_tokens, excerpt(fs::path(j.model_version.empty() ? j.request.model : j.model_version).filename().string(), 28).c_str(),
+                    excerpt(j.request.prompt, 40).c_str());
+      }
+    }
+    exit_code = 0;
+  });
+
+  auto ids = std::make_shared<std::vector<int64_t>>();
+  CLI::App* cancel = queue->add_subcommand("cancel", "Cancel jobs (queued at once, running within a step)");
+  cancel->add_option("ids", *ids, "Job ids")->required();
+  cancel->callback([ids, client, &exit_code] {
+    auto e = client();
+    if (!e.ok()) return void(exit_code = fail(e.status()));
+    exit_code = 0;
+    for (int64_t id : *ids)
+      if (Status s = e.value()->cancel(id); !s.ok()) exit_code = fail(s);
+  });
+
+  CLI::App* pause = queue->add_subcommand("pause", "Stop starting new jobs (running ones finish)");
+  pause->callback([client, &exit_code] {
+    auto e = client();
+    if (!e.ok()) return void(exit_code = fail(e.status()));
+    e.value()->pause();
+    exit_code = 0;
+  });
+  CLI::App* resume = queue->add_subcommand("resume", "Start jobs again");
+  resume->callback([client, &exit_code] {
+    auto e = client();
+    if (!e.ok()) return void(exit_code = fail(e.status()));
+    e.value()->resume();
+    exit_code = 0;
+  });
+  auto also_queued = std::make_shared<bool>(false);
+  CLI::App* clear = queue->add_subcommand("clear", "Forget finished jobs");
+  clear->add_flag("--queued", *also_queued, "Also cancel every queued job");
+  clear->callback([client, also_queued, &exit_code] {
+    auto e = client();
+    if (!e.ok()) return void(exit_code = fail(e.status()));
+    const int cancelled = *also_queued ? e.value()->cancel_queued() : 0;
+    const int cleared = e.value()->clear_finished();
+    std::fprintf(stderr, "cleared %d finished job(s)%s\n", cleared,
+                 *also_queued ? (", cancelled " + std::to_string(cancelled) + " queued").c_str() : "");
+    exit_code = 0;
+  });
+
+  // atelier metrics
+  auto m = std::make_shared<RunnerOptions>();
+  auto mjson = std::make_shared<bool>(false);
+  CLI::App* metrics = root.add_subcommand("metrics", "The queue runner's metrics (throughput, latency percentiles, KV use, alerts)");
+  add_data_dir_option(*metrics, *m);
+  metrics->add_flag("--json", *mjson, "One JSON object");
+  metrics->callback([m, mjson, &exit_code] {
+    std::ifstream in(fs::path(m->data_dir) / "metrics.json");
+    json j;
+    if (in) j = json::parse(in, nullptr, false);
+    if (!in || j.is_discarded()) {
+      auto e = Engine::open(engine_config(*m, false));
+      if (!e.ok()) return void(exit_code = fail(e.status()));
+      j = metrics_json(e.value()->metrics());
+      j["note"] = "no runner has written metrics in this data dir yet; only the queue depth is known";
+    }
+    if (*mjson) {
+      print_json_line(j);
+    } else {
+      std::printf("throughput      %.1f tokens/s (last minute %.1f)\n", j.value("tokens_per_s", 0.0), j.value("recent_tokens_per_s", 0.0));
+      std::printf("first token     p50 %.1f ms, p99 %.1f ms\n", j["time_to_first_token_ms"].value("p50", 0.0), j["time_to_first_token_ms"].value("p99", 0.0));
+      std::printf("inter-token     p50 %.1f ms, p99 %.1f ms\n", j["inter_token_ms"].value("p50", 0.0), j["inter_token_ms"].value("p99", 0.0));
+      std::printf("queue           %d waiting, %d running; %lld completed, %lld failed, %lld cancelled\n", j.value("queue_depth", 0),
+                  j.value("running", 0), static_cast<long long>(j.value("completed", 0)), static_cast<long long>(j.value("failed", 0)),
+                  static_cast<long long>(j.value("cancelled", 0)));
+      std::printf("KV blocks       %d used, %d free (%d cached); prefix hit rate %.1f %%\n", j.value("kv_blocks_used", 0),
+                  j.value("kv_blocks_free", 0), j.value("kv_blocks_cached", 0), 100 * j.value("prefix_cache_hit_rate", 0.0));
+      std::printf("busy            %.1f %%\n", 100 * j.value("busy_fraction", 0.0));
+      for (const auto& a : j.value("alerts", std::vector<std::string>{})) std::printf("ALERT           %s\n", a.c_str());
+    }
+    exit_code = 0;
+  });
+}
+
+}  // namespace atelier::app

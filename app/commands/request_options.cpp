@@ -1,0 +1,25 @@
+// The flags that fill a TextRequest, shared by `text` and `queue add` so a
+// job queued for later reads exactly like one run now.
+#include "commands/request_options.h"
+
+#include <CLI/CLI.hpp>
+
+namespace atelier::app {
+
+void add_request_options(CLI::App& cmd, TextRequest& req) {
+  SamplingParams& sp = req.sampling;
+  cmd.add_option("-p,--prompt", req.prompt, "Prompt text")->required();
+  cmd.add_option("-n,--n-predict", req.max_new_tokens, "Maximum new tokens")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd.add_option("--temp", sp.temperature, "Temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  cmd.add_option("--top-k", sp.top_k, "Keep the K most likely tokens; 0 turns it off")->check(CLI::Range(0, 1 << 24))->capture_default_str();
+  cmd.add_option("--top-p", sp.top_p, "Nucleus sampling mass; 1 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd.add_option("--min-p", sp.min_p, "Drop tokens below P times the top probability; 0 turns it off")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd.add_option("--repeat-penalty", sp.repeat_penalty, "Penalty for repeated tokens; 1 turns it off")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  cmd.add_option("--repeat-last-n", sp.repeat_last_n, "Window of recent tokens the penalties look at")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  cmd.add_option("--frequency-penalty", sp.frequency_penalty, "Subtract F times a token's count")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
+  cmd.add_option("--presence-penalty", sp.presence_penalty, "Subtract P from tokens already present")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
+  cmd.add_option("--seed", sp.seed, "Random seed (default: random; printed in the summary)");
+  cmd.add_option("--stop", req.stop, "Stop before this string (repeatable)")->allow_extra_args(false);
+}
+
+}  // namespace atelier::app
