@@ -57,6 +57,40 @@ int run_bench_text(const BenchTextOptions& o) {
   std::printf("(%d repetitions after one warm-up)\n", r.reps);
   return 0;
 }
+struct BenchServeOptions {
+  std::string model;
+  ServeBenchOptions bench;
+  bool json = false;
+};
+
+int run_bench_serve(const BenchServeOptions& o) {
+  auto res = bench_serve(o.model, o.bench);
+  if (!res.ok()) return fail(res.status());
+  const auto& levels = res.value();
+  const double single = levels.front().tokens_per_s;
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& l : levels)
+      arr.push_back({{"concurrency", l.concurrency},
+                     {"tokens_per_s", l.tokens_per_s},
+                     {"speedup_vs_first_level", single > 0 ? l.tokens_per_s / single : 0},
+                     {"seconds", l.seconds},
+                     {"mean_batch", l.mean_batch},
+                     {"ttft_ms_p50", l.time_to_first_token_ms.p50},
+                     {"ttft_ms_p99", l.time_to_first_token_ms.p99},
+                     {"itl_ms_p50", l.inter_token_ms.p50},
+                     {"itl_ms_p99", l.inter_token_ms.p99}});
+    print_json_line({{"model", o.model}, {"prompt_tokens", o.bench.prompt_tokens}, {"gen_tokens", o.bench.gen_tokens}, {"levels", arr}});
+    return 0;
+  }
+  std::printf("model %s, ~%d prompt words and %d new tokens per request\n", o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens);
+  std::printf("%11s %11s %8s %10s %18s %18s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms", "ITL p50/p99 ms");
+  for (const auto& l : levels)
+    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f\n", l.concurrency, l.tokens_per_s,
+                single > 0 ? l.tokens_per_s / single : 0, l.mean_batch, l.time_to_first_token_ms.p50,
+                l.time_to_first_token_ms.p99, l.inter_token_ms.p50, l.inter_token_ms.p99);
+  return 0;
+}
 }  // namespace
 
 void add_bench_commands(CLI::App& root, int& exit_code) {
@@ -71,6 +105,20 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   text->add_option("--reps", o->bench.reps, "Measured repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
   text->add_flag("--json", o->json, "Print one JSON object");
   text->callback([o, &exit_code] { exit_code = run_bench_text(*o); });
+
+  auto so = std::make_shared<BenchServeOptions>();
+  CLI::App* serve = bench->add_subcommand("serve", "Aggregate tokens/s and latency percentiles of the engine under concurrent requests");
+  serve->add_option("-m,--model", so->model, "Model file")->required();
+  serve->add_option("--concurrency", so->bench.concurrency, "Concurrency levels, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  serve->add_option("-p,--prompt-tokens", so->bench.prompt_tokens, "Prompt length (vocabulary words) per request")->check(CLI::Range(1, 4096))->capture_default_str();
+  serve->add_option("-n,--gen-tokens", so->bench.gen_tokens, "New tokens per request")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
+  serve->add_flag("--json", so->json, "Print one JSON object");
+  serve->callback([so, &exit_code] { exit_code = run_bench_serve(*so); });
 }
 
 }  // namespace atelier::app

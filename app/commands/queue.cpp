@@ -121,8 +121,13 @@ int run_headless(const RunnerOptions& o, bool watch) {
   std::fprintf(stderr, "running the queue in %s%s\n", o.data_dir.c_str(), watch ? " (until stopped)" : " until it is empty");
   while (!g_interrupted) {
     const bool idle = e.wait_idle(1000);
-    write_metrics_snapshot(o.data_dir, e.metrics());
+    const EngineMetrics m = e.metrics();
+    write_metrics_snapshot(o.data_dir, m);
     if (idle && !watch) break;
+    if (!watch && e.paused() && m.running == 0) {
+      std::fprintf(stderr, "the queue is paused with %d job(s) waiting; `atelier queue resume` lets them run\n", m.queue_depth);
+      break;
+    }
   }
   if (g_interrupted) std::fprintf(stderr, "stopping: running jobs go back to the queue\n");
   if (o.metrics) print_json_line(metrics_json(e.metrics()));

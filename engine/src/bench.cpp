@@ -4,7 +4,10 @@
 #include <atelier/engine.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <unistd.h>
 
 #include "text_model_impl.h"
 
@@ -92,6 +95,82 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
     r.prompt_gflop_per_s = 2.0 * static_cast<double>(matmul_params) * r.prompt_tokens_per_s.mean / 1e9;
     return r;
   });
+}
+
+}  // namespace atelier
+
+namespace atelier {
+
+Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& o) {
+  if (o.concurrency.empty() || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.max_batch < 1)
+    return Status::error(StatusCode::InvalidArgument, "bench serve needs concurrency levels, prompt and generated tokens >= 1");
+  for (int c : o.concurrency)
+    if (c < 1 || c > 4096) return Status::error(StatusCode::InvalidArgument, "concurrency levels must be between 1 and 4096");
+  auto vocab = Vocabulary::open(model_path);
+  if (!vocab.ok()) return vocab.status();
+  // Distinct prompts of printable vocabulary pieces, so no two share a prefix.
+  std::vector<std::string> words;
+  for (int id = 0; id < vocab.value()->n_vocab(); ++id) {
+    const std::string p = vocab.value()->token_piece(id);
+    if (p.size() >= 2 && std::all_of(p.begin(), p.end(), [](char c) { return c >= ' ' && c < 127; })) words.push_back(p);
+  }
+  if (words.empty()) return Status::error(StatusCode::InvalidModel, model_path + ": no printable vocabulary pieces to build prompts from");
+  uint64_t x = 0x2545F4914F6CDD1Dull;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  std::vector<ServeBenchLevel> levels;
+  for (int c : o.concurrency) {
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("atelier-bench-serve-" + std::to_string(::getpid()) + "-" + std::to_string(c)))
+                                .string();
+    std::filesystem::remove_all(dir);
+    EngineConfig cfg;
+    cfg.data_dir = dir;
+    cfg.threads = o.threads;
+    cfg.max_batch = o.max_batch;
+    auto opened = Engine::open(cfg);
+    if (!opened.ok()) return opened.status();
+    Engine& e = *opened.value();
+    e.pause();  // submit the whole level first: they arrive "at once"
+    std::vector<TextRequest> reqs;
+    for (int i = 0; i < c; ++i) {
+      TextRequest r;
+      r.model = model_path;
+      for (int w = 0; w < o.prompt_tokens; ++w) r.prompt += words[next() % words.size()];
+      r.max_new_tokens = o.gen_tokens;
+      r.ignore_eos = true;
+      r.sampling.seed = static_cast<uint64_t>(i) + 1;
+      reqs.push_back(std::move(r));
+    }
+    for (const auto& r : reqs)
+      if (auto id = e.submit(r); !id.ok()) return id.status();
+    const auto t0 = std::chrono::steady_clock::now();
+    e.resume();
+    e.wait_idle(24 * 3600 * 1000);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const EngineMetrics m = e.metrics();
+    ServeBenchLevel lv;
+    lv.concurrency = c;
+    lv.seconds = seconds;
+    lv.tokens_per_s = static_cast<double>(c) * o.gen_tokens / seconds;
+    lv.time_to_first_token_ms = m.time_to_first_token_ms;
+    lv.inter_token_ms = m.inter_token_ms;
+    int64_t steps = 0, seqs = 0;
+    for (size_t k = 1; k < m.batch_size_histogram.size(); ++k) {
+      steps += m.batch_size_histogram[k];
+      seqs += static_cast<int64_t>(k) * m.batch_size_histogram[k];
+    }
+    lv.mean_batch = steps ? static_cast<double>(seqs) / static_cast<double>(steps) : 0;
+    if (m.failed > 0) return Status::error(StatusCode::Internal, "bench serve: a request failed at concurrency " + std::to_string(c));
+    levels.push_back(lv);
+    opened.value().reset();
+    std::filesystem::remove_all(dir);
+  }
+  return levels;
 }
 
 }  // namespace atelier

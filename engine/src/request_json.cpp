@@ -17,6 +17,7 @@ std::string request_to_json(const TextRequest& r) {
             {"stop", r.stop},
             {"add_bos", r.add_bos},
             {"parse_special", r.parse_special},
+            {"ignore_eos", r.ignore_eos},
             {"priority", r.priority},
             {"interactive", r.interactive},
             {"sampling",
@@ -58,7 +59,7 @@ Result<TextRequest> request_from_json(std::string_view text) {
   try {
     const json j = json::parse(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
-    check_keys(j, {"model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "priority", "interactive", "sampling"}, "");
+    check_keys(j, {"model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "priority", "interactive", "sampling"}, "");
     if (!j.contains("model") || !j.contains("prompt")) throw std::invalid_argument("a request needs 'model' and 'prompt'");
     TextRequest r;
     read(j, "model", r.model);
@@ -67,6 +68,7 @@ Result<TextRequest> request_from_json(std::string_view text) {
     read(j, "stop", r.stop);
     read(j, "add_bos", r.add_bos);
     read(j, "parse_special", r.parse_special);
+    read(j, "ignore_eos", r.ignore_eos);
     read(j, "priority", r.priority);
     read(j, "interactive", r.interactive);
     if (j.contains("sampling")) {

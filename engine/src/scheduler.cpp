@@ -480,7 +480,7 @@ void Scheduler::step() {
     if (live[i].n == 1) ++decoded;
     if (!live[i].logits) continue;
     const int32_t id = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
-    if (tokenizer.is_eog(id)) {
+    if (tokenizer.is_eog(id) && !s.req.ignore_eos) {
       finish(s, JobState::Completed, "eos");
       continue;
     }

@@ -179,7 +179,7 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
     auto t1 = Clock::now();
     for (;;) {
       const int32_t id = sampler.sample(logits.data(), m.weights.hp.n_vocab);
-      if (m.tokenizer->is_eog(id)) {
+      if (m.tokenizer->is_eog(id) && !request.ignore_eos) {
         st.stop_reason = "eos";
         break;
       }

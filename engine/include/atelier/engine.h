@@ -87,6 +87,7 @@ struct TextRequest {
   std::vector<std::string> stop;    // generation ends before the first occurrence of any of these
   bool add_bos = true;              // when the vocabulary uses a BOS token
   bool parse_special = true;        // "<|eot_id|>" etc. in the prompt become their tokens
+  bool ignore_eos = false;          // keep generating past end-of-sequence (benchmarks)
   // Queue placement (Engine only). Higher priority is admitted first; an
   // interactive job counts kInteractiveBoost above its priority and has a latency target.
   int priority = 0;
@@ -96,7 +97,7 @@ struct TextRequest {
 
 // The JSON form of a request: the job database stores it, `atelier batch`
 // reads one per line. Keys: model, prompt, max_new_tokens, stop, add_bos,
-// parse_special, priority, interactive, and sampling{temperature, top_k,
+// parse_special, ignore_eos, priority, interactive, and sampling{temperature, top_k,
 // top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
 // presence_penalty, seed}; all but model and prompt optional. Unknown keys are
 // refused (a typo should not silently fall back to a default).
@@ -352,6 +353,28 @@ struct TextBenchResult {
   double prompt_gflop_per_s = 0;      // 2 x params x prompt tokens/s
 };
 Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& options);
+
+// `atelier bench serve`: the engine under concurrent load. At each
+// concurrency level, that many requests are submitted at once to a fresh
+// engine; aggregate generated tokens/s and the engine's own latency
+// percentiles (time to first token counted from submission) are reported.
+struct ServeBenchOptions {
+  std::vector<int> concurrency = {1, 4, 16, 32};
+  int prompt_tokens = 32;  // approximate: prompts are made of random vocabulary words
+  int gen_tokens = 64;     // per request (end-of-sequence ignored)
+  int threads = 0;
+  int max_batch = 32;
+};
+
+struct ServeBenchLevel {
+  int concurrency = 0;
+  double tokens_per_s = 0;  // generated tokens / wall time, all requests
+  double seconds = 0;
+  Percentiles time_to_first_token_ms, inter_token_ms;
+  double mean_batch = 0;    // mean sequences decoded per step
+};
+
+Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& options);
 
 // ---------------------------------------------------------------- synthetic models
 

@@ -398,7 +398,9 @@ std::optional<JobRow> JobDb::get(int64_t id) const {
 
 std::vector<JobRow> JobDb::list(const std::string& state, int limit, bool newest_first) const {
   std::lock_guard lock(mu_);
-  std::string sql = std::string("SELECT ") + kColumns + " FROM jobs WHERE (?1 = '' OR state = ?1) ORDER BY id " +
+  // Separate texts for "all" and one state, so that the latter uses the index.
+  std::string sql = std::string("SELECT ") + kColumns + " FROM jobs" +
+                    (state.empty() ? " WHERE ?1 = ''" : " WHERE state = ?1") + " ORDER BY id " +
                     (newest_first ? "DESC" : "ASC") + " LIMIT ?2";
   Stmt s(db_, path_, sql);
   s.text(1, state).i64(2, limit > 0 ? limit : -1);
@@ -420,8 +422,8 @@ std::vector<JobRow> JobDb::next_queued(int limit) const {
 
 int64_t JobDb::count(const std::string& state) const {
   std::lock_guard lock(mu_);
-  Stmt s(db_, path_, "SELECT count(*) FROM jobs WHERE (?1 = '' OR state = ?1)");
-  s.text(1, state);
+  Stmt s(db_, path_, state.empty() ? "SELECT count(*) FROM jobs" : "SELECT count(*) FROM jobs WHERE state = ?1");
+  if (!state.empty()) s.text(1, state);
   return s.step() ? s.col_i64(0) : 0;
 }
 

@@ -62,8 +62,11 @@ KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, b
   total_ = static_cast<int>(std::min<int64_t>(budget_bytes / block_bytes_, INT_MAX / 2));
   const size_t elems = static_cast<size_t>(total_) * static_cast<size_t>(n_layer_) * 2 *
                        static_cast<size_t>(block_tokens_) * static_cast<size_t>(row_);
-  if (f16_) data16_.resize(elems);
-  else data32_.resize(elems);
+  // Uninitialised on purpose: a pool of a GiB costs nothing until its blocks
+  // are written (pages are committed on first touch), and every position is
+  // stored before it is read.
+  if (f16_) data16_.reset(new uint16_t[elems]);
+  else data32_.reset(new float[elems]);
   const size_t nb = static_cast<size_t>(total_);
   ref_.assign(nb, 0);
   free_.reserve(nb);
@@ -198,12 +201,12 @@ size_t KvPool::row_offset(int block, int layer, int kv, int slot) const {
 
 void* KvPool::k_row(int block, int layer, int slot) {
   const size_t off = row_offset(block, layer, 0, slot);
-  return f16_ ? static_cast<void*>(data16_.data() + off) : static_cast<void*>(data32_.data() + off);
+  return f16_ ? static_cast<void*>(data16_.get() + off) : static_cast<void*>(data32_.get() + off);
 }
 
 void* KvPool::v_row(int block, int layer, int slot) {
   const size_t off = row_offset(block, layer, 1, slot);
-  return f16_ ? static_cast<void*>(data16_.data() + off) : static_cast<void*>(data32_.data() + off);
+  return f16_ ? static_cast<void*>(data16_.get() + off) : static_cast<void*>(data32_.get() + off);
 }
 
 const void* KvPool::k_row(int block, int layer, int slot) const {

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <memory>
 #include <vector>
 
 namespace atelier::text {
@@ -125,8 +126,8 @@ class KvPool {
   bool f16_;
   int64_t block_bytes_;
   int total_ = 0;
-  std::vector<float> data32_;
-  std::vector<uint16_t> data16_;
+  std::unique_ptr<float[]> data32_;
+  std::unique_ptr<uint16_t[]> data16_;
   std::vector<int> ref_;
   std::vector<int> free_;  // stack; back() is allocated next
   // Prefix cache: per block, whether published, its hash and its tokens.

@@ -1,0 +1,166 @@
+// End-to-end: `atelier batch`, `atelier queue ...`, `atelier --headless` and
+// `atelier metrics` on the real stories260K model, against `atelier text`
+// (the single-sequence path) as the reference.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+const std::string kModel = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
+struct Out {
+  int code;
+  std::string out, err;
+};
+
+struct Sandbox {
+  fs::path dir;
+  explicit Sandbox(const std::string& tag) {
+    dir = fs::temp_directory_path() / ("atelier_queue_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Sandbox() { fs::remove_all(dir); }
+  Out run(const std::vector<std::string>& args) const {
+    std::string cmd = quote(ATELIER_BINARY);
+    for (const auto& a : args) cmd.append(" ").append(quote(a));
+    const std::string o = (dir / "stdout").string(), e = (dir / "stderr").string();
+    cmd.append(" >").append(o).append(" 2>").append(e);
+    const int st = std::system(cmd.c_str());
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, slurp(o), slurp(e)};
+  }
+  std::string data() const { return (dir / "data").string(); }
+};
+
+std::vector<json> jsonl(const std::string& text) {
+  std::vector<json> v;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) v.push_back(json::parse(line));
+  return v;
+}
+
+std::string line(const std::string& prompt, int n, int seed, const std::string& model = kModel) {
+  return json{{"model", model}, {"prompt", prompt}, {"max_new_tokens", n}, {"sampling", {{"temperature", 0.8}, {"seed", seed}}}}.dump();
+}
+}  // namespace
+
+TEST(Batch, ResultsMatchSingleRunsAndFailuresAreListed) {
+  Sandbox sb("batch");
+  std::ofstream(sb.dir / "jobs.jsonl") << line("Once upon a time", 20, 1) << "\n\n"
+                                        << line("The little dog", 20, 2) << "\n"
+                                        << line("Lily", 8, 3, "/no/such/model.gguf") << "\n";
+  Out r = sb.run({"batch", (sb.dir / "jobs.jsonl").string(), "--out", (sb.dir / "out").string(), "--data-dir", sb.data()});
+  EXPECT_EQ(r.code, 1) << r.err;  // one line failed
+  EXPECT_NE(r.err.find("line 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no such model file"), std::string::npos) << r.err;
+  const auto results = jsonl(slurp(sb.dir / "out" / "results.jsonl"));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0]["line"], 1);
+  EXPECT_EQ(results[1]["line"], 3);
+  EXPECT_EQ(results[2]["line"], 4);
+  EXPECT_EQ(results[2]["state"], "failed");
+  const std::vector<std::pair<std::string, std::string>> refs = {{"Once upon a time", "1"}, {"The little dog", "2"}};
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(results[i]["state"], "completed");
+    Out t = sb.run({"text", "-m", kModel, "-p", refs[i].first, "-n", "20", "--temp", "0.8", "--seed", refs[i].second});
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_EQ(results[i]["text"].get<std::string>() + "\n", t.out) << "line " << results[i]["line"];
+  }
+}
+
+TEST(Batch, ShardsSplitTheFileAndBadLinesQueueNothing) {
+  Sandbox sb("shard");
+  {
+    std::ofstream f(sb.dir / "jobs.jsonl");
+    for (int i = 0; i < 5; ++i) f << line("Once upon a time", 4, i) << "\n";
+  }
+  std::set<int> seen;
+  for (const char* shard : {"0/2", "1/2"}) {
+    const fs::path out = sb.dir / ("out" + std::string(1, shard[0]));
+    Out r = sb.run({"batch", (sb.dir / "jobs.jsonl").string(), "--shard", shard, "--out", out.string(), "--data-dir", sb.data()});
+    ASSERT_EQ(r.code, 0) << r.err;
+    for (const auto& res : jsonl(slurp(out / "results.jsonl"))) {
+      const int l = res["line"];
+      EXPECT_EQ(l % 2, shard[0] - '0');
+      EXPECT_TRUE(seen.insert(l).second) << "line " << l << " ran twice";
+    }
+  }
+  EXPECT_EQ(seen, (std::set<int>{1, 2, 3, 4, 5}));
+
+  std::ofstream(sb.dir / "bad.jsonl") << line("x", 4, 1) << "\n{\"model\": \"m\", \"promt\": \"typo\"}\n";
+  const std::string fresh = (sb.dir / "fresh").string();
+  Out bad = sb.run({"batch", (sb.dir / "bad.jsonl").string(), "--data-dir", fresh});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find(":2: unknown key 'promt'"), std::string::npos) << bad.err;
+  Out list = sb.run({"queue", "list", "--json", "--data-dir", fresh});
+  EXPECT_EQ(list.out, "");  // nothing was queued
+  EXPECT_EQ(sb.run({"batch", (sb.dir / "jobs.jsonl").string(), "--shard", "2/2"}).code, 2);
+}
+
+TEST(Queue, AddListCancelThenHeadlessRunsTheRest) {
+  Sandbox sb("queue");
+  const std::string d = sb.data();
+  Out a = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Once upon a time", "-n", "12", "--seed", "5"});
+  Out b = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "The cat", "-n", "12", "--priority", "3"});
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  const std::string id_a = a.out.substr(0, a.out.size() - 1), id_b = b.out.substr(0, b.out.size() - 1);
+  auto queued = jsonl(sb.run({"queue", "--data-dir", d, "list", "--json"}).out);
+  ASSERT_EQ(queued.size(), 2u);
+  for (const auto& j : queued) EXPECT_EQ(j["state"], "queued");
+  ASSERT_EQ(sb.run({"queue", "--data-dir", d, "cancel", id_b}).code, 0);
+  EXPECT_NE(sb.run({"queue", "--data-dir", d, "cancel", "999"}).code, 0);
+
+  ASSERT_EQ(sb.run({"queue", "--data-dir", d, "pause"}).code, 0);
+  Out paused = sb.run({"--headless", "--data-dir", d});
+  EXPECT_EQ(paused.code, 0) << paused.err;
+  EXPECT_NE(paused.err.find("paused"), std::string::npos) << paused.err;
+  ASSERT_EQ(sb.run({"queue", "--data-dir", d, "resume"}).code, 0);
+
+  Out h = sb.run({"--headless", "--data-dir", d, "--metrics"});
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_EQ(json::parse(h.out)["completed"], 1);
+  std::map<std::string, json> by_id;
+  for (const auto& j : jsonl(sb.run({"queue", "--data-dir", d, "list", "--json"}).out)) by_id[std::to_string(j["id"].get<int>())] = j;
+  EXPECT_EQ(by_id[id_a]["state"], "completed");
+  EXPECT_EQ(by_id[id_b]["state"], "cancelled");
+  EXPECT_NE(by_id[id_a]["model_version"].get<std::string>().find("stories260K.gguf"), std::string::npos);
+  Out t = sb.run({"text", "-m", kModel, "-p", "Once upon a time", "-n", "12", "--seed", "5"});
+  EXPECT_EQ(by_id[id_a]["text"].get<std::string>() + "\n", t.out);
+
+  Out m = sb.run({"metrics", "--json", "--data-dir", d});
+  ASSERT_EQ(m.code, 0) << m.err;
+  const json mj = json::parse(m.out);
+  for (const char* key : {"tokens_per_s", "time_to_first_token_ms", "inter_token_ms", "batch_size_histogram", "queue_depth",
+                          "kv_blocks_used", "kv_blocks_free", "prefix_cache_hit_rate", "busy_fraction", "alerts"})
+    EXPECT_TRUE(mj.contains(key)) << key;
+  Out clear = sb.run({"queue", "--data-dir", d, "clear"});
+  EXPECT_EQ(clear.code, 0);
+  EXPECT_EQ(sb.run({"queue", "--data-dir", d, "list", "--json"}).out, "");
+}
