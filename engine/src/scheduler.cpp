@@ -167,7 +167,7 @@ void Scheduler::run() {
           finish(*s, JobState::Cancelled, "cancelled");
           found = true;
         }
-      if (!found) {  // cancelled while still only in the database
+      if (!found && !finished_.count(id)) {  // cancelled while still only in the database
         Event ev;
         ev.type = EventType::Cancelled;
         ev.job = id;
@@ -290,9 +290,15 @@ void Scheduler::refresh_queue(int64_t now) {
     }
   }
   std::erase_if(waiting_, [](const auto& s) { return s->done; });
-  for (int64_t id : db_.cancel_requests())
+  // Cancels requested by other processes: running sequences stop at the next
+  // step; preempted ones (still "running" in the database) end here.
+  for (int64_t id : db_.cancel_requests()) {
     for (auto& s : running_)
       if (s->id == id) s->cancel = true;
+    for (auto& s : waiting_)
+      if (s->id == id && !s->done) finish(*s, JobState::Cancelled, "cancelled");
+  }
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
 }
 
 bool Scheduler::preempt_lowest(const Sequence* requester) {
@@ -318,7 +324,16 @@ bool Scheduler::preempt_lowest(const Sequence* requester) {
 }
 
 bool Scheduler::admit(int64_t now) {
-  if (waiting_.empty() || db_.paused()) return false;
+  if (db_.paused()) return false;
+  // Jobs queued (or a resume) since this iteration's refresh compete for admission too.
+  bool fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh = wake_;
+    wake_ = false;
+  }
+  if (fresh) refresh_queue(now);
+  if (waiting_.empty()) return false;
   std::stable_sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
     const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
     return pa > pb || (pa == pb && a->id < b->id);
@@ -416,6 +431,12 @@ void Scheduler::step() {
   std::stable_sort(running_.begin(), running_.end(), [&](const auto& a, const auto& b) {
     return effective_priority(*a, now) > effective_priority(*b, now);
   });
+  {
+    // A cancel that arrived since the top of the loop still stops this step.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : running_)
+      if (cancel_requests_.erase(s->id)) s->cancel = true;
+  }
   for (auto& s : running_)
     if (s->cancel && !s->done) finish(*s, JobState::Cancelled, "cancelled");
   std::erase_if(running_, [](const auto& s) { return s->done; });
@@ -595,6 +616,7 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
   }
   s.kv.reset();
   s.done = true;
+  finished_.insert(s.id);
   hub_.publish(ev);
   metrics_.on_finish(state, now);
 }

@@ -73,6 +73,7 @@ class Scheduler {
   std::map<std::string, std::unique_ptr<LoadedModel>> models_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::set<JobId> known_;
+  std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
   int64_t last_poll_ms_ = 0;
   int64_t step_counter_ = 0;
   std::thread thread_;
