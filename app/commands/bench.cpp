@@ -117,6 +117,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   serve->add_option("-n,--gen-tokens", so->bench.gen_tokens, "New tokens per request")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
+  serve->add_option("--prefill-tokens", so->bench.prefill_tokens_per_step, "Prompt tokens prefilled per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   serve->add_flag("--json", so->json, "Print one JSON object");
   serve->callback([so, &exit_code] { exit_code = run_bench_serve(*so); });
 }

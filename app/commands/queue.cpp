@@ -182,11 +182,18 @@ int run_batch(const BatchOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   // A request the engine refuses (a missing model file, say) is a failed line, not the end of the batch.
+  // All lines in one transaction when they are all acceptable; else one by one.
   std::map<int, std::string> refused;
-  for (auto& l : lines) {
-    auto id = e.submit(l.request);
-    if (id.ok()) l.job = id.value();
-    else refused[l.number] = id.status().message;
+  std::vector<TextRequest> all;
+  for (const auto& l : lines) all.push_back(l.request);
+  if (auto ids = e.submit_many(all); ids.ok()) {
+    for (size_t i = 0; i < lines.size(); ++i) lines[i].job = ids.value()[i];
+  } else {
+    for (auto& l : lines) {
+      auto id = e.submit(l.request);
+      if (id.ok()) l.job = id.value();
+      else refused[l.number] = id.status().message;
+    }
   }
   const auto t0 = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);

@@ -133,7 +133,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   });
 }
 
-Result<JobId> Engine::submit(const TextRequest& request) {
+namespace {
+// Validates a request and fixes its seed, so the stored request reproduces the job exactly.
+Result<TextRequest> prepare(const TextRequest& request) {
   if (request.model.empty()) return Status::error(StatusCode::InvalidArgument, "the request names no model");
   std::error_code ec;
   if (!fs::is_regular_file(request.model, ec))
@@ -141,18 +143,39 @@ Result<JobId> Engine::submit(const TextRequest& request) {
   if (Status s = validate_request(request, 1 << 20); !s.ok()) return s;
   TextRequest r = request;
   if (r.sampling.seed == SamplingParams::kRandomSeed) {
-    // Fixed at submission, so the stored request reproduces the job exactly.
     std::random_device rd;
     r.sampling.seed = ((static_cast<uint64_t>(rd()) << 32) | rd()) & 0x7fffffffffffffffull;
   }
-  return guarded([&]() -> Result<JobId> {
-    const JobId id = impl_->db->insert(request_to_json(r), r.priority, r.interactive, r.sampling.seed, epoch_ms());
-    Event ev;
-    ev.type = EventType::Queued;
-    ev.job = id;
-    impl_->hub.publish(ev);
+  return r;
+}
+}  // namespace
+
+Result<JobId> Engine::submit(const TextRequest& request) {
+  auto ids = submit_many({request});
+  if (!ids.ok()) return ids.status();
+  return ids.value().front();
+}
+
+Result<std::vector<JobId>> Engine::submit_many(const std::vector<TextRequest>& requests) {
+  std::vector<runtime::NewJob> jobs;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto r = prepare(requests[i]);
+    if (!r.ok()) {
+      if (requests.size() == 1) return r.status();
+      return Status::error(r.status().code, "request " + std::to_string(i) + ": " + r.status().message);
+    }
+    jobs.push_back({request_to_json(r.value()), r->priority, r->interactive, r->sampling.seed});
+  }
+  return guarded([&]() -> Result<std::vector<JobId>> {
+    std::vector<JobId> ids = impl_->db->insert_many(jobs, epoch_ms());
+    for (JobId id : ids) {
+      Event ev;
+      ev.type = EventType::Queued;
+      ev.job = id;
+      impl_->hub.publish(ev);
+    }
     if (impl_->scheduler) impl_->scheduler->notify();
-    return id;
+    return ids;
   });
 }
 
@@ -226,6 +249,8 @@ EngineMetrics Engine::metrics() const {
   impl_->metrics->fill(m, epoch_ms());
   return m;
 }
+
+void Engine::reset_metrics() { impl_->metrics->reset(); }
 
 void Engine::set_alert_rules(const AlertRules& rules) {
   if (impl_->scheduler) impl_->scheduler->set_alert_rules(rules);

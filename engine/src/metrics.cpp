@@ -17,6 +17,21 @@ void push_sample(std::deque<double>& d, double v) {
 
 MetricsRecorder::MetricsRecorder(int max_batch) : batch_hist_(static_cast<size_t>(max_batch) + 1, 0) {}
 
+void MetricsRecorder::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t buckets = batch_hist_.size();
+  tokens_.clear();
+  busy_.clear();
+  ttft_.clear();
+  itl_.clear();
+  itl_interactive_.clear();
+  batch_hist_.assign(buckets, 0);
+  prompt_tokens_ = cached_tokens_ = completed_ = failed_ = cancelled_ = preemptions_ = 0;
+  recent_failures_.clear();
+  first_step_ms_ = 0;
+  active_.clear();
+}
+
 void MetricsRecorder::on_step(int64_t now_ms, int decoded, int tokens, double step_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   if (first_step_ms_ == 0) first_step_ms_ = now_ms;

@@ -15,6 +15,7 @@ namespace atelier {
 class MetricsRecorder {
  public:
   explicit MetricsRecorder(int max_batch);
+  void reset();
   // One executor step that decoded `decoded` sequences (batch size) and generated `tokens` new tokens.
   void on_step(int64_t now_ms, int decoded, int tokens, double step_ms);
   void on_first_token(double ttft_ms);

@@ -126,7 +126,9 @@ TEST(Engine, EventsInOrderAndCancelWithinOneStep) {
   EXPECT_EQ(evs.front().type, EventType::Queued);
   EXPECT_EQ(evs[1].type, EventType::Started);
   EXPECT_EQ(evs.back().type, EventType::Cancelled);
-  if (after >= 0) EXPECT_LE(evs.back().stats.new_tokens, after + 1);
+  if (after >= 0) {
+    EXPECT_LE(evs.back().stats.new_tokens, after + 1);
+  }
   EXPECT_LT(evs.back().stats.new_tokens, 2000);
   int tokens = 0;
   for (const auto& ev : evs) tokens += ev.type == EventType::Token;

@@ -205,7 +205,7 @@ struct EngineConfig {
   int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
   int64_t kv_memory_bytes = int64_t{1} << 30;  // KV cache budget per loaded model
   int kv_block_tokens = 16;           // paged KV block size
-  int prefill_tokens_per_step = 256;  // prompt tokens prefilled per step, so decoding stays responsive
+  int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
   KvType kv_type = KvType::F16;
   double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
   int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms
@@ -295,6 +295,9 @@ class Engine {
 
   // Validates (InvalidArgument, nothing queued) and stores the request; returns its id.
   Result<JobId> submit(const TextRequest& request);
+  // Many at once, in one transaction (one disk sync): all are queued or none.
+  // The first invalid request is named (by index) in the error.
+  Result<std::vector<JobId>> submit_many(const std::vector<TextRequest>& requests);
   Status cancel(JobId id);                    // takes effect within one step; NotFound / InvalidArgument if finished
   Status set_priority(JobId id, int priority);
   void pause();                               // stop admitting new jobs (persistent); running ones finish
@@ -312,6 +315,7 @@ class Engine {
   void unsubscribe(uint64_t subscription);
 
   EngineMetrics metrics() const;
+  void reset_metrics();  // start the windows, percentiles and counters afresh (benchmarks)
   void set_alert_rules(const AlertRules& rules);
   // Blocks until no job is queued or running (or timeout); true when idle.
   bool wait_idle(int timeout_ms);
@@ -354,12 +358,14 @@ struct TextBenchResult {
 };
 Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& options);
 
-// `atelier bench serve`: the engine under concurrent load. At each
-// concurrency level, that many requests are submitted at once to a fresh
-// engine; aggregate generated tokens/s and the engine's own latency
-// percentiles (time to first token counted from submission) are reported.
+// `atelier bench serve`: the engine under concurrent load. One engine (the
+// model loaded and warmed up first); at each concurrency level that many
+// requests are queued at once, and aggregate generated tokens/s and the
+// engine's own latency percentiles (time to first token counted from
+// submission) are reported.
 struct ServeBenchOptions {
   std::vector<int> concurrency = {1, 4, 16, 32};
+  int prefill_tokens_per_step = EngineConfig{}.prefill_tokens_per_step;
   int prompt_tokens = 32;  // approximate: prompts are made of random vocabulary words
   int gen_tokens = 64;     // per request (end-of-sequence ignored)
   int threads = 0;

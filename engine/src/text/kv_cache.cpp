@@ -45,6 +45,10 @@ const void* KvCache::v_row(int layer, int pos) const {
   return f16_ ? static_cast<const void*>(v16_.data() + off) : static_cast<const void*>(v32_.data() + off);
 }
 
+KvSeq::Run KvCache::run(int layer, int pos) const {
+  return Run{k_row(layer, pos), v_row(layer, pos), n_ctx_ - pos, row_};
+}
+
 // ---------------------------------------------------------------- block pool
 
 int64_t KvPool::block_bytes_for(const LlamaHparams& hp, int block_tokens, bool f16) {
@@ -253,6 +257,12 @@ const void* PagedSeq::k_row(int layer, int pos) const {
 const void* PagedSeq::v_row(int layer, int pos) const {
   const int bt = pool_.block_tokens();
   return static_cast<const KvPool&>(pool_).v_row(blocks_[static_cast<size_t>(pos / bt)], layer, pos % bt);
+}
+
+KvSeq::Run PagedSeq::run(int layer, int pos) const {
+  // A block's rows of one layer (K, then V) are row_elems apart (KvPool::row_offset).
+  const int bt = pool_.block_tokens();
+  return Run{k_row(layer, pos), v_row(layer, pos), bt - pos % bt, pool_.row_elems()};
 }
 
 int PagedSeq::blocks_for(int n_positions) const {

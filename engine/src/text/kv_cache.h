@@ -33,6 +33,18 @@ class KvSeq {
   virtual void store(int layer, int pos, const float* k, const float* v) = 0;
   virtual const void* k_row(int layer, int pos) const = 0;  // n_head_kv*head_dim floats or fp16
   virtual const void* v_row(int layer, int pos) const = 0;
+
+  // The contiguous run of rows from `pos`: for i < n, k_row(layer, pos + i)
+  // is k + i * stride elements (floats or fp16), and likewise v. n >= 1 for a
+  // pos below capacity(); it may reach past the stored positions (the caller
+  // limits it). The default is a run of one row.
+  struct Run {
+    const void* k = nullptr;
+    const void* v = nullptr;
+    int n = 0;
+    int64_t stride = 0;  // elements between consecutive rows
+  };
+  virtual Run run(int layer, int pos) const { return Run{k_row(layer, pos), v_row(layer, pos), 1, 0}; }
 };
 
 // Per-sequence contiguous cache: for each layer, n_ctx rows of n_head_kv*head_dim.
@@ -46,6 +58,7 @@ class KvCache final : public KvSeq {
   // Row pointers (float* when !f16, uint16_t* when f16).
   const void* k_row(int layer, int pos) const override;
   const void* v_row(int layer, int pos) const override;
+  Run run(int layer, int pos) const override;  // the rest of the cache
 
  private:
   int n_ctx_, row_, n_layer_;
@@ -163,6 +176,7 @@ class PagedSeq final : public KvSeq {
   void store(int layer, int pos, const float* k, const float* v) override;
   const void* k_row(int layer, int pos) const override;
   const void* v_row(int layer, int pos) const override;
+  Run run(int layer, int pos) const override;  // the rest of pos's block
 
   // For preemption or the end of the sequence: give every block back (last
   // block first, so that cached prefixes are evicted from their tail).

@@ -259,18 +259,28 @@ void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
       const int kvh = h / group, len = row_pos_[static_cast<size_t>(i)] + 1;
       const float* q = q_.data() + static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
       float* out = att_out_.data() + static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
-      for (int p = 0; p < len; ++p) {
-        const void* k = cache.k_row(layer, p);
-        scores[static_cast<size_t>(p)] =
-            scale * (f16 ? kernels::dot_f16_f32(static_cast<const uint16_t*>(k) + kvh * hd, q, hd)
-                         : kernels::dot_f32(static_cast<const float*>(k) + kvh * hd, q, hd));
+      // Runs of contiguous cached rows (the whole context for a KvCache, the
+      // rest of a block for a PagedSeq). Each position's dot is the one-row
+      // dot, and the V accumulation is one FMA per position in position order,
+      // so the result does not depend on how the positions are grouped.
+      for (int p = 0; p < len;) {
+        const KvSeq::Run run = cache.run(layer, p);
+        const int n = std::min(run.n, len - p);
+        float* s = scores.data() + p;
+        if (f16) kernels::dot_f16_rows(static_cast<const uint16_t*>(run.k) + kvh * hd, run.stride, n, q, hd, s);
+        else kernels::dot_f32_rows(static_cast<const float*>(run.k) + kvh * hd, run.stride, n, q, hd, s);
+        for (int j = 0; j < n; ++j) s[j] = scale * s[j];
+        p += n;
       }
       kernels::softmax(scores.data(), len);
       std::fill(out, out + hd, 0.0f);
-      for (int p = 0; p < len; ++p) {
-        const void* v = cache.v_row(layer, p);
-        if (f16) kernels::axpy_f16(scores[static_cast<size_t>(p)], static_cast<const uint16_t*>(v) + kvh * hd, out, hd);
-        else kernels::axpy_f32(scores[static_cast<size_t>(p)], static_cast<const float*>(v) + kvh * hd, out, hd);
+      for (int p = 0; p < len;) {
+        const KvSeq::Run run = cache.run(layer, p);
+        const int n = std::min(run.n, len - p);
+        const float* a = scores.data() + p;
+        if (f16) kernels::axpy_f16_rows(a, static_cast<const uint16_t*>(run.v) + kvh * hd, run.stride, n, out, hd);
+        else kernels::axpy_f32_rows(a, static_cast<const float*>(run.v) + kvh * hd, run.stride, n, out, hd);
+        p += n;
       }
     }
   };
