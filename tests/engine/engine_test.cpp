@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <filesystem>
 #include <mutex>
@@ -270,4 +271,66 @@ TEST(Engine, JobsSurviveSigkillAndCompleteExactlyOnce) {
     EXPECT_EQ(j.text, ref->text) << j.id;
   }
   EXPECT_GT(restarted, 0) << "no job was running when the process was killed";
+}
+
+TEST(Engine, SlowSubscriberNeverStallsTheEngine) {
+  TempDir dir("slow");
+  auto e = std::move(Engine::open(config(dir.path)).value());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gate_open = false, completed = false;
+  std::string text;
+  std::atomic<int> delivered{0};
+  int token_events = 0;
+  e->subscribe(0, [&](const Event& ev) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return gate_open; });  // a subscriber stuck until the job is over
+    ++delivered;
+    if (ev.type == EventType::Token) {
+      text += ev.text;
+      ++token_events;
+    }
+    completed |= ev.type == EventType::Completed;
+    cv.notify_all();
+  });
+  TextRequest r = request(0, 1500);
+  r.ignore_eos = true;
+  const JobId id = e->submit(r).value();
+  ASSERT_TRUE(e->wait_idle(120'000)) << "the engine waited for its subscriber";
+  EXPECT_EQ(delivered.load(), 0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    gate_open = true;
+    cv.notify_all();
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return completed; }));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  // ~1700 events met a 1024-event buffer: tokens merged, progress coalesced...
+  EXPECT_LT(token_events, 1500);
+  auto info = e->job(id).value();
+  EXPECT_EQ(text, info.text.substr(0, text.size()));  // ...without losing or reordering text
+  EXPECT_GE(text.size() + 8, info.text.size());
+}
+
+TEST(Engine, ErrorRateAlertIsRaised) {
+  TempDir dir("alert");
+  auto e = std::move(Engine::open(config(dir.path)).value());
+  std::atomic<int> alerts{0};
+  e->subscribe(0, [&](const Event& ev) {
+    if (ev.type == EventType::Alert && ev.message.find("error rate") != std::string::npos) ++alerts;
+  });
+  std::string huge;
+  for (int i = 0; i < 3000; ++i) huge += " park";
+  for (int i = 0; i < 12; ++i) {
+    TextRequest r = request(i, 4);
+    if (i < 6) r.prompt = huge;  // longer than the 2048-token context: fails at admission
+    ASSERT_TRUE(e->submit(r).ok());
+  }
+  ASSERT_TRUE(e->wait_idle(60'000));
+  for (int i = 0; i < 300 && alerts == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(alerts.load(), 1);  // raised once, not at every check
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.failed, 6);
+  ASSERT_EQ(m.active_alerts.size(), 1u);
+  EXPECT_NE(m.active_alerts[0].find("error rate"), std::string::npos);
 }

@@ -200,6 +200,7 @@ std::string_view job_state_name(JobState state);  // "queued", "running", ...
 
 struct EngineConfig {
   std::string data_dir;               // holds jobs.db (SQLite, WAL); created if missing
+  std::vector<std::string> devices = {"cpu"};  // one executor per device; "cpu" until the CUDA backend lands
   int threads = 0;                    // 0: one per core
   int max_batch = 32;                 // sequences decoded together per step
   int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
