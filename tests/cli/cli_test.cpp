@@ -1,6 +1,8 @@
 // End-to-end: the built `atelier` binary against the real fixtures, as a
 // script or a user would run it.
 #include <gtest/gtest.h>
+
+#include "cli/cli_util.h"
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,38 +20,10 @@ const std::string kFix = ATELIER_FIXTURES_DIR;
 const std::string kGguf = kFix + "/text/stories260K.gguf";
 const std::string kBin = kFix + "/text/stories260K.bin";
 
-struct CliRun {
-  int code;
-  std::string out, err;
-};
+using atelier::test::CliRun;
+using atelier::test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return r + "'";
-}
-
-CliRun run(const std::vector<std::string>& args) {
-  // ctest runs test cases in parallel processes: one pair of capture files per process.
-  const fs::path dir = fs::temp_directory_path();
-  const std::string tag = std::to_string(::getpid());
-  const std::string out = (dir / ("atelier_cli_out_" + tag)).string(), err = (dir / ("atelier_cli_err_" + tag)).string();
-  std::string cmd = quote(ATELIER_BINARY);
-  for (const auto& a : args) cmd.append(" ").append(quote(a));  // append: GCC 12 misreports " " + s (-Wrestrict)
-  cmd.append(" >").append(out).append(" 2>").append(err);
-  int status = std::system(cmd.c_str());
-  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(out), slurp(err)};
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
+CliRun run(const std::vector<std::string>& args) { return atelier::test::run_atelier(args); }
 
 int count_lines(const std::string& s) {
   int n = 0;

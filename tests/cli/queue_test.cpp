@@ -2,6 +2,8 @@
 // `atelier metrics` on the real stories260K model, against `atelier text`
 // (the single-sequence path) as the reference.
 #include <gtest/gtest.h>
+
+#include "cli/cli_util.h"
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,23 +22,8 @@ using nlohmann::json;
 namespace {
 const std::string kModel = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return r + "'";
-}
-
-struct Out {
-  int code;
-  std::string out, err;
-};
+using atelier::test::slurp;
+using Out = atelier::test::CliRun;
 
 struct Sandbox {
   fs::path dir;
@@ -46,14 +33,7 @@ struct Sandbox {
     fs::create_directories(dir);
   }
   ~Sandbox() { fs::remove_all(dir); }
-  Out run(const std::vector<std::string>& args) const {
-    std::string cmd = quote(ATELIER_BINARY);
-    for (const auto& a : args) cmd.append(" ").append(quote(a));
-    const std::string o = (dir / "stdout").string(), e = (dir / "stderr").string();
-    cmd.append(" >").append(o).append(" 2>").append(e);
-    const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, slurp(o), slurp(e)};
-  }
+  Out run(const std::vector<std::string>& args) const { return atelier::test::run_atelier(args, dir); }
   std::string data() const { return (dir / "data").string(); }
 };
 
