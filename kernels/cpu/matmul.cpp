@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "matmul_internal.h"
+#include "ops_internal.h"
 #include "quants.h"
 #include "simd.h"
 
@@ -179,10 +180,17 @@ MatmulArgs prepare(const WeightView& w, const float* x, float* y, int64_t n_x_ro
   a.xq_row_bytes = act_row_bytes(kind, w.cols);
   if (kind == ActKind::f32) return a;
   storage.resize(static_cast<size_t>(a.xq_row_bytes * n_x_rows));
+  // The AVX2 quantizers give the scalar ones' bytes exactly (tested).
+  const bool simd = active_simd() != Simd::scalar;
   for (int64_t m = 0; m < n_x_rows; ++m) {
     unsigned char* dst = storage.data() + m * a.xq_row_bytes;
-    if (kind == ActKind::q8_0) quantize_act_q8_0(x + m * w.cols, reinterpret_cast<ActQ8_0*>(dst), w.cols);
-    else quantize_act_q8_K(x + m * w.cols, reinterpret_cast<BlockQ8_K*>(dst), w.cols);
+    if (kind == ActKind::q8_0) {
+      if (simd) avx2::quantize_act_q8_0(x + m * w.cols, dst, w.cols);
+      else quantize_act_q8_0(x + m * w.cols, reinterpret_cast<ActQ8_0*>(dst), w.cols);
+    } else {
+      if (simd) avx2::quantize_act_q8_K(x + m * w.cols, dst, w.cols);
+      else quantize_act_q8_K(x + m * w.cols, reinterpret_cast<BlockQ8_K*>(dst), w.cols);
+    }
   }
   a.xq = storage.data();
   return a;

@@ -97,29 +97,53 @@ AI void zero(__m512 (&acc)[NM][NR]) {
     for (auto& v : row) v = _mm512_setzero_ps();
 }
 
-// Q8_0 weights x Q8_0 activations, two blocks per step:
-//   acc += (d_w * d_x) * (sum (w + 128) x  -  128 sum x)
-struct KernelQ8_0 {
-  // kOne: a single last block, upper lanes zero
-  template <int NM, int NR, bool kOne>
-  AI static void step(const BlockQ8_0* const* w, const ActQ8_0* const* x, int64_t b, int64_t ahead,
-                      __m512 (&acc)[NM][NR]) {
-    const __m512i off = _mm512_set1_epi8(-128);
-    __m512i xv[NM], bias[NM];
-    __m512 xd[NM];
-#pragma GCC unroll 8
-    for (int m = 0; m < NM; ++m) {
-      const ActQ8_0* xb = x[m] + b;
-      if constexpr (kOne) {
-        xv[m] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[0].qs)));
-        xd[m] = _mm512_zextps256_ps512(_mm256_set1_ps(xb[0].d));
-        bias[m] = _mm512_zextsi256_si512(_mm256_set1_epi32(-16 * xb[0].sum));  // -128 sum over 8 lanes
-      } else {
-        xv[m] = load2x256(xb[0].qs, xb[1].qs);
-        xd[m] = bcast2_ps(xb[0].d, xb[1].d);
-        bias[m] = bcast2_epi32(-16 * xb[0].sum, -16 * xb[1].sum);
+// Q8_0 activations laid out for the 512-bit tiles: per pair of blocks the
+// 64 quants, the two scales broadcast to 8 + 8 lanes, and the two offsets
+// (kBias * -sum) likewise; a lone last block has the upper lanes zero. Built
+// once per driver call (expand), then loaded as is by every tile: the same
+// operand values the tiles would otherwise rebuild for each weight tile.
+struct alignas(64) XPair {
+  int8_t qs[64];
+  float d[16];
+  int32_t bias[16];
+};
+static_assert(sizeof(XPair) == 192);
+
+template <int kBias>
+struct ExpandQ8_0 {
+  static int64_t expand_row_bytes(const MatmulArgs& a) {
+    return (a.w->cols / kQK + 1) / 2 * int64_t(sizeof(XPair));
+  }
+  static void expand(const MatmulArgs& a, int64_t m, void* dst) {
+    const int64_t nb = a.w->cols / kQK;
+    const auto* xb = reinterpret_cast<const ActQ8_0*>(act_row(a, m));
+    auto* out = static_cast<XPair*>(dst);
+    for (int64_t b = 0; b < nb; b += 2) {
+      XPair& p = out[b / 2];
+      std::memset(&p, 0, sizeof p);
+      for (int h = 0; h < 2 && b + h < nb; ++h) {
+        std::memcpy(p.qs + 32 * h, xb[b + h].qs, 32);
+        for (int l = 0; l < 8; ++l) {
+          p.d[8 * h + l] = xb[b + h].d;
+          p.bias[8 * h + l] = -kBias * xb[b + h].sum;
+        }
       }
     }
+  }
+  // the expanded row m of a tile
+  static const XPair* row(const MatmulArgs& a, int64_t m) {
+    return reinterpret_cast<const XPair*>(static_cast<const char*>(a.xe) + m * a.xe_row_bytes);
+  }
+};
+
+// Q8_0 weights x Q8_0 activations, two blocks per step:
+//   acc += (d_w * d_x) * (sum (w + 128) x  -  128 sum x)
+struct KernelQ8_0 : ExpandQ8_0<16> {
+  // kOne: a single last block, upper lanes zero
+  template <int NM, int NR, bool kOne>
+  AI static void step(const BlockQ8_0* const* w, const XPair* const* x, int64_t b, int64_t ahead,
+                      __m512 (&acc)[NM][NR]) {
+    const __m512i off = _mm512_set1_epi8(-128);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const BlockQ8_0* wb = w[r] + b;
@@ -133,10 +157,11 @@ struct KernelQ8_0 {
         wa = _mm512_xor_si512(load2x256(wb[0].qs, wb[1].qs), off);  // w + 128 as u8
         wd = bcast2_ph(wb[0].d, wb[1].d);
       }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int m = 0; m < NM; ++m) {
-        const __m512i s = _mm512_dpbusd_epi32(bias[m], wa, xv[m]);
-        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xd[m]), _mm512_cvtepi32_ps(s), acc[m][r]);
+        const XPair& xp = x[m][b / 2];
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xp.bias), wa, _mm512_load_si512(xp.qs));
+        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, _mm512_load_ps(xp.d)), _mm512_cvtepi32_ps(s), acc[m][r]);
       }
     }
   }
@@ -145,9 +170,9 @@ struct KernelQ8_0 {
   static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
     const int64_t nb = a.w->cols / kQK;
     const BlockQ8_0* w[NR];
-    const ActQ8_0* x[NM];
+    const XPair* x[NM];
     for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ8_0*>(weight_row(a, r0 + r));
-    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    for (int m = 0; m < NM; ++m) x[m] = row(a, m0 + m);
     __m512 acc[NM][NR];
     zero(acc);
     int64_t b = 0;
@@ -160,26 +185,11 @@ struct KernelQ8_0 {
 
 // Q4_0 weights x Q8_0 activations, two blocks per step: unsigned nibbles
 // times x, minus 8 * sum(x).
-struct KernelQ4_0 {
+struct KernelQ4_0 : ExpandQ8_0<1> {
   template <int NM, int NR, bool kOne>
-  AI static void step(const BlockQ4_0* const* w, const ActQ8_0* const* x, int64_t b, int64_t ahead,
+  AI static void step(const BlockQ4_0* const* w, const XPair* const* x, int64_t b, int64_t ahead,
                       __m512 (&acc)[NM][NR]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i xv[NM], bias[NM];
-    __m512 xd[NM];
-#pragma GCC unroll 8
-    for (int m = 0; m < NM; ++m) {
-      const ActQ8_0* xb = x[m] + b;
-      if constexpr (kOne) {
-        xv[m] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[0].qs)));
-        xd[m] = _mm512_zextps256_ps512(_mm256_set1_ps(xb[0].d));
-        bias[m] = _mm512_zextsi256_si512(_mm256_set1_epi32(-xb[0].sum));  // -8 sum over 8 lanes
-      } else {
-        xv[m] = load2x256(xb[0].qs, xb[1].qs);
-        xd[m] = bcast2_ps(xb[0].d, xb[1].d);
-        bias[m] = bcast2_epi32(-xb[0].sum, -xb[1].sum);
-      }
-    }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const BlockQ4_0* wb = w[r] + b;
@@ -200,10 +210,11 @@ struct KernelQ4_0 {
         wn = _mm512_and_si512(_mm512_shuffle_i64x2(u, u, _MM_SHUFFLE(3, 1, 2, 0)), m4);
         wd = bcast2_ph(wb[0].d, wb[1].d);
       }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int m = 0; m < NM; ++m) {
-        const __m512i s = _mm512_dpbusd_epi32(bias[m], wn, xv[m]);
-        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xd[m]), _mm512_cvtepi32_ps(s), acc[m][r]);
+        const XPair& xp = x[m][b / 2];
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xp.bias), wn, _mm512_load_si512(xp.qs));
+        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, _mm512_load_ps(xp.d)), _mm512_cvtepi32_ps(s), acc[m][r]);
       }
     }
   }
@@ -212,9 +223,9 @@ struct KernelQ4_0 {
   static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
     const int64_t nb = a.w->cols / kQK;
     const BlockQ4_0* w[NR];
-    const ActQ8_0* x[NM];
+    const XPair* x[NM];
     for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ4_0*>(weight_row(a, r0 + r));
-    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    for (int m = 0; m < NM; ++m) x[m] = row(a, m0 + m);
     __m512 acc[NM][NR];
     zero(acc);
     int64_t b = 0;
@@ -427,6 +438,12 @@ struct KernelFloat {
 
 }  // namespace avx512
 
+#ifndef ATELIER_TALL_M
+#define ATELIER_TALL_M 8
+#define ATELIER_TALL_N 2
+#endif
+constexpr int kTallM = ATELIER_TALL_M, kTallN = ATELIER_TALL_N;
+
 // Tile shapes: activation rows x weight rows, sized to the 32 zmm registers.
 RowsFn rows_fn_avx512(DType t) {
   using namespace avx512;
@@ -434,8 +451,8 @@ RowsFn rows_fn_avx512(DType t) {
     case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 6, 4, 8, 8, 6, 4, 4>::run;
     case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 6, 4, 8, 8, 6, 4, 4>::run;
     case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 6, 4, 8, 8, 6, 4, 4>::run;
-    case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>::run;
-    case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 4, 8, 4, 4>::run;
+    case DType::Q8_0: return &TallTileDriver<KernelQ8_0, kTallM, kTallN, TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>>::run;
+    case DType::Q4_0: return &TallTileDriver<KernelQ4_0, kTallM, kTallN, TileDriver<KernelQ4_0, 4, 4, 8, 4, 4>>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 8, 4, 4>::run;
     case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2, 8, 4, 4>::run;
     default: return nullptr;

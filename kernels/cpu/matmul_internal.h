@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace atelier::kernels::cpu {
 
@@ -20,6 +21,10 @@ struct MatmulArgs {
   int64_t xq_row_bytes = 0;  // stride of one quantized activation row
   float* y = nullptr;        // n_x_rows rows of w->rows floats
   int64_t m_rows = 0;        // n_x_rows
+  // Activations re-laid out by the kernel (Kernel::expand), once per call of
+  // the driver, so that its tiles load them ready to use; nullptr if unused.
+  const void* xe = nullptr;
+  int64_t xe_row_bytes = 0;
 };
 
 // Computes y[m][r] for every m < m_rows and r in [r0, r1).
@@ -33,6 +38,33 @@ RowsFn rows_fn_avx512(DType t);
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.
 constexpr int64_t kRowUnit = 24;
+
+// Kernels may re-lay out the activations once per driver call (e.g. the
+// broadcast scales and offsets of the integer dots): `expand_row_bytes(a)`
+// and `expand(a, m, dst)` fill a per-thread buffer that the tiles read through
+// a.xe. It only precomputes operands, never changes the arithmetic.
+template <class Kernel>
+concept Expands = requires(const MatmulArgs& a, void* p) {
+  Kernel::expand_row_bytes(a);
+  Kernel::expand(a, int64_t{0}, p);
+};
+
+template <class Kernel, class Fn>
+inline void with_expanded(const MatmulArgs& a, Fn&& fn) {
+  if constexpr (Expands<Kernel>) {
+    thread_local std::vector<unsigned char> buf;
+    const int64_t row = (Kernel::expand_row_bytes(a) + 63) / 64 * 64;
+    buf.resize(static_cast<size_t>(row * a.m_rows + 64));
+    unsigned char* base = buf.data() + ((64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64);
+    for (int64_t m = 0; m < a.m_rows; ++m) Kernel::expand(a, m, base + m * row);
+    MatmulArgs e = a;
+    e.xe = base;
+    e.xe_row_bytes = row;
+    fn(e);
+  } else {
+    fn(a);
+  }
+}
 
 // Runs Kernel::tile<NM, NR>(args, m0, r0) over the rows [r0, r1) in tiles of
 // at most RM activation rows by RN weight rows. When the whole batch is
@@ -67,7 +99,8 @@ struct TileDriver {
   }
   static constexpr std::array<TileFn, RM * kN> kTable = make(std::make_integer_sequence<int, RM * kN>{});
 
-  static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  // With the activations already expanded.
+  static void run_tiles(const MatmulArgs& a, int64_t r0, int64_t r1) {
     const int rn = width(a.m_rows);
     for (int64_t r = r0; r < r1; r += rn) {
       const int nr = static_cast<int>(r1 - r < rn ? r1 - r : rn);
@@ -76,6 +109,37 @@ struct TileDriver {
         kTable[(nm - 1) * kN + (nr - 1)](a, m, r);
       }
     }
+  }
+
+  static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    with_expanded<Kernel>(a, [&](const MatmulArgs& e) { run_tiles(e, r0, r1); });
+  }
+};
+
+// Batches of TM rows or more (continuous batching: one row per sequence) in
+// tiles of TM activation rows by TN weight rows, so each weight row is read
+// for TM activation rows at a time; smaller batches go to Base (a
+// TileDriver). The same per-(m, r) arithmetic as Base's tiles.
+template <class Kernel, int TM, int TN, class Base>
+struct TallTileDriver {
+  using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
+  template <int... I>
+  static constexpr std::array<TileFn, TM * TN> make(std::integer_sequence<int, I...>) {
+    return {&Kernel::template tile<I / TN + 1, I % TN + 1>...};
+  }
+  static constexpr std::array<TileFn, TM * TN> kTable = make(std::make_integer_sequence<int, TM * TN>{});
+
+  static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    with_expanded<Kernel>(a, [&](const MatmulArgs& e) {
+      if (e.m_rows < TM) return Base::run_tiles(e, r0, r1);
+      for (int64_t r = r0; r < r1; r += TN) {
+        const int nr = static_cast<int>(r1 - r < TN ? r1 - r : TN);
+        for (int64_t m = 0; m < e.m_rows; m += TM) {
+          const int nm = static_cast<int>(e.m_rows - m < TM ? e.m_rows - m : TM);
+          kTable[(nm - 1) * TN + (nr - 1)](e, m, r);
+        }
+      }
+    });
   }
 };
 

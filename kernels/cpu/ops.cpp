@@ -131,6 +131,54 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * fp16_to_f32(x[i]);
 }
 
+void dot_f32_rows_ref(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* a = rows + r * stride;
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += a[i] * x[i];
+    out[r] = s;
+  }
+}
+
+void dot_f16_rows_ref(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint16_t* a = rows + r * stride;
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += fp16_to_f32(a[i]) * x[i];
+    out[r] = s;
+  }
+}
+
+void axpy_f32_rows_ref(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[i] += a[r] * rows[r * stride + i];
+}
+
+void axpy_f16_rows_ref(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[i] += a[r] * fp16_to_f32(rows[r * stride + i]);
+}
+
+void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  if (use_avx2()) return cpu::avx2::dot_f32_rows(rows, stride, n_rows, x, n, out);
+  dot_f32_rows_ref(rows, stride, n_rows, x, n, out);
+}
+
+void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  if (use_avx2()) return cpu::avx2::dot_f16_rows(rows, stride, n_rows, x, n, out);
+  dot_f16_rows_ref(rows, stride, n_rows, x, n, out);
+}
+
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  if (use_avx2()) return cpu::avx2::axpy_f32_rows(a, rows, stride, n_rows, y, n);
+  axpy_f32_rows_ref(a, rows, stride, n_rows, y, n);
+}
+
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  if (use_avx2()) return cpu::avx2::axpy_f16_rows(a, rows, stride, n_rows, y, n);
+  axpy_f16_rows_ref(a, rows, stride, n_rows, y, n);
+}
+
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
   if (use_avx2()) return cpu::avx2::f32_to_fp16_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_fp16(x[i]);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ops_internal.h"
+#include "quants.h"
 
 namespace atelier::kernels::cpu::avx2 {
 
@@ -124,7 +125,8 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
 
 // Four 8-lane accumulators over 32-element steps, then one over 8, then a
 // masked tail: a fixed order for each n.
-float dot_f32(const float* a, const float* b, int64_t n) {
+namespace {
+__attribute__((always_inline)) inline float dot_f32_one(const float* a, const float* b, int64_t n) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
@@ -137,6 +139,9 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   }
   return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
+}  // namespace
+
+float dot_f32(const float* a, const float* b, int64_t n) { return dot_f32_one(a, b, n); }
 
 void axpy_f32(float a, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
@@ -150,7 +155,8 @@ void axpy_f32(float a, const float* x, float* y, int64_t n) {
   }
 }
 
-float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
+namespace {
+__attribute__((always_inline)) inline float dot_f16_one(const uint16_t* a, const float* b, int64_t n) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
@@ -160,6 +166,9 @@ float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
     acc[0] = _mm256_fmadd_ps(load_h_tail(a + i, n - i), _mm256_maskload_ps(b + i, tail_mask(n - i)), acc[0]);
   return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
+}  // namespace
+
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) { return dot_f16_one(a, b, n); }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
@@ -168,6 +177,165 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
   if (i < n) {
     const __m256i mask = tail_mask(n - i);
     _mm256_maskstore_ps(y + i, mask, _mm256_fmadd_ps(va, load_h_tail(x + i, n - i), _mm256_maskload_ps(y + i, mask)));
+  }
+}
+
+// ---- runs of rows (attention over contiguous cached positions) -------------
+// Each row goes through exactly the one-row code above; the run only saves
+// the calls and, for axpy, keeps y in registers across the rows (each element
+// still sees one FMA per row, in row order).
+
+void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) out[r] = dot_f32_one(rows + r * stride, x, n);
+}
+
+void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) out[r] = dot_f16_one(rows + r * stride, x, n);
+}
+
+namespace {
+struct RowsF32 {
+  static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  static __m256 tail(const float* p, int64_t n) { return _mm256_maskload_ps(p, tail_mask(n)); }
+};
+struct RowsF16 {
+  static __m256 load(const uint16_t* p) { return load_h(p); }
+  static __m256 tail(const uint16_t* p, int64_t n) { return load_h_tail(p, n); }
+};
+
+template <class L, class T>
+__attribute__((always_inline)) inline void axpy_rows(const float* a, const T* rows, int64_t stride, int64_t n_rows,
+                                                     float* y, int64_t n) {
+  constexpr int kV = 8;  // 64 elements of y held in registers
+  int64_t i = 0;
+  for (; i + 8 * kV <= n; i += 8 * kV) {
+    __m256 acc[kV];
+    for (int j = 0; j < kV; ++j) acc[j] = _mm256_loadu_ps(y + i + 8 * j);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const __m256 va = _mm256_set1_ps(a[r]);
+      const T* x = rows + r * stride + i;
+      for (int j = 0; j < kV; ++j) acc[j] = _mm256_fmadd_ps(va, L::load(x + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < kV; ++j) _mm256_storeu_ps(y + i + 8 * j, acc[j]);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 acc = _mm256_loadu_ps(y + i);
+    for (int64_t r = 0; r < n_rows; ++r) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[r]), L::load(rows + r * stride + i), acc);
+    _mm256_storeu_ps(y + i, acc);
+  }
+  if (i < n) {
+    const __m256i mask = tail_mask(n - i);
+    __m256 acc = _mm256_maskload_ps(y + i, mask);
+    for (int64_t r = 0; r < n_rows; ++r)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(a[r]), L::tail(rows + r * stride + i, n - i), acc);
+    _mm256_maskstore_ps(y + i, mask, acc);
+  }
+}
+}  // namespace
+
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  axpy_rows<RowsF32>(a, rows, stride, n_rows, y, n);
+}
+
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  axpy_rows<RowsF16>(a, rows, stride, n_rows, y, n);
+}
+
+// ---- activation quantizers --------------------------------------------------
+
+namespace {
+// Keeps the compiler from fusing a product into the next add (-ffp-contract):
+// the scalar quantizers round the product first.
+__attribute__((always_inline)) inline __m256 rounded(__m256 v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+// roundf: to nearest, halves away from zero. trunc, then add sign(t) when
+// the (exact) fraction is at least one half; |t| <= 127 here.
+__m256 round_half_away(__m256 t) {
+  const __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 sign = _mm256_and_ps(t, _mm256_set1_ps(-0.0f));
+  const __m256 absf = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(t, r));
+  const __m256 up = _mm256_and_ps(_mm256_cmp_ps(absf, _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_set1_ps(1.0f));
+  return _mm256_add_ps(r, _mm256_or_ps(up, sign));
+}
+// 32 int32 lanes (4 vectors) to 32 int8 in order
+__m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+  const __m256i v = _mm256_packs_epi16(ab, cd);
+  return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+}  // namespace
+
+void quantize_act_q8_0(const float* x, void* out, int64_t n) {
+  auto* y = static_cast<ActQ8_0*>(out);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + 8 * j);
+      // max(|x|, amax): a NaN x leaves amax as std::max(amax, NaN) does
+      amax = _mm256_max_ps(_mm256_and_ps(v[j], absmask), amax);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127, id = d ? 1.0f / d : 0.0f;
+    y[i].d = d;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvttps_epi32(round_half_away(rounded(_mm256_mul_ps(v[j], vid))));
+    y[i].sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs), pack32(q[0], q[1], q[2], q[3]));
+  }
+}
+
+void quantize_act_q8_K(const float* x, void* out, int64_t n) {
+  auto* y = static_cast<BlockQ8_K*>(out);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < kQK_K; j += 8) amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), amax);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float am = _mm_cvtss_f32(m);
+    if (am == 0) {
+      y[i].d = 0;
+      std::memset(y[i].qs, 0, kQK_K);
+      std::memset(y[i].bsums, 0, sizeof(y[i].bsums));
+      continue;
+    }
+    // the first element of greatest magnitude, with its sign (as the scalar scan finds it)
+    float max = 0;
+    for (int j = 0; j < kQK_K; ++j)
+      if (std::fabs(x[j]) == am) {
+        max = x[j];
+        break;
+      }
+    const float iscale = -127.f / max;
+    const __m256 vs = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.f);
+    const __m256i mant = _mm256_set1_epi32(0x007fffff), bias = _mm256_set1_epi32(0x00400000),
+                  top = _mm256_set1_epi32(127);
+    for (int j = 0; j < kQK_K; j += 32) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        // nearest_int: the float add rounds half to even, the mantissa holds the integer
+        const __m256 val = _mm256_add_ps(rounded(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k))), magic);
+        q[k] = _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(val), mant), bias), top);
+      }
+      for (int k = 0; k < 2; ++k)
+        y[i].bsums[j / 16 + k] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(q[2 * k], q[2 * k + 1])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs + j), pack32(q[0], q[1], q[2], q[3]));
+    }
+    y[i].d = 1 / iscale;
   }
 }
 

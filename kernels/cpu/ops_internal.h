@@ -13,6 +13,14 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
+void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
+void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+// Bit-identical to cpu::quantize_act_q8_0 / quantize_act_q8_K (quants.cpp);
+// the block types are quants.h's ActQ8_0 / BlockQ8_K.
+void quantize_act_q8_0(const float* x, void* y, int64_t n);
+void quantize_act_q8_K(const float* x, void* y, int64_t n);
 void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 
 }  // namespace atelier::kernels::cpu::avx2

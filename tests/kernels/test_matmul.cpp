@@ -134,9 +134,10 @@ TEST(Matmul, MatchesReferenceOnRandomShapes) {
 }
 
 // Row m of y is bit-identical whether x row m is alone or inside a batch of
-// 1..33 rows, and however many threads split the weight rows.
+// 1..41 rows (the tall 8-row tiles of continuous batching and their tails
+// included), and however many threads split the weight rows.
 TEST(Matmul, BatchAndThreadInvariant) {
-  const int64_t rows = 100, total = 40;
+  const int64_t rows = 100, total = 48;
   for (DType t : kTypes) {
     for (int64_t cols : {int64_t{512}, act_block(t) ? int64_t{256} : int64_t{100}}) {
       const Weights w = make_weights(t, rows, cols, 7 + static_cast<uint32_t>(t));
@@ -145,7 +146,7 @@ TEST(Matmul, BatchAndThreadInvariant) {
         ScopedSimd simd(level);
         std::vector<float> single(static_cast<size_t>(total * rows));
         for (int64_t m = 0; m < total; ++m) matmul(w.view(), x.data() + m * cols, single.data() + m * rows, 1);
-        for (int64_t batch = 1; batch <= 33; ++batch) {
+        for (int64_t batch = 1; batch <= 41; ++batch) {
           for (int threads = 1; threads <= 4; ++threads) {
             const int64_t start = (batch * 5 + threads) % (total - batch + 1);
             std::vector<float> y(static_cast<size_t>(batch * rows));
@@ -162,14 +163,15 @@ TEST(Matmul, BatchAndThreadInvariant) {
 }
 
 // Every tile shape the drivers pick (1..8 weight rows wide for batches of 1..3
-// rows, the full tiles for larger batches, and all the partial tiles at the
+// rows, the full tiles for larger batches, the tall 8-row tiles for batches of
+// 8 or more, and all the partial tiles at the
 // end of a row range) gives the same bits as the single-row product, for
 // every row count up to two full decode tiles plus a tail, and odd block
 // counts (a lone last Q8_0/Q4_0 block).
 TEST(Matmul, TileShapesInvariant) {
   for (DType t : kTypes) {
     const int64_t cols = act_block(t) == 256 ? 512 : act_block(t) == 32 ? 96 : 37;
-    const int64_t total = 7;
+    const int64_t total = 41;  // tall tiles (8 rows) and their tails
     const auto x = random_floats(total * cols, 31);
     for (int64_t rows = 1; rows <= 19; ++rows) {
       const Weights w = make_weights(t, rows, cols, 40 + static_cast<uint32_t>(rows));

@@ -172,5 +172,52 @@ TEST(Ops, HalfRowsMatchScalarConversion) {
   }
 }
 
+
+// The run-of-rows attention ops give, row for row, the bits of the one-row
+// ops at every level, for any run length, stride and width (tails included);
+// at the scalar level they equal their *_ref.
+TEST(Ops, RowRunsMatchOneRowCalls) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t n : {1, 7, 8, 31, 64, 65, 128, 200}) {
+      const int64_t stride = n + 5, n_rows = 37;
+      const auto f = random_floats(stride * n_rows, 3);
+      std::vector<uint16_t> h(f.size());
+      for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_fp16(f[i]);
+      const auto x = random_floats(n, 4);
+      const auto a = random_floats(n_rows, 5);
+      for (int64_t len : {int64_t{1}, int64_t{2}, int64_t{9}, n_rows}) {
+        std::vector<float> d32(len), d16(len), y32 = random_floats(n, 6), y16 = y32;
+        std::vector<float> e32 = y32, e16 = y32;
+        dot_f32_rows(f.data(), stride, len, x.data(), n, d32.data());
+        dot_f16_rows(h.data(), stride, len, x.data(), n, d16.data());
+        axpy_f32_rows(a.data(), f.data(), stride, len, y32.data(), n);
+        axpy_f16_rows(a.data(), h.data(), stride, len, y16.data(), n);
+        for (int64_t r = 0; r < len; ++r) {
+          const float o32 = dot_f32(f.data() + r * stride, x.data(), n);
+          const float o16 = dot_f16_f32(h.data() + r * stride, x.data(), n);
+          ASSERT_EQ(0, std::memcmp(&o32, &d32[r], 4)) << level << " n " << n << " row " << r;
+          ASSERT_EQ(0, std::memcmp(&o16, &d16[r], 4)) << level << " n " << n << " row " << r;
+          axpy_f32(a[r], f.data() + r * stride, e32.data(), n);
+          axpy_f16(a[r], h.data() + r * stride, e16.data(), n);
+        }
+        ASSERT_EQ(0, std::memcmp(e32.data(), y32.data(), n * 4)) << level << " n " << n << " len " << len;
+        ASSERT_EQ(0, std::memcmp(e16.data(), y16.data(), n * 4)) << level << " n " << n << " len " << len;
+        if (level == "scalar") {
+          std::vector<float> r32(len), r16(len), ry32 = random_floats(n, 6), ry16 = ry32;
+          dot_f32_rows_ref(f.data(), stride, len, x.data(), n, r32.data());
+          dot_f16_rows_ref(h.data(), stride, len, x.data(), n, r16.data());
+          axpy_f32_rows_ref(a.data(), f.data(), stride, len, ry32.data(), n);
+          axpy_f16_rows_ref(a.data(), h.data(), stride, len, ry16.data(), n);
+          ASSERT_EQ(0, std::memcmp(r32.data(), d32.data(), len * 4));
+          ASSERT_EQ(0, std::memcmp(r16.data(), d16.data(), len * 4));
+          ASSERT_EQ(0, std::memcmp(ry32.data(), y32.data(), n * 4));
+          ASSERT_EQ(0, std::memcmp(ry16.data(), y16.data(), n * 4));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace atelier::kernels

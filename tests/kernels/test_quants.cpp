@@ -5,8 +5,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "test_util.h"
+#include "../../kernels/cpu/ops_internal.h"
+#include "../../kernels/cpu/quants.h"
 
 namespace atelier::kernels {
 namespace {
@@ -342,6 +345,50 @@ TEST(Quantize, RejectsPartialBlocks) {
   float x[40] = {};
   uint8_t q[64];
   EXPECT_FALSE(quantize_row(DType::Q4_0, x, q, 40));
+}
+
+
+// The AVX2 activation quantizers (used by matmul at the avx2 and avx512
+// levels) write exactly the scalar quantizers' bytes: random blocks over many
+// magnitudes, exact halves (k + 0.5 after scaling), zeros, a lone extreme of
+// either sign, repeated extremes of opposite signs, tiny values. (A block
+// whose 1/d overflows, e.g. subnormal inputs, is undefined in the scalar
+// quantizer: roundf(inf) cast to int8.)
+TEST(Quants, SimdActivationQuantizersMatchScalar) {
+  if (cpu::detected_simd() < cpu::Simd::avx2) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-40, 40), k(-127, 127), kind(0, 6);
+  const int64_t n = 256;
+  std::vector<float> x(n);
+  std::vector<cpu::ActQ8_0> a0(n / 32), b0(n / 32);
+  std::vector<cpu::BlockQ8_K> ak(1), bk(1);
+  for (int iter = 0; iter < 20000; ++iter) {
+    const float scale = std::ldexp(1.0f, e(rng));
+    const int mode = kind(rng);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (mode) {
+        case 0: x[i] = u(rng) * scale; break;
+        case 1: x[i] = (static_cast<float>(k(rng)) + 0.5f) / 127.0f * scale; break;  // halves
+        case 2: x[i] = static_cast<float>(k(rng)) * scale; break;                    // integers
+        case 3: x[i] = i % 5 == 0 ? 0.0f : u(rng) * scale; break;
+        case 4: x[i] = u(rng) * 1e-30f; break;                                         // tiny (1/d stays finite)
+        case 5: x[i] = (i % 3 == 0 ? -1.0f : 1.0f) * scale; break;                     // tied extremes
+        default: x[i] = 0.0f; break;
+      }
+    }
+    if (mode == 0 && iter % 2) x[static_cast<size_t>(iter % n)] = -2 * scale;  // a lone negative extreme
+    std::memset(a0.data(), 0, a0.size() * sizeof(cpu::ActQ8_0));
+    std::memset(b0.data(), 0, b0.size() * sizeof(cpu::ActQ8_0));
+    std::memset(ak.data(), 0, sizeof(cpu::BlockQ8_K));
+    std::memset(bk.data(), 0, sizeof(cpu::BlockQ8_K));
+    cpu::quantize_act_q8_0(x.data(), a0.data(), n);
+    cpu::avx2::quantize_act_q8_0(x.data(), b0.data(), n);
+    ASSERT_EQ(0, std::memcmp(a0.data(), b0.data(), a0.size() * sizeof(cpu::ActQ8_0))) << "q8_0 iter " << iter;
+    cpu::quantize_act_q8_K(x.data(), ak.data(), n);
+    cpu::avx2::quantize_act_q8_K(x.data(), bk.data(), n);
+    ASSERT_EQ(0, std::memcmp(ak.data(), bk.data(), sizeof(cpu::BlockQ8_K))) << "q8_K iter " << iter;
+  }
 }
 
 }  // namespace

@@ -106,6 +106,20 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 // The same with one operand stored as fp16 (an F16 KV cache).
 float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
+// A run of n_rows rows of n elements, stride_elems apart (contiguous cached
+// positions of an attention head). Row by row exactly what the one-row calls
+// give: out[r] = dot_*(rows + r * stride_elems, x, n), bit for bit, whatever
+// n_rows is; and y[i] += a[r] * rows[r][i] for r = 0, 1, ... in order, each
+// step rounded as axpy_* rounds it.
+void dot_f32_rows(const float* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
+void dot_f16_rows(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
+// Plain loops of the scalar one-row ops (the scalar level's arithmetic).
+void dot_f32_rows_ref(const float* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
+void dot_f16_rows_ref(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
+void axpy_f32_rows_ref(const float* a, const float* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
+void axpy_f16_rows_ref(const float* a, const uint16_t* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
 // fp16 <-> f32 arrays.
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
 void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
