@@ -83,7 +83,7 @@ int run_bench_serve(const BenchServeOptions& o) {
     print_json_line({{"model", o.model}, {"prompt_tokens", o.bench.prompt_tokens}, {"gen_tokens", o.bench.gen_tokens}, {"levels", arr}});
     return 0;
   }
-  std::printf("model %s, ~%d prompt words and %d new tokens per request\n", o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens);
+  std::printf("model %s, %d prompt tokens and %d new tokens per request\n", o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens);
   std::printf("%11s %11s %8s %10s %18s %18s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms", "ITL p50/p99 ms");
   for (const auto& l : levels)
     std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f\n", l.concurrency, l.tokens_per_s,
@@ -113,7 +113,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  serve->add_option("-p,--prompt-tokens", so->bench.prompt_tokens, "Prompt length (vocabulary words) per request")->check(CLI::Range(1, 4096))->capture_default_str();
+  serve->add_option("-p,--prompt-tokens", so->bench.prompt_tokens, "Prompt tokens per request (random vocabulary words)")->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("-n,--gen-tokens", so->bench.gen_tokens, "New tokens per request")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();

@@ -135,7 +135,12 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   auto make_request = [&](int seed, int n) {
     TextRequest r;
     r.model = model_path;
-    for (int w = 0; w < o.prompt_tokens; ++w) r.prompt += words[next() % words.size()];
+    // Words until the prompt is prompt_tokens long (BOS included), as the model's tokenizer counts.
+    for (;;) {
+      auto ids = vocab.value()->tokenize(r.prompt, true, false);
+      if (!ids.ok() || static_cast<int>(ids.value().size()) >= o.prompt_tokens) break;
+      r.prompt += words[next() % words.size()];
+    }
     r.max_new_tokens = n;
     r.ignore_eos = true;
     r.sampling.seed = static_cast<uint64_t>(seed);

@@ -17,6 +17,9 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 namespace {
+// Prompt tokens per step while no sequence is decoding (bounds the scratch memory of one step).
+constexpr int kIdlePrefillTokens = 1024;
+
 int64_t epoch_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -443,7 +446,13 @@ void Scheduler::step() {
 
   std::vector<text::SeqInput> inputs;
   std::vector<Sequence*> owners;
-  int budget = config_.prefill_tokens_per_step;
+  // The prefill budget protects the inter-token latency of sequences that
+  // are decoding; when none is, there is nothing to protect, so prompts are
+  // prefilled in as few steps as possible (all jobs then start decoding
+  // together, and the first token comes sooner).
+  bool any_decoding = false;
+  for (const auto& s : running_) any_decoding |= static_cast<int>(s->tokens.size()) - s->n_past == 1;
+  int budget = any_decoding ? config_.prefill_tokens_per_step : std::max(config_.prefill_tokens_per_step, kIdlePrefillTokens);
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* s = running_[i].get();
     if (defer_batch && !s->req.interactive) continue;

@@ -140,3 +140,21 @@ TEST(Sampler, RepeatWindowForgetsOldTokens) {
   EXPECT_EQ(s.sample(l.data(), 3), 0);
   EXPECT_FLOAT_EQ(l[0], 5.0f);
 }
+
+TEST(Sampler, TopKKeepsHighestAndBreaksTiesByLowerId) {
+  // Ten tokens tie at the top; top-k 3 must keep ids 2, 4 and 6 (the lowest ids among them).
+  std::vector<float> base(100, 0.0f);
+  for (int id = 2; id < 22; id += 2) base[static_cast<size_t>(id)] = 5.0f;
+  SamplingParams p = plain(1.0f);
+  p.top_k = 3;
+  Sampler s(p);
+  std::map<int, int> seen;
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<float> l = base;
+    ++seen[s.sample(l.data(), 100)];
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_GT(seen[2], 0);
+  EXPECT_GT(seen[4], 0);
+  EXPECT_GT(seen[6], 0);
+}

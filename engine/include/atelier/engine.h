@@ -367,7 +367,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
 struct ServeBenchOptions {
   std::vector<int> concurrency = {1, 4, 16, 32};
   int prefill_tokens_per_step = EngineConfig{}.prefill_tokens_per_step;
-  int prompt_tokens = 32;  // approximate: prompts are made of random vocabulary words
+  int prompt_tokens = 32;  // per request, BOS included: random vocabulary words until the tokenizer counts this many (or one more word)
   int gen_tokens = 64;     // per request (end-of-sequence ignored)
   int threads = 0;
   int max_batch = 32;

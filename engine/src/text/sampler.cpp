@@ -76,7 +76,11 @@ int32_t Sampler::sample(float* logits, int n_vocab) {
   };
   size_t n = cand_.size();
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
-    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+    // Select the top k in linear time, then order only those: the same k
+    // tokens in the same order as a partial sort (ties go to the lower id),
+    // several times faster on 32k-150k vocabularies.
+    std::nth_element(cand_.begin(), cand_.begin() + (p_.top_k - 1), cand_.end(), by_logit);
+    std::sort(cand_.begin(), cand_.begin() + p_.top_k, by_logit);
     n = static_cast<size_t>(p_.top_k);
   } else {
     std::sort(cand_.begin(), cand_.end(), by_logit);
