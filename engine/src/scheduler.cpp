@@ -503,13 +503,23 @@ void Scheduler::step() {
   }
   int decoded = 0, generated = 0;
   const tok::Tokenizer& tokenizer = *m->impl().tokenizer;
+  // Sampling is per sequence (its own logits, sampler and random stream), so
+  // the sequences sample in parallel; the same tokens as one after another.
+  std::vector<int32_t> sampled(live.size(), -1);
+  m->impl().pool->parallel_for(static_cast<int64_t>(live.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Sequence& s = *live_owners[static_cast<size_t>(i)];
+      if (live[static_cast<size_t>(i)].logits)
+        sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
+    }
+  });
   for (size_t i = 0; i < live.size(); ++i) {
     Sequence& s = *live_owners[i];
     s.n_past += live[i].n;
     s.kv->publish(s.tokens.data(), s.n_past);
     if (live[i].n == 1) ++decoded;
     if (!live[i].logits) continue;
-    const int32_t id = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
+    const int32_t id = sampled[i];
     if (tokenizer.is_eog(id) && !s.req.ignore_eos) {
       finish(s, JobState::Completed, "eos");
       continue;
