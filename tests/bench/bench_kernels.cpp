@@ -8,6 +8,8 @@
 
 #include <atelier/kernels.h>
 
+#include "core/thread_pool.h"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -23,64 +25,8 @@ namespace {
 
 using namespace atelier::kernels;
 
-// A small persistent pool, so thread start-up does not count.
-class Pool : public Executor {
- public:
-  explicit Pool(int n) : n_(n) {
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
-  }
-  ~Pool() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-      ++gen_;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-  int threads() const override { return n_; }
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      total_ = n;
-      pending_ = n_ - 1;
-      ++gen_;
-    }
-    cv_.notify_all();
-    run_slice(0);
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-  }
-
- private:
-  void run_slice(int i) {
-    const int64_t b = total_ * i / n_, e = total_ * (i + 1) / n_;
-    if (b < e) (*fn_)(b, e);
-  }
-  void loop(int i) {
-    uint64_t seen = 0;
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return gen_ != seen; });
-      seen = gen_;
-      if (stop_) return;
-      lock.unlock();
-      run_slice(i);
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-  int n_;
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_;
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t total_ = 0;
-  int pending_ = 0;
-  uint64_t gen_ = 0;
-  bool stop_ = false;
-};
+// The engine's thread pool: the kernels run on it in the product.
+using Pool = atelier::ThreadPool;
 
 // Random weights of one type and shape, made once per process.
 const std::vector<uint8_t>& weights(DType t, int64_t rows, int64_t cols) {
