@@ -25,8 +25,10 @@ int main(int argc, char** argv) {
     const QString home = qEnvironmentVariable("ATELIER_HOME");
     folders << (home.isEmpty() ? QStandardPaths::writableLocation(QStandardPaths::GenericDataLocation) + "/atelier"
                                : home) + "/models";
-    const QString fixtures = QStringLiteral(ATELIER_FIXTURES_DIR) + "/text";
-    if (QDir(fixtures).exists()) folders << QDir(fixtures).canonicalPath();
+    for (const char* sub : {"/text", "/image"}) {
+      const QString fixtures = QStringLiteral(ATELIER_FIXTURES_DIR) + sub;
+      if (QDir(fixtures).exists()) folders << QDir(fixtures).canonicalPath();
+    }
   }
   MainWindow window(folders);
   window.show();

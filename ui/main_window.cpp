@@ -15,9 +15,9 @@ MainWindow::MainWindow(QStringList modelFolders, QWidget* parent)
   auto* layout = new QVBoxLayout(central);
   auto* heading = new QLabel(tr("<b>Models</b>"), central);
   layout->addWidget(heading);
-  table_ = new QTableWidget(0, 4, central);
-  table_->setHorizontalHeaderLabels({tr("Name"), tr("Format"), tr("Size"), tr("Details")});
-  table_->horizontalHeader()->setSectionResizeMode(3, QHeaderView::Stretch);
+  table_ = new QTableWidget(0, 5, central);
+  table_->setHorizontalHeaderLabels({tr("Name"), tr("Kind"), tr("Format"), tr("Size"), tr("Details")});
+  table_->horizontalHeader()->setSectionResizeMode(4, QHeaderView::Stretch);
   table_->verticalHeader()->setVisible(false);
   table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   table_->setSelectionBehavior(QAbstractItemView::SelectRows);
@@ -43,9 +43,10 @@ void MainWindow::refreshModels() {
     auto* name = new QTableWidgetItem(QString::fromStdString(m.path).section('/', -1));
     name->setToolTip(QString::fromStdString(m.path));
     table_->setItem(row, 0, name);
-    table_->setItem(row, 1, new QTableWidgetItem(QString::fromStdString(m.format)));
-    table_->setItem(row, 2, new QTableWidgetItem(QLocale().formattedDataSize(m.bytes)));
-    table_->setItem(row, 3, new QTableWidgetItem(QString::fromStdString(m.summary)));
+    table_->setItem(row, 1, new QTableWidgetItem(QString::fromStdString(m.kind)));
+    table_->setItem(row, 2, new QTableWidgetItem(QString::fromStdString(m.format)));
+    table_->setItem(row, 3, new QTableWidgetItem(QLocale().formattedDataSize(m.bytes)));
+    table_->setItem(row, 4, new QTableWidgetItem(QString::fromStdString(m.summary)));
   }
   table_->resizeColumnsToContents();
   status_->setText(tr("%n model file(s) in %1", nullptr, static_cast<int>(models.size()))

@@ -3,10 +3,13 @@
 #include <atelier/engine.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
+#include "formats/pickle.h"
+#include "formats/safetensors.h"
 #include "text_model_impl.h"
 
 namespace atelier {
@@ -32,6 +35,24 @@ std::string describe_llama2c(const std::string& path) {
   return "llama2.c, " + std::to_string(c.dim) + "-dim, " + std::to_string(c.n_layers) + " layers, vocab " +
          std::to_string(c.vocab_size);
 }
+template <class File>
+std::string describe_tensors(const File& f, const std::string& arch) {
+  int64_t params = 0;
+  for (const auto& t : f.tensors()) params += t.elements();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2fM params", static_cast<double>(params) / 1e6);
+  return (arch.empty() ? std::string("tensors") : arch) + ", " + std::to_string(f.tensors().size()) + " tensors, " + buf;
+}
+
+std::string describe_safetensors(const std::string& path) {
+  auto f = formats::SafetensorsFile::open(path);
+  auto it = f->metadata().find("architecture");
+  return describe_tensors(*f, it == f->metadata().end() ? "" : it->second);
+}
+
+std::string describe_torch(const std::string& path) {
+  return describe_tensors(*formats::TorchCheckpoint::open(path), "PyTorch checkpoint");
+}
 }  // namespace
 
 std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders) {
@@ -50,9 +71,16 @@ std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folder
       const bool tokenizer_bin = name.rfind("tok", 0) == 0;
       if (ext == ".gguf") m.format = "gguf";
       else if (ext == ".bin" && !tokenizer_bin) m.format = "llama2c";
+      else if (ext == ".safetensors") m.format = "safetensors";
+      else if (ext == ".pth" || ext == ".ckpt") m.format = "pytorch";
       else continue;
+      // Image models come as safetensors or PyTorch archives (text models as GGUF and llama2.c).
+      if (m.format == "safetensors" || m.format == "pytorch") m.kind = "image";
       Status st = guarded([&]() -> Status {
-        m.summary = m.format == "gguf" ? describe_gguf(m.path) : describe_llama2c(m.path);
+        m.summary = m.format == "gguf"          ? describe_gguf(m.path)
+                    : m.format == "llama2c"     ? describe_llama2c(m.path)
+                    : m.format == "safetensors" ? describe_safetensors(m.path)
+                                                : describe_torch(m.path);
         return Status{};
       });
       if (!st.ok()) m.summary = "cannot load: " + st.message;

@@ -399,8 +399,8 @@ std::vector<std::string> synth_param_presets();
 
 struct ModelFile {
   std::string path;
-  std::string kind;    // "text"
-  std::string format;  // "gguf", "llama2c"
+  std::string kind;    // "text" or "image"
+  std::string format;  // "gguf", "llama2c", "safetensors", "pytorch"
   int64_t bytes = 0;
   std::string summary;  // "llama, 64-dim, 5 layers, vocab 512" or the reason it cannot load
 };
