@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   atelier::app::add_text_commands(app, exit_code);
   atelier::app::add_bench_commands(app, exit_code);
   atelier::app::add_models_commands(app, exit_code);
+  atelier::app::add_image_commands(app, exit_code);
   atelier::app::add_queue_commands(app, exit_code);
   try {
     app.parse(argc, argv);

@@ -328,6 +328,46 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---------------------------------------------------------------- image
+
+// One image job. width and height: multiples of 8 in 8..4096; batch_count
+// 1..100 (image i uses seed + i). seed kRandomSeed: one is picked (reported in
+// ImageResult::seed). steps, cfg_scale, sampler, rng and negative_prompt are
+// recorded in the PNG but unused by the QuickDraw CVAE (a one-pass decoder
+// whose z comes from torch's CPU generator whatever rng says).
+struct ImageRequest {
+  std::string model;                 // a model file path
+  std::string prompt;
+  std::string negative_prompt;
+  int width = 512, height = 512;
+  int steps = 20;
+  float cfg_scale = 7.0f;
+  std::string sampler = "euler_a";
+  uint64_t seed = SamplingParams::kRandomSeed;
+  std::string rng = "cuda";          // "cuda" (torch's Philox) or "cpu" (torch's mt19937)
+  int batch_count = 1;
+};
+
+struct ImageResult {
+  int width = 0, height = 0, channels = 0;  // channels: 1 grey, 3 RGB
+  std::vector<uint8_t> pixels;              // row-major, interleaved
+  uint64_t seed = 0;
+  std::string parameters;                   // AUTOMATIC1111's "parameters" text
+};
+
+// Generates request.batch_count images on the calling thread. For now only
+// the QuickDraw CVAE (safetensors, metadata architecture "quickdraw-cvae"):
+// the prompt must name one of its classes. InvalidArgument: a bad request
+// value or a prompt naming no class (the message lists them); NotFound: no
+// such file; Unsupported: any other model; InvalidModel: a damaged file.
+Result<std::vector<ImageResult>> generate_image(const ImageRequest& request);
+
+// Writes result as an 8-bit PNG with two text chunks: "parameters"
+// (result.parameters, A1111's format) and "atelier" (the request as JSON, its
+// seed replaced by result.seed). Written to PATH.tmp then renamed. Io with the
+// system's reason on failure; InvalidArgument for an empty result.
+Status write_png(const ImageResult& result, const ImageRequest& request, const std::string& path);
+
 // ---------------------------------------------------------------- benchmarks
 
 struct MachineLimits {
