@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/sqlite.h"
 
 namespace atelier::runtime {
 
@@ -54,98 +55,19 @@ constexpr const char* kColumns =
 
 constexpr int kBusyTimeoutMs = 5000;
 
+constexpr char kNoun[] = "job database";
+using Stmt = sql::Stmt<kNoun>;
+using Txn = sql::Txn<kNoun>;
+void exec(sqlite3* db, const std::string& path, const char* sql) { sql::exec<kNoun>(db, path, sql); }
+
 int64_t system_now_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
-[[noreturn]] void throw_sqlite(sqlite3* db, const std::string& path, const std::string& what) {
-  std::string msg = "job database " + path + ": " + what;
-  if (db) msg += ": " + std::string(sqlite3_errmsg(db));
-  throw Error(msg);
-}
 
-// A prepared statement, finalized on scope exit. Indexes are 1-based for
-// bind (as in SQLite) and 0-based for columns.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const std::string& path, std::string_view sql) : db_(db), path_(path) {
-    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &s_, nullptr) != SQLITE_OK)
-      throw_sqlite(db, path, "cannot prepare \"" + std::string(sql) + "\"");
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
 
-  Stmt& i64(int index, int64_t v) {
-    check(sqlite3_bind_int64(s_, index, v));
-    return *this;
-  }
-  Stmt& text(int index, const std::string& v) {
-    check(sqlite3_bind_text(s_, index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    return *this;
-  }
-  // True when a row is ready, false when done.
-  bool step() {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    fail_step();
-  }
-  // Runs a write to completion; returns the rows it changed.
-  int run() {
-    while (step()) {
-    }
-    return sqlite3_changes(db_);
-  }
-  int64_t col_i64(int c) const { return sqlite3_column_int64(s_, c); }
-  std::string col_text(int c) const {
-    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, c));
-    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, c))) : std::string();
-  }
 
- private:
-  // Out of line: GCC 12 warns falsely (-Wrestrict) on inlined string concatenation.
-  [[noreturn]] __attribute__((noinline)) void fail_step() {
-    std::string what = "statement failed: ";
-    what.append(sqlite3_sql(s_));
-    throw_sqlite(db_, path_, what);
-  }
-  void check(int rc) {
-    if (rc != SQLITE_OK) throw_sqlite(db_, path_, "cannot bind a parameter");
-  }
-  sqlite3* db_;
-  const std::string& path_;
-  sqlite3_stmt* s_ = nullptr;
-};
-
-void exec(sqlite3* db, const std::string& path, const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : sqlite3_errmsg(db);
-    sqlite3_free(err);
-    throw Error("job database " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg);
-  }
-}
-
-// BEGIN IMMEDIATE takes the write lock up front (waiting up to the busy
-// timeout), so a read-then-write transaction never fails on lock upgrade.
-class Txn {
- public:
-  Txn(sqlite3* db, const std::string& path) : db_(db), path_(path) { exec(db, path, "BEGIN IMMEDIATE"); }
-  ~Txn() {
-    if (open_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  void commit() {
-    exec(db_, path_, "COMMIT");
-    open_ = false;
-  }
-
- private:
-  sqlite3* db_;
-  const std::string& path_;
-  bool open_ = true;
-};
 
 JobRow read_row(const Stmt& s) {
   JobRow r;
@@ -177,43 +99,7 @@ JobDb::~JobDb() {
 
 std::unique_ptr<JobDb> JobDb::open(const std::string& path) {
   std::unique_ptr<JobDb> j(new JobDb(path));
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
-  if (sqlite3_open_v2(path.c_str(), &j->db_, flags, nullptr) != SQLITE_OK) {
-    // db_ may hold a handle carrying the message; the destructor closes it.
-    throw_sqlite(j->db_, path, "cannot open");
-  }
-  sqlite3_extended_result_codes(j->db_, 1);
-  sqlite3_busy_timeout(j->db_, kBusyTimeoutMs);
-  {
-    // Switching a new file to WAL needs an exclusive lock and, when several
-    // processes create the database at once, can report SQLITE_BUSY without
-    // calling the busy handler; retry it for as long as the busy timeout.
-    std::string mode;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
-    for (;;) {
-      sqlite3_stmt* s = nullptr;
-      int rc = sqlite3_prepare_v2(j->db_, "PRAGMA journal_mode = WAL", -1, &s, nullptr);
-      if (rc == SQLITE_OK) {
-        rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-          const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
-          mode = p ? p : "";
-        }
-      }
-      sqlite3_finalize(s);
-      if (rc == SQLITE_ROW) break;
-      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline)
-        throw_sqlite(j->db_, path, "cannot open (switching to WAL journaling)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    if (mode != "wal")
-      throw Error("job database " + path + ": cannot switch to WAL journaling (got \"" + mode +
-                  "\"); put the data dir on a local file system");
-  }
-  // FULL: in WAL mode every commit is synced, so an acknowledged job also
-  // survives an OS crash or power loss, not only kill -9.
-  exec(j->db_, path, "PRAGMA synchronous = FULL");
-  exec(j->db_, path, "PRAGMA foreign_keys = ON");
+  sql::open_wal<kNoun>(path, kBusyTimeoutMs, "put the data dir on a local file system", &j->db_);
   j->migrate();
   return j;
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/sqlite.h"
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "formats/pickle.h"
@@ -87,6 +88,11 @@ CREATE INDEX audit_model ON audit (model, id);
 static_assert(std::size(kMigrations) == ModelStore::kSchemaVersion, "one migration per schema version");
 
 constexpr int kBusyTimeoutMs = 10000;
+
+constexpr char kNoun[] = "model store database";
+using Stmt = sql::Stmt<kNoun>;
+using Txn = sql::Txn<kNoun>;
+void exec(sqlite3* db, const std::string& path, const char* sql) { sql::exec<kNoun>(db, path, sql); }
 constexpr size_t kMinDigestPrefix = 12;
 
 int64_t now_ms() {
@@ -94,90 +100,9 @@ int64_t now_ms() {
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
-[[noreturn]] void throw_sqlite(sqlite3* db, const std::string& path, const std::string& what) {
-  std::string msg = "model store database " + path + ": " + what;
-  if (db) msg += ": " + std::string(sqlite3_errmsg(db));
-  throw Error(msg);
-}
 
-// A prepared statement, finalized on scope exit. Indexes are 1-based for
-// bind (as in SQLite) and 0-based for columns.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const std::string& path, std::string_view sql) : db_(db), path_(path) {
-    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &s_, nullptr) != SQLITE_OK)
-      throw_sqlite(db, path, "cannot prepare \"" + std::string(sql) + "\"");
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
 
-  Stmt& i64(int index, int64_t v) {
-    check(sqlite3_bind_int64(s_, index, v));
-    return *this;
-  }
-  Stmt& text(int index, const std::string& v) {
-    check(sqlite3_bind_text(s_, index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    return *this;
-  }
-  bool step() {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    fail_step();
-  }
-  int run() {
-    while (step()) {
-    }
-    return sqlite3_changes(db_);
-  }
-  int64_t col_i64(int c) const { return sqlite3_column_int64(s_, c); }
-  std::string col_text(int c) const {
-    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, c));
-    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, c))) : std::string();
-  }
 
- private:
-  [[noreturn]] __attribute__((noinline)) void fail_step() {
-    std::string what = "statement failed: ";
-    what.append(sqlite3_sql(s_));
-    throw_sqlite(db_, path_, what);
-  }
-  void check(int rc) {
-    if (rc != SQLITE_OK) throw_sqlite(db_, path_, "cannot bind a parameter");
-  }
-  sqlite3* db_;
-  const std::string& path_;
-  sqlite3_stmt* s_ = nullptr;
-};
-
-void exec(sqlite3* db, const std::string& path, const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : sqlite3_errmsg(db);
-    sqlite3_free(err);
-    throw Error("model store database " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg);
-  }
-}
-
-// BEGIN IMMEDIATE takes the write lock up front (waiting up to the busy
-// timeout), so a read-then-write transaction never fails on lock upgrade.
-class Txn {
- public:
-  Txn(sqlite3* db, const std::string& path) : db_(db), path_(path) { exec(db, path, "BEGIN IMMEDIATE"); }
-  ~Txn() {
-    if (open_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  void commit() {
-    exec(db_, path_, "COMMIT");
-    open_ = false;
-  }
-
- private:
-  sqlite3* db_;
-  const std::string& path_;
-  bool open_ = true;
-};
 
 // Read transactions: one consistent snapshot for multi-statement reads.
 class ReadTxn {
@@ -527,37 +452,7 @@ std::unique_ptr<ModelStore> ModelStore::open(const std::string& root) {
   std::unique_ptr<ModelStore> st(new ModelStore(root));
   BlobStore blobs(root);
   const std::string path = st->db_path();
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
-  if (sqlite3_open_v2(path.c_str(), &st->db_, flags, nullptr) != SQLITE_OK) throw_sqlite(st->db_, path, "cannot open");
-  sqlite3_extended_result_codes(st->db_, 1);
-  sqlite3_busy_timeout(st->db_, kBusyTimeoutMs);
-  {
-    // Switching a new file to WAL can report SQLITE_BUSY without calling the
-    // busy handler when several processes create it at once; retry.
-    std::string mode;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
-    for (;;) {
-      sqlite3_stmt* s = nullptr;
-      int rc = sqlite3_prepare_v2(st->db_, "PRAGMA journal_mode = WAL", -1, &s, nullptr);
-      if (rc == SQLITE_OK) {
-        rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-          const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
-          mode = p ? p : "";
-        }
-      }
-      sqlite3_finalize(s);
-      if (rc == SQLITE_ROW) break;
-      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline)
-        throw_sqlite(st->db_, path, "cannot open (switching to WAL journaling)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    if (mode != "wal")
-      throw Error("model store database " + path + ": cannot switch to WAL journaling (got \"" + mode +
-                  "\"); put the store on a local file system");
-  }
-  exec(st->db_, path, "PRAGMA synchronous = FULL");
-  exec(st->db_, path, "PRAGMA foreign_keys = ON");
+  sql::open_wal<kNoun>(path, kBusyTimeoutMs, "put the store on a local file system", &st->db_);
   st->migrate();
   // Leftovers of interrupted imports; skipped while another import runs.
   BlobStore::Lock lock(root, BlobStore::Lock::kTryExclusive);
