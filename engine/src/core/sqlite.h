@@ -11,6 +11,7 @@
 #include <sqlite3.h>
 
 #include <chrono>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -148,6 +149,53 @@ inline void open_wal(const std::string& path, int busy_timeout_ms, const std::st
     throw Error(std::string(Noun) + " " + path + ": cannot switch to WAL journaling (got \"" + mode + "\"); " + wal_advice);
   exec<Noun>(*db, path, "PRAGMA synchronous = FULL");
   exec<Noun>(*db, path, "PRAGMA foreign_keys = ON");
+}
+
+// Brings the schema to version `count` by applying migrations[v] for each
+// v from the stored meta.schema_version up. One transaction per step,
+// re-reading the version inside it, so two processes opening the same new
+// database at once apply each step once. A version this build does not know
+// is refused: `what` names the kind of file ("an Atelier job database") and
+// `elsewhere` the way out ("another data dir").
+template <const char* Noun>
+inline void migrate(sqlite3* db, const std::string& path, const char* const* migrations, int count,
+                    const std::string& what, const std::string& elsewhere) {
+  for (;;) {
+    Txn<Noun> txn(db, path);
+    exec<Noun>(db, path, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
+    std::string text;
+    {
+      Stmt<Noun> s(db, path, "SELECT value FROM meta WHERE key = 'schema_version'");
+      if (s.step()) text = s.col_text(0);
+    }
+    int version = 0;
+    if (!text.empty()) {
+      size_t used = 0;
+      try {
+        version = std::stoi(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != text.size() || version < 0)
+        throw Error(std::string(Noun) + " " + path + ": unreadable schema version \"" + text +
+                    "\"; the file is damaged or not " + what);
+    }
+    if (version > count)
+      throw Error(std::string(Noun) + " " + path + " was made by a newer Atelier (schema version " +
+                  std::to_string(version) + ", this build knows up to " + std::to_string(count) +
+                  "); update Atelier or use " + elsewhere);
+    if (version == count) {
+      txn.commit();
+      return;
+    }
+    exec<Noun>(db, path, migrations[version]);
+    Stmt<Noun>(db, path,
+               "INSERT INTO meta (key, value) VALUES ('schema_version', ?1) "
+               "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+        .text(1, std::to_string(version + 1))
+        .run();
+    txn.commit();
+  }
 }
 
 }  // namespace atelier::sql

@@ -15,6 +15,7 @@
 // allocation; tensor extents are checked for overflow and against the file.
 #include "formats/gguf.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "formats/mapped_file.h"
 
@@ -593,19 +594,6 @@ void put_value(Buffer& b, const std::string& key, const GgufValue& v) {
   }
 }
 
-// Writes all of [p, p+n) to fd or throws.
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
-  const auto* c = static_cast<const uint8_t*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error(path + ": cannot write: " + std::strerror(errno));
-    }
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 }  // namespace
 
@@ -713,41 +701,18 @@ void GgufWriter::write(const std::string& path) const {
   }
   head.bytes.resize((head.bytes.size() + al - 1) / al * al, 0);
 
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
-  try {
-    write_all(fd, head.bytes.data(), head.bytes.size(), tmp);
-    const std::vector<uint8_t> zeros(static_cast<size_t>(al), 0);
-    uint64_t pos = 0;
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      write_all(fd, zeros.data(), static_cast<size_t>(offsets[i] - pos), tmp);
-      write_all(fd, tensors_[i].data.data(), tensors_[i].data.size(), tmp);
-      pos = offsets[i] + tensors_[i].data.size();
-    }
-    // Pad the last tensor too, as llama.cpp does, so the file size is aligned.
-    write_all(fd, zeros.data(), static_cast<size_t>(offset - pos), tmp);
-    if (::fsync(fd) != 0) throw Error(tmp + ": cannot sync to disk: " + std::strerror(errno));
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw Error(tmp + ": cannot close: " + std::strerror(errno));
-    }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(path + ": cannot rename " + tmp + " into place: " + std::strerror(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  AtomicFile out(path);
+  out.write(head.bytes.data(), head.bytes.size());
+  const std::vector<uint8_t> zeros(static_cast<size_t>(al), 0);
+  uint64_t pos = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    out.write(zeros.data(), static_cast<size_t>(offsets[i] - pos));
+    out.write(tensors_[i].data.data(), tensors_[i].data.size());
+    pos = offsets[i] + tensors_[i].data.size();
   }
-  // Make the rename durable: sync the directory (best effort).
-  std::string dir = ".";
-  if (auto slash = path.find_last_of('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  // Pad the last tensor too, as llama.cpp does, so the file size is aligned.
+  out.write(zeros.data(), static_cast<size_t>(offset - pos));
+  out.commit();
 }
 
 }  // namespace atelier::formats

@@ -1,6 +1,7 @@
 // safetensors reader and writer. See safetensors.h.
 #include "formats/safetensors.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "formats/mapped_file.h"
 
@@ -174,20 +175,6 @@ void SafetensorsWriter::add_tensor(const std::string& name, ElemType dtype, cons
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
-namespace {
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
-  const uint8_t* c = static_cast<const uint8_t*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error(path + ": cannot write: " + std::strerror(errno));
-    }
-    c += w;
-    n -= size_t(w);
-  }
-}
-}  // namespace
 
 void SafetensorsWriter::write(const std::string& path) const {
   ojson h = ojson::object();
@@ -210,33 +197,11 @@ void SafetensorsWriter::write(const std::string& path) const {
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
-  try {
-    write_all(fd, len, 8, tmp);
-    write_all(fd, header.data(), header.size(), tmp);
-    for (const Pending& t : tensors_) write_all(fd, t.data.data(), t.data.size(), tmp);
-    if (::fsync(fd) != 0) throw Error(tmp + ": cannot sync to disk: " + std::strerror(errno));
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw Error(tmp + ": cannot close: " + std::strerror(errno));
-    }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(path + ": cannot rename " + tmp + " into place: " + std::strerror(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  std::string dir = ".";
-  if (auto slash = path.find_last_of('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile out(path);
+  out.write(len, 8);
+  out.write(header.data(), header.size());
+  for (const Pending& t : tensors_) out.write(t.data.data(), t.data.size());
+  out.commit();
 }
 
 }  // namespace atelier::formats

@@ -58,7 +58,6 @@ constexpr int kBusyTimeoutMs = 5000;
 constexpr char kNoun[] = "job database";
 using Stmt = sql::Stmt<kNoun>;
 using Txn = sql::Txn<kNoun>;
-void exec(sqlite3* db, const std::string& path, const char* sql) { sql::exec<kNoun>(db, path, sql); }
 
 int64_t system_now_ms() {
   using namespace std::chrono;
@@ -117,36 +116,7 @@ void JobDb::meta_set(const std::string& key, const std::string& value) {
 
 void JobDb::migrate() {
   std::lock_guard lock(mu_);
-  for (;;) {
-    // One transaction per migration, re-reading the version inside it, so two
-    // processes opening the same new database at once apply each step once.
-    Txn txn(db_, path_);
-    exec(db_, path_, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
-    const std::string text = meta_get("schema_version");
-    int version = 0;
-    if (!text.empty()) {
-      size_t used = 0;
-      try {
-        version = std::stoi(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != text.size() || version < 0)
-        throw Error("job database " + path_ + ": unreadable schema version \"" + text +
-                    "\"; the file is damaged or not an Atelier job database");
-    }
-    if (version > kSchemaVersion)
-      throw Error("job database " + path_ + " was made by a newer Atelier (schema version " + std::to_string(version) +
-                  ", this build knows up to " + std::to_string(kSchemaVersion) +
-                  "); update Atelier or use another data dir");
-    if (version == kSchemaVersion) {
-      txn.commit();
-      return;
-    }
-    exec(db_, path_, kMigrations[version]);
-    meta_set("schema_version", std::to_string(version + 1));
-    txn.commit();
-  }
+  sql::migrate<kNoun>(db_, path_, kMigrations, kSchemaVersion, "an Atelier job database", "another data dir");
 }
 
 int JobDb::schema_version() const {

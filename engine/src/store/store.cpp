@@ -462,42 +462,7 @@ std::unique_ptr<ModelStore> ModelStore::open(const std::string& root) {
 
 void ModelStore::migrate() {
   std::lock_guard lock(mu_);
-  const std::string path = db_path();
-  for (;;) {
-    Txn txn(db_, path);
-    exec(db_, path, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
-    std::string text;
-    {
-      Stmt s(db_, path, "SELECT value FROM meta WHERE key = 'schema_version'");
-      if (s.step()) text = s.col_text(0);
-    }
-    int version = 0;
-    if (!text.empty()) {
-      size_t used = 0;
-      try {
-        version = std::stoi(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != text.size() || version < 0)
-        throw Error("model store database " + path + ": unreadable schema version \"" + text +
-                    "\"; the file is damaged or not an Atelier model store");
-    }
-    if (version > kSchemaVersion)
-      throw Error("model store database " + path + " was made by a newer Atelier (schema version " +
-                  std::to_string(version) + ", this build knows up to " + std::to_string(kSchemaVersion) +
-                  "); update Atelier or use another store");
-    if (version == kSchemaVersion) {
-      txn.commit();
-      return;
-    }
-    exec(db_, path, kMigrations[version]);
-    Stmt s(db_, path,
-           "INSERT INTO meta (key, value) VALUES ('schema_version', ?1) "
-           "ON CONFLICT (key) DO UPDATE SET value = excluded.value");
-    s.text(1, std::to_string(version + 1)).run();
-    txn.commit();
-  }
+  sql::migrate<kNoun>(db_, db_path(), kMigrations, kSchemaVersion, "an Atelier model store", "another store");
 }
 
 int ModelStore::schema_version() const {
