@@ -131,4 +131,89 @@ double measure_memory_bandwidth_gb_per_s(Executor* ex = nullptr, int64_t bytes =
 // Peak fp32 FMA throughput at the active SIMD level, GFLOP/s (2 flops per FMA lane).
 double measure_peak_gflop_per_s(Executor* ex = nullptr);
 
+// ---- image-model ops (f32 activations, NCHW) --------------------------------
+// Each has a plain reference (`*_ref`: simple loops, sums in double, one
+// thread) that the tests compare against. `ex` splits the work over threads;
+// results do not depend on the number of threads.
+
+// 2-D convolution, PyTorch Conv2d semantics (cross-correlation, zero padding,
+// groups = 1). x: [n][c_in][h][w]; weight: [c_out][c_in][kh][kw] of type
+// w_type (F32, F16 or BF16); bias: c_out floats or nullptr;
+// y: [n][c_out][out_h()][out_w()].
+struct Conv2dShape {
+  int64_t n = 1, c_in = 0, h = 0, w = 0;
+  int64_t c_out = 0, kh = 1, kw = 1;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t out_h() const { return (h + 2 * pad_h - kh) / stride_h + 1; }
+  int64_t out_w() const { return (w + 2 * pad_w - kw) / stride_w + 1; }
+  bool valid() const;
+};
+void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias, float* y,
+            Executor* ex = nullptr);
+void conv2d_ref(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias, float* y);
+
+// Group normalization (PyTorch GroupNorm): x, y: [n][c][hw]; channels split
+// into `groups` equal groups; mean and biased variance over each group's
+// (c/groups) * hw values; y = (x - mean) / sqrt(var + eps) * gamma[c] + beta[c]
+// (gamma/beta may be nullptr: 1 and 0). silu = true applies SiLU afterwards
+// (the norm-then-SiLU pair of every SD ResNet block). y may equal x.
+void group_norm(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
+                const float* beta, float eps, bool silu, Executor* ex = nullptr);
+void group_norm_ref(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
+                    const float* beta, float eps, bool silu);
+
+// Layer normalization over the last dimension: rows of `dim` floats,
+// y = (x - mean) / sqrt(var + eps) * gamma + beta (gamma/beta may be nullptr).
+// y may equal x.
+void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta, float eps,
+                Executor* ex = nullptr);
+void layer_norm_ref(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
+                    float eps);
+
+// Element-wise activations, y may equal x.
+//   silu(x) = x / (1 + exp(-x))
+//   gelu(x) = x/2 (1 + erf(x / sqrt 2))                       (nn.GELU())
+//   gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GELU(approximate="tanh"))
+enum class Activation { silu, gelu, gelu_tanh };
+void activation(Activation a, const float* x, float* y, int64_t n, Executor* ex = nullptr);
+void activation_ref(Activation a, const float* x, float* y, int64_t n);
+
+// GEGLU as in SD's transformer feed-forward (diffusers GEGLU, ldm GEGLU):
+// x: rows of 2*dim floats = [value | gate] (the projection's output split in
+// two halves along the last dimension); y: rows of dim floats,
+// y = value * gelu(gate) with the erf GELU.
+void geglu(const float* x, float* y, int64_t rows, int64_t dim, Executor* ex = nullptr);
+void geglu_ref(const float* x, float* y, int64_t rows, int64_t dim);
+
+// Nearest-neighbour 2x upsampling (nn.Upsample(scale_factor=2)):
+// x: [planes][h][w] -> y: [planes][2h][2w].
+void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w, Executor* ex = nullptr);
+void upsample_nearest2x_ref(const float* x, float* y, int64_t planes, int64_t h, int64_t w);
+
+// Scaled dot-product attention, multi-head, no mask, f32 throughout (scores
+// and softmax in f32). Token-major layouts, as linear projections produce
+// them: q: [batch][lq][heads * head_dim], k and v: [batch][lk][heads * head_dim],
+// out: [batch][lq][heads * head_dim]; head h uses columns [h*head_dim, (h+1)*head_dim).
+// out = softmax(q k^T * scale) v per head; scale <= 0 means 1/sqrt(head_dim).
+// Blocked (flash-style online softmax over key blocks): memory is
+// O(block * lk), never lq x lk, so 4096 x 4096 self-attention stays small.
+struct AttentionShape {
+  int64_t batch = 1, heads = 1, lq = 0, lk = 0, head_dim = 0;
+  float scale = 0;
+};
+void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
+               Executor* ex = nullptr);
+void attention_ref(const AttentionShape& s, const float* q, const float* k, const float* v, float* out);
+
+// Sinusoidal timestep embedding (ldm `timestep_embedding`, diffusers
+// `get_timestep_embedding`): for i < half = dim/2,
+//   freq_i = exp(-ln(max_period) * i / (half - downscale_freq_shift)),
+//   arg_i = t * freq_i,
+// out = [cos(arg) | sin(arg)] when flip_sin_to_cos (SD 1.x/2.x UNets: ldm's
+// order, diffusers flip_sin_to_cos=True, freq_shift=0), else [sin | cos];
+// an odd dim gets a trailing zero. out: n_t rows of dim floats. Computed in
+// f32 as torch does.
+void timestep_embedding(const float* t, int64_t n_t, int64_t dim, float* out, bool flip_sin_to_cos = true,
+                        float downscale_freq_shift = 0.0f, float max_period = 10000.0f);
+
 }  // namespace atelier::kernels
