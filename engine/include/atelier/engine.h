@@ -80,7 +80,7 @@ struct TextModelOptions {
 };
 
 struct TextRequest {
-  std::string model;                // a model file path (a store reference once the store exists)
+  std::string model;                // a store reference (NAME, NAME@V, NAME:CHANNEL, sha256:HEX) or a model file path; see resolve_model
   std::string prompt;
   int max_new_tokens = 128;         // 1..context
   SamplingParams sampling;
@@ -200,6 +200,7 @@ std::string_view job_state_name(JobState state);  // "queued", "running", ...
 
 struct EngineConfig {
   std::string data_dir;               // holds jobs.db (SQLite, WAL); created if missing
+  std::string store_dir;              // the model store requests' model references resolve in ("" = default_store_dir())
   std::vector<std::string> devices = {"cpu"};  // one executor per device; "cpu" until the CUDA backend lands
   int threads = 0;                    // 0: one per core
   int max_batch = 32;                 // sequences decoded together per step
@@ -226,7 +227,8 @@ struct JobInfo {
   int priority = 0;
   int64_t created_ms = 0, started_ms = 0, finished_ms = 0;  // unix epoch ms, 0 = not yet
   uint64_t seed = 0;
-  std::string model_version;  // what produced the result
+  std::string model_version;  // what produced the result: "sha256:<64 hex>" of the model file
+  std::string model_name;     // the same, for people: "stories260k@1", or the file path for a plain file
   int attempts = 0;
   std::string text;           // the result (completed jobs)
   std::string stop_reason;
@@ -336,7 +338,7 @@ class Engine {
 // recorded in the PNG but unused by the QuickDraw CVAE (a one-pass decoder
 // whose z comes from torch's CPU generator whatever rng says).
 struct ImageRequest {
-  std::string model;                 // a model file path
+  std::string model;                 // a store reference or a model file path (see resolve_model)
   std::string prompt;
   std::string negative_prompt;
   int width = 512, height = 512;
@@ -361,12 +363,53 @@ struct ImageResult {
 // value or a prompt naming no class (the message lists them); NotFound: no
 // such file; Unsupported: any other model; InvalidModel: a damaged file.
 Result<std::vector<ImageResult>> generate_image(const ImageRequest& request);
+// The same, resolving request.model in the model store at STORE_DIR ("" = default_store_dir()).
+Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir);
 
 // Writes result as an 8-bit PNG with two text chunks: "parameters"
 // (result.parameters, A1111's format) and "atelier" (the request as JSON, its
 // seed replaced by result.seed). Written to PATH.tmp then renamed. Io with the
 // system's reason on failure; InvalidArgument for an empty result.
 Status write_png(const ImageResult& result, const ImageRequest& request, const std::string& path);
+
+// ---------------------------------------------------------------- model references
+
+// Where the model store lives by default: $ATELIER_HOME, else
+// $XDG_DATA_HOME/atelier, else ~/.local/share/atelier (the queue's default
+// data dir too).
+std::string default_store_dir();
+
+// What a model reference names. The one place where references are resolved:
+// the command line, the engine's queue and the window all call resolve_model.
+struct ResolvedModel {
+  std::string path;          // the file to load: a blob in the store, or the plain file
+  std::string digest;        // "sha256:<64 hex>" of that file; "" for a plain file unless check_digest
+  std::string display;       // "stories260k@1", or the plain file's path
+  std::string name;          // the store model's name ("" for a plain file)
+  int version = 0;           // its version number (0 for a plain file)
+  std::string kind;          // "text" or "image" ("" for a plain file)
+  std::string format;        // "gguf", "safetensors", "pytorch", "llama2c" ("" for a plain file)
+  std::vector<std::pair<std::string, std::string>> files;  // role -> path, every file of the version
+  bool in_store = false;
+  std::string file(const std::string& role) const;  // the path of ROLE, "" when absent
+};
+
+struct ResolveOptions {
+  // Hash the file before it is used: a store blob must still hash to its
+  // digest (a corrupted blob is refused with InvalidModel), a plain file gets
+  // its digest computed. Done once per file per process (a file whose size or
+  // modification time changed is hashed again), so jobs do not rehash.
+  bool check_digest = false;
+};
+
+// REF: a path to an existing file (used as it is, no store entry needed), or
+// a store reference: NAME (prod, else stable, else the newest version),
+// NAME@VERSION, NAME:CHANNEL, sha256:HEX (at least 12 digits). STORE_DIR ""
+// means default_store_dir(); a store that does not exist yet is not created.
+// NotFound names what to pull or import; InvalidArgument for a malformed
+// reference; InvalidModel for a corrupted blob (with check_digest).
+Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& store_dir = "",
+                                    const ResolveOptions& options = {});
 
 // ---------------------------------------------------------------- benchmarks
 

@@ -506,7 +506,12 @@ int ModelStore::import(const std::vector<ImportFile>& files, const std::string& 
   BlobStore blobs(root_);
   BlobStore::Lock flock(root_, BlobStore::Lock::kShared);  // keeps gc away until the commit
   std::vector<BlobStore::Stored> stored;
-  for (const auto& f : files) stored.push_back(blobs.put(f.path, options.after_hash));
+  for (const auto& f : files) {
+    stored.push_back(blobs.put(f.path, options.after_hash));
+    if (!f.expected_sha256.empty() && stored.back().digest != f.expected_sha256)
+      throw Error("refusing " + f.path + ": its sha256 is " + stored.back().digest + ", not " + f.expected_sha256 +
+                  " as expected; nothing was recorded (the file is damaged or not the one the catalog names)");
+  }
 
   Txn txn(db_, path);
   StoreSql sql{db_, path, blobs};

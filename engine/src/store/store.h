@@ -64,6 +64,10 @@ bool is_auxiliary_role(const std::string& role);
 struct ImportFile {
   std::string path;
   std::string role = "model";
+  // When set (64 hex digits), the bytes copied must hash to it, else nothing
+  // is recorded (a pull checks the catalog's sha256 this way, in the same
+  // pass that copies the file).
+  std::string expected_sha256 = {};
 };
 
 struct ImportOptions {
