@@ -1,0 +1,245 @@
+#include "image/taesd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+#include "formats/pickle.h"
+#include "formats/safetensors.h"
+
+namespace atelier::image {
+
+namespace {
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Every tensor of the file, widened to f32, by state-dict name.
+class TensorSet {
+ public:
+  explicit TensorSet(const std::string& path) : path_(path) {
+    const bool st = path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+    if (st) {
+      auto f = formats::SafetensorsFile::open(path);
+      for (const auto& t : f->tensors()) add(t.name, t.dtype, t.shape, t.data, t.elements());
+    } else {
+      auto f = formats::TorchCheckpoint::open(path);
+      for (const auto& t : f->tensors()) add(t.name, t.dtype, t.shape, t.data, t.elements());
+    }
+  }
+
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+
+  // The tensor, checked against `shape` (-1 matches any extent); marks it used.
+  const Tensor& get(const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) throw Error(path_ + ": tensor " + name + " is missing (not a TAESD-family file?)");
+    const Tensor& t = it->second;
+    bool ok = t.shape.size() == shape.size();
+    for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape[i];
+    if (!ok) throw Error(path_ + ": tensor " + name + " has shape " + str(t.shape) + ", expected " + str(shape));
+    used_.insert(name);
+    return t;
+  }
+
+  // Throws when the file holds tensors the architecture did not use (another
+  // variant, such as the 32x "f32" one, would otherwise load half-wrong).
+  void check_all_used() const {
+    for (const auto& [name, t] : tensors_)
+      if (!used_.count(name)) throw UnsupportedError(path_ + ": unexpected tensor " + name + " for a TAESD-family model");
+  }
+
+  const std::string& path() const { return path_; }
+
+  static std::string str(const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + (s[i] < 0 ? std::string("*") : std::to_string(s[i]));
+    return out + "]";
+  }
+
+ private:
+  void add(const std::string& name, formats::ElemType type, const std::vector<int64_t>& shape, const uint8_t* data,
+           int64_t n) {
+    const auto dt = formats::kernel_dtype(type);
+    if (!dt) throw Error(path_ + ": tensor " + name + " has type " + std::string(formats::elem_name(type)) +
+                         "; TAESD weights must be F32, F16 or BF16");
+    Tensor t;
+    t.shape = shape;
+    t.data.resize(static_cast<size_t>(n));
+    if (n > 0) kernels::dequantize_row(*dt, data, t.data.data(), n);
+    tensors_[name] = std::move(t);
+  }
+
+  std::string path_;
+  std::map<std::string, Tensor> tensors_;
+  std::set<std::string> used_;
+};
+
+struct Conv {
+  int64_t c_in = 0, c_out = 0, k = 3, stride = 1;
+  std::vector<float> weight, bias;  // bias empty: none
+
+  static Conv load(TensorSet& ts, const std::string& prefix, int64_t c_in, int64_t stride, bool allow_bias = true) {
+    Conv c;
+    const Tensor& w = ts.get(prefix + "weight", {-1, c_in, -1, -1});
+    c.c_in = w.shape[1];
+    c.c_out = w.shape[0];
+    c.k = w.shape[2];
+    if (w.shape[3] != c.k || (c.k != 1 && c.k != 3))
+      throw Error(ts.path() + ": tensor " + prefix + "weight: expected a 1x1 or 3x3 kernel, got " + TensorSet::str(w.shape));
+    c.stride = stride;
+    c.weight = w.data;
+    if (allow_bias && ts.has(prefix + "bias")) c.bias = ts.get(prefix + "bias", {c.c_out}).data;
+    return c;
+  }
+
+  // x: [c_in][h][w] -> [c_out][h'][w'] (padding k/2: "same" at stride 1).
+  std::vector<float> operator()(const std::vector<float>& x, int64_t& h, int64_t& w, kernels::Executor* ex) const {
+    kernels::Conv2dShape s;
+    s.c_in = c_in, s.h = h, s.w = w, s.c_out = c_out, s.kh = s.kw = k;
+    s.stride_h = s.stride_w = stride, s.pad_h = s.pad_w = k / 2;
+    std::vector<float> y(static_cast<size_t>(c_out * s.out_h() * s.out_w()));
+    kernels::conv2d(s, x.data(), kernels::DType::F32, weight.data(), bias.empty() ? nullptr : bias.data(), y.data(), ex);
+    h = s.out_h();
+    w = s.out_w();
+    return y;
+  }
+};
+
+void relu(std::vector<float>& x) {
+  for (float& v : x) v = std::max(v, 0.0f);
+}
+
+}  // namespace
+
+struct TaesdNet::Layer {
+  enum class Type { clamp, relu, upsample, conv, block } type = Type::conv;
+  Conv conv;                                  // conv; block: conv.0
+  Conv conv2, conv4;                          // block
+  std::optional<Conv> skip;                   // block, when widths differ
+  std::optional<Conv> pool_in, pool_out;      // block with the GroupNorm branch
+  std::vector<float> pool_gamma, pool_beta;
+  int64_t channels_out = 0;
+};
+
+TaesdNet::TaesdNet() = default;
+TaesdNet::~TaesdNet() = default;
+TaesdNet::Kind TaesdNet::kind() const { return kind_; }
+int TaesdNet::latent_channels() const { return latent_channels_; }
+
+std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind) {
+  using T = Layer::Type;
+  // taesd.py's Sequential; 's' marks the stride-2 convolutions.
+  static const char kEncoder[] = "cBsBBBsBBBsBBBc";
+  static const char kDecoder[] = "ZcRBBBUcBBBUcBBBUcBc";
+  TensorSet ts(path);
+  std::unique_ptr<TaesdNet> net(new TaesdNet());
+  net->kind_ = kind;
+  int64_t ch = kind == Kind::encoder ? 3 : -1;  // the decoder's input width comes from its first conv
+  const std::string arch = kind == Kind::encoder ? kEncoder : kDecoder;
+  for (size_t i = 0; i < arch.size(); ++i) {
+    auto layer = std::make_unique<Layer>();
+    const std::string p = std::to_string(i) + ".";
+    switch (arch[i]) {
+      case 'Z': layer->type = T::clamp; break;
+      case 'R': layer->type = T::relu; break;
+      case 'U': layer->type = T::upsample; break;
+      case 'c':
+      case 's':
+        layer->type = T::conv;
+        layer->conv = Conv::load(ts, p, ch, arch[i] == 's' ? 2 : 1);
+        if (ch < 0) net->latent_channels_ = static_cast<int>(layer->conv.c_in);
+        ch = layer->conv.c_out;
+        break;
+      case 'B': {
+        layer->type = T::block;
+        if (ts.has(p + "pool.0.weight")) {
+          layer->pool_in = Conv::load(ts, p + "pool.0.", ch, 1, false);
+          const int64_t wide = layer->pool_in->c_out;
+          if (wide % 4) throw Error(path + ": " + p + "pool.0.weight: " + std::to_string(wide) + " channels do not split into 4 groups");
+          layer->pool_gamma = ts.get(p + "pool.1.weight", {wide}).data;
+          layer->pool_beta = ts.get(p + "pool.1.bias", {wide}).data;
+          layer->pool_out = Conv::load(ts, p + "pool.3.", wide, 1, false);
+          if (layer->pool_out->c_out != ch) throw Error(path + ": " + p + "pool.3.weight does not map back to " + std::to_string(ch) + " channels");
+        }
+        layer->conv = Conv::load(ts, p + "conv.0.", ch, 1);
+        layer->conv2 = Conv::load(ts, p + "conv.2.", layer->conv.c_out, 1);
+        layer->conv4 = Conv::load(ts, p + "conv.4.", layer->conv2.c_out, 1);
+        if (layer->conv4.c_out != ch) layer->skip = Conv::load(ts, p + "skip.", ch, 1, false);
+        ch = layer->conv4.c_out;
+        break;
+      }
+    }
+    layer->channels_out = ch;
+    net->layers_.push_back(std::move(layer));
+  }
+  ts.check_all_used();
+  if (kind == Kind::encoder) net->latent_channels_ = static_cast<int>(ch);
+  else if (ch != 3) throw Error(path + ": the decoder ends in " + std::to_string(ch) + " channels, not RGB");
+  return net;
+}
+
+std::vector<float> TaesdNet::run(const float* input, int height, int width, kernels::Executor* ex) const {
+  if (height <= 0 || width <= 0) throw Error("taesd: bad input size");
+  if (kind_ == Kind::encoder && (height % 8 || width % 8))
+    throw Error("taesd: the encoder needs a width and height that are multiples of 8, got " + std::to_string(width) +
+                "x" + std::to_string(height));
+  using T = Layer::Type;
+  int64_t h = height, w = width;
+  const int64_t c0 = kind_ == Kind::encoder ? 3 : latent_channels_;
+  std::vector<float> x(input, input + c0 * h * w);
+  for (const auto& l : layers_) {
+    switch (l->type) {
+      case T::clamp:
+        for (float& v : x) v = std::tanh(v / 3.0f) * 3.0f;
+        break;
+      case T::relu: relu(x); break;
+      case T::upsample: {
+        std::vector<float> y(x.size() * 4);
+        kernels::upsample_nearest2x(x.data(), y.data(), static_cast<int64_t>(x.size()) / (h * w), h, w, ex);
+        x = std::move(y);
+        h *= 2;
+        w *= 2;
+        break;
+      }
+      case T::conv: x = l->conv(x, h, w, ex); break;
+      case T::block: {
+        if (l->pool_in) {
+          int64_t ph = h, pw = w;
+          std::vector<float> t = (*l->pool_in)(x, ph, pw, ex);
+          kernels::group_norm(t.data(), t.data(), 1, l->pool_in->c_out, h * w, 4, l->pool_gamma.data(),
+                              l->pool_beta.data(), 1e-5f, false, ex);
+          relu(t);
+          t = (*l->pool_out)(t, ph, pw, ex);
+          for (size_t i = 0; i < x.size(); ++i) x[i] += t[i];
+        }
+        int64_t bh = h, bw = w;
+        std::vector<float> y = l->conv(x, bh, bw, ex);
+        relu(y);
+        y = l->conv2(y, bh, bw, ex);
+        relu(y);
+        y = l->conv4(y, bh, bw, ex);
+        if (l->skip) {
+          int64_t sh = h, sw = w;
+          const std::vector<float> s = (*l->skip)(x, sh, sw, ex);
+          for (size_t i = 0; i < y.size(); ++i) y[i] += s[i];
+        } else {
+          for (size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+        }
+        relu(y);
+        x = std::move(y);
+        break;
+      }
+    }
+  }
+  if (kind_ == Kind::decoder)
+    for (float& v : x) v = std::clamp(v, 0.0f, 1.0f);
+  return x;
+}
+
+}  // namespace atelier::image
