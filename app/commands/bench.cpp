@@ -12,14 +12,25 @@
 namespace atelier::app {
 
 namespace {
+// The model reference resolved through the store (the engine's one resolver).
+Result<std::string> model_path(const std::string& ref, const std::string& store) {
+  ResolveOptions ro;
+  ro.check_digest = true;
+  auto r = resolve_model(ref, store, ro);
+  if (!r.ok()) return r.status();
+  return r->path;
+}
+
 struct BenchTextOptions {
-  std::string model;
+  std::string model, store;
   TextBenchOptions bench;
   bool json = false;
 };
 
 int run_bench_text(const BenchTextOptions& o) {
-  auto res = bench_text(o.model, o.bench);
+  auto path = model_path(o.model, o.store);
+  if (!path.ok()) return fail(path.status());
+  auto res = bench_text(path.value(), o.bench);
   if (!res.ok()) return fail(res.status());
   const TextBenchResult& r = res.value();
   const double bw_frac = r.limits.mem_bandwidth_gb_per_s > 0 ? r.gen_bandwidth_gb_per_s / r.limits.mem_bandwidth_gb_per_s : 0;
@@ -58,13 +69,15 @@ int run_bench_text(const BenchTextOptions& o) {
   return 0;
 }
 struct BenchServeOptions {
-  std::string model;
+  std::string model, store;
   ServeBenchOptions bench;
   bool json = false;
 };
 
 int run_bench_serve(const BenchServeOptions& o) {
-  auto res = bench_serve(o.model, o.bench);
+  auto path = model_path(o.model, o.store);
+  if (!path.ok()) return fail(path.status());
+  auto res = bench_serve(path.value(), o.bench);
   if (!res.ok()) return fail(res.status());
   const auto& levels = res.value();
   const double single = levels.front().tokens_per_s;
@@ -98,7 +111,8 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchTextOptions>();
   CLI::App* text = bench->add_subcommand("text", "Prompt-processing and generation tokens/s of a text model");
-  text->add_option("-m,--model", o->model, "Model file (GGUF or llama2.c .bin)")->required();
+  text->add_option("-m,--model", o->model, "Model: a store reference or a file (GGUF or llama2.c .bin)")->required();
+  text->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   text->add_option("-p,--prompt-tokens", o->bench.prompt_tokens, "Prompt tokens processed in one batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   text->add_option("-n,--gen-tokens", o->bench.gen_tokens, "Tokens generated one at a time")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   text->add_option("--threads", o->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
@@ -108,7 +122,8 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
 
   auto so = std::make_shared<BenchServeOptions>();
   CLI::App* serve = bench->add_subcommand("serve", "Aggregate tokens/s and latency percentiles of the engine under concurrent requests");
-  serve->add_option("-m,--model", so->model, "Model file")->required();
+  serve->add_option("-m,--model", so->model, "Model: a store reference or a file")->required();
+  serve->add_option("--store", so->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   serve->add_option("--concurrency", so->bench.concurrency, "Concurrency levels, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096))

@@ -28,12 +28,13 @@ std::string output_path(const std::string& out, int index, int count) {
 void add_image_commands(CLI::App& root, int& exit_code) {
   struct Options {
     ImageRequest request;
-    std::string out;
+    std::string out, store;
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* image = root.add_subcommand("image", "Generate images from a prompt (PNG with its parameters embedded)");
-  image->add_option("-m,--model", o->request.model, "Model file (the QuickDraw CVAE .safetensors for now)")->required();
+  image->add_option("-m,--model", o->request.model, "Model: a store reference (NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST) or a file (the QuickDraw CVAE .safetensors for now)")->required();
+  image->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   image->add_option("-p,--prompt", o->request.prompt, "Prompt (QuickDraw: name one of its classes)")->required();
   image->add_option("--negative", o->request.negative_prompt, "Negative prompt");
   image->add_option("--steps", o->request.steps, "Denoising steps")->capture_default_str();
@@ -49,7 +50,7 @@ void add_image_commands(CLI::App& root, int& exit_code) {
   image->add_option("-o,--output", o->out, "Output PNG (a batch writes OUT-1.png ... OUT-N.png)")->required();
   image->add_flag("--json", o->json, "One JSON line per image written");
   image->callback([o, &exit_code] {
-    Result<std::vector<ImageResult>> r = generate_image(o->request);
+    Result<std::vector<ImageResult>> r = generate_image(o->request, o->store);
     if (!r.ok()) {
       exit_code = fail(r.status());
       return;

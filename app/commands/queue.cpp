@@ -34,6 +34,7 @@ extern "C" void on_signal(int) { g_interrupted = true; }
 
 struct RunnerOptions {
   std::string data_dir = default_data_dir();
+  std::string store;  // "" = default_store_dir()
   int threads = 0;
   int max_batch = 32;
   int max_wait_ms = 100;
@@ -43,6 +44,7 @@ struct RunnerOptions {
 
 void add_data_dir_option(CLI::App& cmd, RunnerOptions& o) {
   cmd.add_option("--data-dir", o.data_dir, "Queue and job database folder")->capture_default_str();
+  cmd.add_option("--store", o.store, "Model store folder that requests' model names resolve in (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
 }
 
 void add_runner_options(CLI::App& cmd, RunnerOptions& o) {
@@ -57,6 +59,7 @@ void add_runner_options(CLI::App& cmd, RunnerOptions& o) {
 EngineConfig engine_config(const RunnerOptions& o, bool execute) {
   EngineConfig c;
   c.data_dir = o.data_dir;
+  c.store_dir = o.store;
   c.threads = o.threads;
   c.max_batch = o.max_batch;
   c.max_wait_ms = o.max_wait_ms;
@@ -253,7 +256,8 @@ int run_batch(const BatchOptions& o) {
               {"new_tokens", j.stats.new_tokens},
               {"tokens_per_s", j.stats.tokens_per_s},
               {"seed", j.seed},
-              {"model_version", j.model_version}};
+              {"model_version", j.model_version},
+              {"model_name", j.model_name}};
     if (j.state != JobState::Completed) {
       r["error"] = j.error.empty() ? std::string(job_state_name(j.state)) : j.error;
       failed.push_back("line " + std::to_string(l.number) + " (job " + std::to_string(l.job) + "): " + r["error"].get<std::string>());
@@ -291,7 +295,7 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   CLI::Option* headless_flag = root.add_flag("--headless", h->headless, "Run the persistent queue until it is empty (no window)");
   root.add_flag("--watch", h->watch, "With --headless: keep running and wait for new jobs until stopped")->needs(headless_flag);
   add_runner_options(root, h->runner);
-  for (const char* name : {"--data-dir", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--metrics"})
+  for (const char* name : {"--data-dir", "--store", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--metrics"})
     root.get_option(name)->needs(headless_flag);
   root.callback([&root, h, &exit_code] {
     if (h->headless && root.get_subcommands().empty()) exit_code = run_headless(h->runner, h->watch);
@@ -318,7 +322,7 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   };
   auto a = std::make_shared<AddOptions>();
   CLI::App* add = queue->add_subcommand("add", "Queue a text job (run by `atelier --headless` or a running studio)");
-  add->add_option("-m,--model", a->req.model, "Model file")->required();
+  add->add_option("-m,--model", a->req.model, "Model: a store reference (NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST) or a file")->required();
   add_request_options(*add, a->req);
   add->add_option("--priority", a->req.priority, "Higher runs first")->capture_default_str();
   add->add_flag("--interactive", a->req.interactive, "Interactive job: admitted above batch jobs, with a latency target");
@@ -350,18 +354,25 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
     for (JobState s : {JobState::Queued, JobState::Running, JobState::Completed, JobState::Failed, JobState::Cancelled})
       if (job_state_name(s) == l->state) f.state = s;
     const auto jobs = e.value()->list(f);
-    if (!l->json) std::printf("%6s  %-9s  %4s  %6s  %-28s  %s\n", "ID", "STATE", "PRIO", "TOKENS", "MODEL VERSION", "PROMPT");
+    // MODEL VERSION: the short digest and name@version a finished job used (what produced it), else the request's model.
+    if (!l->json) std::printf("%6s  %-9s  %4s  %6s  %-36s  %s\n", "ID", "STATE", "PRIO", "TOKENS", "MODEL VERSION", "PROMPT");
     for (const JobInfo& j : jobs) {
       if (l->json) {
         print_json_line({{"id", j.id}, {"state", job_state_name(j.state)}, {"priority", j.priority},
                          {"interactive", j.request.interactive}, {"model", j.request.model}, {"model_version", j.model_version},
-                         {"prompt", j.request.prompt}, {"created_ms", j.created_ms}, {"started_ms", j.started_ms},
+                         {"model_name", j.model_name}, {"prompt", j.request.prompt}, {"created_ms", j.created_ms}, {"started_ms", j.started_ms},
                          {"finished_ms", j.finished_ms}, {"seed", j.seed}, {"attempts", j.attempts},
                          {"new_tokens", j.stats.new_tokens}, {"text", j.text}, {"error", j.error}});
       } else {
-        std::printf("%6lld  %-9s  %4d  %6d  %-28s  %s\n", static_cast<long long>(j.id), std::string(job_state_name(j.state)).c_str(),
-                    j.priority, j.stats.new_tokens, excerpt(fs::path(j.model_version.empty() ? j.request.model : j.model_version).filename().string(), 28).c_str(),
-                    excerpt(j.request.prompt, 40).c_str());
+        std::string model = j.request.model;
+        if (j.model_version.rfind("sha256:", 0) == 0) {
+          // A store version by name@version; a plain file by its file name.
+          const std::string name = j.model_name.find('/') == std::string::npos ? j.model_name : fs::path(j.model_name).filename().string();
+          model = j.model_version.substr(7, 12);
+          model.append(" ").append(name);
+        }
+        std::printf("%6lld  %-9s  %4d  %6d  %-36s  %s\n", static_cast<long long>(j.id), std::string(job_state_name(j.state)).c_str(),
+                    j.priority, j.stats.new_tokens, excerpt(model, 36).c_str(), excerpt(j.request.prompt, 40).c_str());
       }
     }
     exit_code = 0;

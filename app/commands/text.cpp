@@ -23,17 +23,26 @@ struct TextOptions {
   bool echo = false;
   bool json = false;
   bool no_bos = false;
+  std::string store;
 };
 
-void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer) {
-  cmd.add_option("-m,--model", model, "Model file: GGUF, or a llama2.c .bin checkpoint")->required();
-  cmd.add_option("--tokenizer", tokenizer, "llama2.c tokenizer file (default: tokenizer.bin or tok512.bin beside the model)");
+void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer, std::string& store) {
+  cmd.add_option("-m,--model", model,
+                 "Model: a store reference (NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST) or a file (GGUF, llama2.c .bin)")
+      ->required();
+  cmd.add_option("--tokenizer", tokenizer, "llama2.c tokenizer file (default: the store version's tokenizer, else tokenizer.bin or tok512.bin beside the model)");
+  cmd.add_option("--store", store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
 }
 
 int run_text(const TextOptions& o) {
   TextModelOptions mo = o.model;
   mo.kv_type = o.kv_type == "f32" ? KvType::F32 : KvType::F16;
-  auto model = TextModel::open(o.req.model, mo);
+  ResolveOptions ro;
+  ro.check_digest = true;  // refuse a damaged store blob before loading it
+  auto resolved = resolve_model(o.req.model, o.store, ro);
+  if (!resolved.ok()) return fail(resolved.status());
+  if (mo.tokenizer_path.empty()) mo.tokenizer_path = resolved->file("tokenizer");
+  auto model = TextModel::open(resolved->path, mo);
   if (!model.ok()) return fail(model.status());
   TextRequest req = o.req;
   req.add_bos = !o.no_bos;
@@ -82,7 +91,7 @@ int run_text(const TextOptions& o) {
 }
 
 struct TokOptions {
-  std::string model, tokenizer, text;
+  std::string model, tokenizer, text, store;
   bool no_bos = false;
 };
 
@@ -91,15 +100,20 @@ struct TokOptions {
 int run_tokenize(const TokOptions& t) {
   const bool add_bos = !t.no_bos, parse_special = !t.no_bos;
   Result<std::vector<int32_t>> ids = Status{};
-  const bool llama2c_checkpoint = t.tokenizer.empty() && t.model.size() > 4 && t.model.substr(t.model.size() - 4) == ".bin";
+  auto resolved = resolve_model(t.model, t.store);
+  if (!resolved.ok()) return fail(resolved.status());
+  const std::string& path = resolved->path;
+  const bool llama2c_checkpoint =
+      t.tokenizer.empty() && (resolved->format == "llama2c" || (path.size() > 4 && path.substr(path.size() - 4) == ".bin"));
   if (llama2c_checkpoint) {
     TextModelOptions mo;
     mo.threads = 1;
-    auto model = TextModel::open(t.model, mo);
+    mo.tokenizer_path = resolved->file("tokenizer");
+    auto model = TextModel::open(path, mo);
     if (!model.ok()) return fail(model.status());
     ids = model.value()->tokenize(t.text, add_bos, parse_special);
   } else {
-    auto vocab = Vocabulary::open(t.tokenizer.empty() ? t.model : t.tokenizer);
+    auto vocab = Vocabulary::open(t.tokenizer.empty() ? path : t.tokenizer);
     if (!vocab.ok()) return fail(vocab.status());
     ids = vocab.value()->tokenize(t.text, add_bos, parse_special);
   }
@@ -115,7 +129,7 @@ int run_tokenize(const TokOptions& t) {
 void add_text_commands(CLI::App& root, int& exit_code) {
   auto o = std::make_shared<TextOptions>();
   CLI::App* text = root.add_subcommand("text", "Generate text from a prompt, streaming tokens to stdout as they are sampled");
-  add_model_options(*text, o->req.model, o->model.tokenizer_path);
+  add_model_options(*text, o->req.model, o->model.tokenizer_path, o->store);
   add_request_options(*text, o->req);
   text->add_option("--threads", o->model.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
@@ -127,8 +141,9 @@ void add_text_commands(CLI::App& root, int& exit_code) {
 
   auto t = std::make_shared<TokOptions>();
   CLI::App* tok = root.add_subcommand("tokenize", "Print the token ids of a text, space-separated on one line");
-  tok->add_option("-m,--model", t->model, "Model or vocabulary: GGUF (vocabulary-only files too), tokenizer.json, or a llama2.c .bin")->required();
+  tok->add_option("-m,--model", t->model, "Model or vocabulary: a store reference, or a file: GGUF (vocabulary-only files too), tokenizer.json, or a llama2.c .bin")->required();
   tok->add_option("--tokenizer", t->tokenizer, "Tokenizer file to use instead of the model's (tokenizer.json, llama2.c tokenizer.bin)");
+  tok->add_option("--store", t->store, "Model store folder, for -m NAME (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   tok->add_flag("--no-bos", t->no_bos, "No BOS, and special tokens are not parsed (as llama.cpp's vocab tests expect)");
   tok->add_option("text", t->text, "Text to tokenize (put -- before it when it starts with -)")->required();
   tok->callback([t, &exit_code] { exit_code = run_tokenize(*t); });

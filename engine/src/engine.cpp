@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -67,6 +68,7 @@ JobInfo to_info(const runtime::JobRow& row) {
   j.finished_ms = row.finished_ms;
   j.seed = row.seed;
   j.model_version = row.model_version;
+  j.model_name = row.model_name;
   j.attempts = row.attempts;
   if (!row.error_message.empty()) j.error = row.error_message;
   if (!row.result_json.empty()) {
@@ -137,11 +139,17 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
 
 namespace {
 // Validates a request and fixes its seed, so the stored request reproduces the job exactly.
-Result<TextRequest> prepare(const TextRequest& request) {
+// The model reference stays as written; the runner resolves it when the job
+// starts and records the digest of what it loaded.
+// CHECKED remembers each model reference's outcome (a batch names few models).
+Result<TextRequest> prepare(const TextRequest& request, const std::string& store_dir, std::map<std::string, Status>& checked) {
   if (request.model.empty()) return Status::error(StatusCode::InvalidArgument, "the request names no model");
-  std::error_code ec;
-  if (!fs::is_regular_file(request.model, ec))
-    return Status::error(StatusCode::NotFound, request.model + ": no such model file");
+  auto seen = checked.find(request.model);
+  if (seen == checked.end()) {
+    auto resolved = resolve_model(request.model, store_dir);
+    seen = checked.emplace(request.model, resolved.ok() ? Status{} : resolved.status()).first;
+  }
+  if (!seen->second.ok()) return seen->second;
   if (Status s = validate_request(request, 1 << 20); !s.ok()) return s;
   TextRequest r = request;
   if (r.sampling.seed == SamplingParams::kRandomSeed) {
@@ -160,8 +168,9 @@ Result<JobId> Engine::submit(const TextRequest& request) {
 
 Result<std::vector<JobId>> Engine::submit_many(const std::vector<TextRequest>& requests) {
   std::vector<runtime::NewJob> jobs;
+  std::map<std::string, Status> checked;
   for (size_t i = 0; i < requests.size(); ++i) {
-    auto r = prepare(requests[i]);
+    auto r = prepare(requests[i], impl_->config.store_dir, checked);
     if (!r.ok()) {
       if (requests.size() == 1) return r.status();
       return Status::error(r.status().code, "request " + std::to_string(i) + ": " + r.status().message);

@@ -63,30 +63,35 @@ uint64_t pick_seed() {
 
 }  // namespace
 
-Result<std::vector<ImageResult>> generate_image(const ImageRequest& request) {
+Result<std::vector<ImageResult>> generate_image(const ImageRequest& request) { return generate_image(request, ""); }
+
+Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir) {
   if (Status st = validate_image_request(request); !st.ok()) return st;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(request.model, ec))
-    return Status::error(StatusCode::NotFound, "model file " + request.model + " does not exist");
+  ResolveOptions ro;
+  ro.check_digest = true;  // a damaged blob is refused; the digest also gives A1111's model hash
+  auto resolved = resolve_model(request.model, store_dir, ro);
+  if (!resolved.ok()) return resolved.status();
+  const std::string& path = resolved->path;
   return guarded([&]() -> Result<std::vector<ImageResult>> {
     static const char* kOnlyQuickDraw =
         "only the QuickDraw CVAE is supported until the Stable Diffusion pipeline lands";
-    if (std::filesystem::path(request.model).extension() != ".safetensors")
+    // Store blobs have no extension: look at the header, not the name.
+    if (!resolved->in_store ? std::filesystem::path(path).extension() != ".safetensors" : resolved->format != "safetensors")
       return Status::error(StatusCode::Unsupported, request.model + ": " + kOnlyQuickDraw);
     {
-      auto file = formats::SafetensorsFile::open(request.model);
+      auto file = formats::SafetensorsFile::open(path);
       if (!image::QuickDrawModel::is_quickdraw(*file))
         return Status::error(StatusCode::Unsupported, request.model + ": " + kOnlyQuickDraw);
     }
-    auto model = image::QuickDrawModel::open(request.model);
+    auto model = image::QuickDrawModel::open(path);
     int label = 0;
     try {
       label = model->match_label(request.prompt);
     } catch (const image::LabelError& e) {
       return Status::error(StatusCode::InvalidArgument, e.what());
     }
-    const std::string hash = image::sha256_file_hex(request.model).substr(0, 10);
-    const std::string name = std::filesystem::path(request.model).stem().string();
+    const std::string hash = resolved->digest.substr(7, 10);  // after "sha256:"
+    const std::string name = resolved->in_store ? resolved->display : std::filesystem::path(path).stem().string();
     const uint64_t base = request.seed == SamplingParams::kRandomSeed ? pick_seed() : request.seed;
     constexpr int kSide = image::QuickDrawModel::kSide;
     std::vector<ImageResult> out;

@@ -38,7 +38,7 @@ size_t segment_end(const std::string& s) {
 }  // namespace
 
 struct LoadedModel {
-  std::string path, version;
+  std::string path, version, name;  // version: "sha256:<hex>"; name: "stories260k@1" or the file's canonical path
   std::shared_ptr<TextModel> model;
   std::unique_ptr<text::KvPool> pool;
   std::unique_ptr<text::LlamaRunner> runner;
@@ -118,12 +118,24 @@ double Scheduler::effective_priority(const Sequence& s, int64_t now_ms) const {
   return s.priority + (s.req.interactive ? TextRequest::kInteractiveBoost : 0) + age;
 }
 
-LoadedModel* Scheduler::model_for(const std::string& path, Status& error) {
+LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
+  // Resolved for every job it admits (one catalogue read), so a channel
+  // promoted while the runner runs applies to the next job; the blob's
+  // sha256 is checked when first loaded (resolve_model caches the check).
+  ResolveOptions ro;
+  ro.check_digest = true;
+  auto resolved = resolve_model(ref, config_.store_dir, ro);
+  if (!resolved.ok()) {
+    error = resolved.status();
+    return nullptr;
+  }
+  const std::string path = resolved->path;
   auto it = models_.find(path);
   if (it != models_.end()) return it->second.get();
   TextModelOptions o;
   o.threads = config_.threads;
   o.kv_type = config_.kv_type;
+  o.tokenizer_path = resolved->file("tokenizer");
   auto opened = TextModel::open(path, o);
   if (!opened.ok()) {
     error = opened.status();
@@ -131,8 +143,13 @@ LoadedModel* Scheduler::model_for(const std::string& path, Status& error) {
   }
   auto lm = std::make_unique<LoadedModel>();
   lm->path = path;
-  std::error_code ec;
-  lm->version = std::filesystem::weakly_canonical(path, ec).string();
+  lm->version = resolved->digest;
+  if (resolved->in_store) {
+    lm->name = resolved->display;
+  } else {
+    std::error_code ec;
+    lm->name = std::filesystem::weakly_canonical(path, ec).string();
+  }
   lm->model = opened.value();
   TextModel::Impl& impl = lm->impl();
   lm->n_ctx = impl.n_ctx;
@@ -617,7 +634,7 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
       seg.text = s.segment + r.text.substr(std::min(s.stream->released(), r.text.size()));
       hub_.publish(seg);
     }
-    if (db_.complete(s.id, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, now)) {
+    if (db_.complete(s.id, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, now, s.model->name)) {
       ev.type = EventType::Completed;
       ev.result = std::move(r);
     } else {

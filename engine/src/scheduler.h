@@ -48,7 +48,7 @@ class Scheduler {
   void step();
   void finish(Sequence& s, JobState state, const std::string& reason, const Status& error = {});
   bool preempt_lowest(const Sequence* keep);
-  LoadedModel* model_for(const std::string& path, Status& error);
+  LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
   double effective_priority(const Sequence& s, int64_t now_ms) const;
 
   EngineConfig config_;

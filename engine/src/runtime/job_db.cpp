@@ -46,12 +46,16 @@ CREATE INDEX jobs_queue ON jobs (state, priority DESC, id);
     R"sql(
 ALTER TABLE jobs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 3: the model version a job used, for people ("stories260k@1"); model_version holds its sha256.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN model_name TEXT NOT NULL DEFAULT '';
+)sql",
 };
 static_assert(std::size(kMigrations) == JobDb::kSchemaVersion, "one migration per schema version");
 
 constexpr const char* kColumns =
     "id, state, priority, interactive, request_json, created_ms, started_ms, finished_ms, seed, "
-    "model_version, result_json, error_code, error_message, attempts, cancel_requested";
+    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name";
 
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -85,6 +89,7 @@ JobRow read_row(const Stmt& s) {
   r.error_message = s.col_text(12);
   r.attempts = static_cast<int>(s.col_i64(13));
   r.cancel_requested = s.col_i64(14) != 0;
+  r.model_name = s.col_text(15);
   return r;
 }
 
@@ -166,12 +171,13 @@ bool JobDb::mark_running(int64_t id, int64_t now_ms) {
   return s.i64(1, id).i64(2, now_ms).run() == 1;
 }
 
-bool JobDb::complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms) {
+bool JobDb::complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms,
+                     const std::string& model_name) {
   std::lock_guard lock(mu_);
   Stmt s(db_, path_,
-         "UPDATE jobs SET state = 'completed', result_json = ?2, model_version = ?3, finished_ms = ?4 "
+         "UPDATE jobs SET state = 'completed', result_json = ?2, model_version = ?3, finished_ms = ?4, model_name = ?5 "
          "WHERE id = ?1 AND state = 'running'");
-  return s.i64(1, id).text(2, result_json).text(3, model_version).i64(4, now_ms).run() == 1;
+  return s.i64(1, id).text(2, result_json).text(3, model_version).i64(4, now_ms).text(5, model_name).run() == 1;
 }
 
 bool JobDb::fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms) {
@@ -223,7 +229,7 @@ constexpr const char* kRequeueSet =
     "  state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
     "  finished_ms = CASE WHEN cancel_requested THEN ?1 ELSE 0 END, "
     "  started_ms = CASE WHEN cancel_requested THEN started_ms ELSE 0 END, "
-    "  result_json = '', model_version = '', error_code = '', error_message = '' "
+    "  result_json = '', model_version = '', model_name = '', error_code = '', error_message = '' "
     "WHERE state = 'running'";
 }  // namespace
 

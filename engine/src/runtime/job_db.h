@@ -40,7 +40,8 @@ struct JobRow {
   std::string request_json;     // the request as submitted (JSON text)
   int64_t created_ms = 0, started_ms = 0, finished_ms = 0;   // unix epoch ms; 0 = not yet
   uint64_t seed = 0;
-  std::string model_version;    // what produced the result (path or digest)
+  std::string model_version;    // what produced the result: "sha256:<hex>" of the model file
+  std::string model_name;       // the same for people: "stories260k@1", or the file's path
   std::string result_json;      // on completion
   std::string error_code, error_message;
   int attempts = 0;             // times it was started
@@ -58,7 +59,7 @@ struct NewJob {
 class JobDb {
  public:
   // The schema version this build creates and understands.
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Opens or creates PATH (SQLite, WAL, synchronous=FULL, busy timeout 5 s,
   // foreign keys on) and applies pending migrations, each in its own
@@ -83,7 +84,8 @@ class JobDb {
   // false if it was not queued (cancelled meanwhile, or another runner won).
   bool mark_running(int64_t id, int64_t now_ms);
   // running -> completed with result and model version; false if not running.
-  bool complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms);
+  bool complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms,
+                const std::string& model_name = "");
   // queued or running -> failed (a queued job may fail admission without
   // ever running); false if already finished or unknown.
   bool fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms);
