@@ -185,8 +185,9 @@ MatmulArgs prepare(const WeightView& w, const float* x, float* y, int64_t n_x_ro
   for (int64_t m = 0; m < n_x_rows; ++m) {
     unsigned char* dst = storage.data() + m * a.xq_row_bytes;
     if (kind == ActKind::q8_0) {
-      if (simd) avx2::quantize_act_q8_0(x + m * w.cols, dst, w.cols);
-      else quantize_act_q8_0(x + m * w.cols, reinterpret_cast<ActQ8_0*>(dst), w.cols);
+      const int group = w.type == DType::Q8_0 ? kActGroupQ8_0 : 1;
+      if (simd) avx2::quantize_act_q8_0(x + m * w.cols, dst, w.cols, group);
+      else quantize_act_q8_0(x + m * w.cols, reinterpret_cast<ActQ8_0*>(dst), w.cols, group);
     } else {
       if (simd) avx2::quantize_act_q8_K(x + m * w.cols, dst, w.cols);
       else quantize_act_q8_K(x + m * w.cols, reinterpret_cast<BlockQ8_K*>(dst), w.cols);

@@ -136,32 +136,76 @@ struct ExpandQ8_0 {
   }
 };
 
-// Q8_0 weights x Q8_0 activations, two blocks per step:
-//   acc += (d_w * d_x) * (sum (w + 128) x  -  128 sum x)
-struct KernelQ8_0 : ExpandQ8_0<16> {
-  // kOne: a single last block, upper lanes zero
-  template <int NM, int NR, bool kOne>
-  AI static void step(const BlockQ8_0* const* w, const XPair* const* x, int64_t b, int64_t ahead,
-                      __m512 (&acc)[NM][NR]) {
+// Q8_0 activations for Q8_0 weights: one scale per group of kActGroupQ8_0 (8)
+// blocks (quants.h), laid out per group as 4 pairs of blocks: 64 quants and
+// the offsets (kBias * -sum) broadcast to 8 + 8 lanes per pair, then the
+// group's scale. Unused pairs of a short last group are zero.
+constexpr int kGroupPairs = kActGroupQ8_0 / 2;
+struct alignas(64) XGroup {
+  int8_t qs[kGroupPairs][64];
+  int32_t bias[kGroupPairs][16];
+  float d;
+};
+static_assert(sizeof(XGroup) == 576);
+
+// Q8_0 weights x Q8_0 activations, per group of 8 blocks:
+//   acc += d_x * sum over pairs (d_w * (sum (w + 128) x  -  128 sum x))
+// The weight scale needs one FMA per pair, the activation scale one per
+// group: two FMA-pipe operations per 64 products (plus the dot itself)
+// instead of three with a scale per block.
+struct KernelQ8_0 {
+  static constexpr int kBias = 16;  // per lane: 8 lanes x 16 = 128
+  static int64_t expand_row_bytes(const MatmulArgs& a) {
+    return (a.w->cols / kQK + kActGroupQ8_0 - 1) / kActGroupQ8_0 * int64_t(sizeof(XGroup));
+  }
+  static void expand(const MatmulArgs& a, int64_t m, void* dst) {
+    const int64_t nb = a.w->cols / kQK;
+    const auto* xb = reinterpret_cast<const ActQ8_0*>(act_row(a, m));
+    auto* out = static_cast<XGroup*>(dst);
+    for (int64_t b0 = 0; b0 < nb; b0 += kActGroupQ8_0) {
+      XGroup& g = out[b0 / kActGroupQ8_0];
+      std::memset(&g, 0, sizeof g);
+      g.d = xb[b0].d;  // the same in every block of the group
+      for (int64_t b = b0; b < nb && b < b0 + kActGroupQ8_0; ++b) {
+        const int p = static_cast<int>((b - b0) / 2), h = static_cast<int>((b - b0) % 2);
+        std::memcpy(g.qs[p] + 32 * h, xb[b].qs, 32);
+        for (int l = 0; l < 8; ++l) g.bias[p][8 * h + l] = -kBias * xb[b].sum;
+      }
+    }
+  }
+
+  // One group: NP pairs of blocks, the last one a lone block when kLone.
+  template <int NM, int NR, int NP, bool kLone>
+  AI static void group(const BlockQ8_0* const* w, const XGroup* const* x, int64_t b0, int64_t ahead,
+                       __m512 (&acc)[NM][NR]) {
     const __m512i off = _mm512_set1_epi8(-128);
+    const int64_t g = b0 / kActGroupQ8_0;
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
-      const BlockQ8_0* wb = w[r] + b;
-      prefetch<2 * sizeof(BlockQ8_0)>(wb, ahead);
-      __m512i wa;
-      __m512 wd;
-      if constexpr (kOne) {
-        wa = _mm512_maskz_xor_epi32(0x00FF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[0].qs))), off);
-        wd = _mm512_zextps256_ps512(_mm256_set1_ps(_cvtsh_ss(wb[0].d)));
-      } else {
-        wa = _mm512_xor_si512(load2x256(wb[0].qs, wb[1].qs), off);  // w + 128 as u8
-        wd = bcast2_ph(wb[0].d, wb[1].d);
+      const BlockQ8_0* wb = w[r] + b0;
+      prefetch<kActGroupQ8_0 * sizeof(BlockQ8_0)>(wb, ahead);
+      __m512i wa[NP];
+      __m512 wd[NP];
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) {
+        if (kLone && p == NP - 1) {
+          wa[p] = _mm512_maskz_xor_epi32(0x00FF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[2 * p].qs))), off);
+          wd[p] = _mm512_zextps256_ps512(_mm256_set1_ps(_cvtsh_ss(wb[2 * p].d)));
+        } else {
+          wa[p] = _mm512_xor_si512(load2x256(wb[2 * p].qs, wb[2 * p + 1].qs), off);  // w + 128 as u8
+          wd[p] = bcast2_ph(wb[2 * p].d, wb[2 * p + 1].d);
+        }
       }
 #pragma GCC unroll 16
       for (int m = 0; m < NM; ++m) {
-        const XPair& xp = x[m][b / 2];
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xp.bias), wa, _mm512_load_si512(xp.qs));
-        acc[m][r] = _mm512_fmadd_ps(_mm512_mul_ps(wd, _mm512_load_ps(xp.d)), _mm512_cvtepi32_ps(s), acc[m][r]);
+        const XGroup& xg = x[m][g];
+        __m512 t = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) {
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xg.bias[p]), wa[p], _mm512_load_si512(xg.qs[p]));
+          t = _mm512_fmadd_ps(wd[p], _mm512_cvtepi32_ps(s), t);
+        }
+        acc[m][r] = _mm512_fmadd_ps(_mm512_set1_ps(xg.d), t, acc[m][r]);
       }
     }
   }
@@ -170,15 +214,25 @@ struct KernelQ8_0 : ExpandQ8_0<16> {
   static void tile(const MatmulArgs& a, int64_t m0, int64_t r0) {
     const int64_t nb = a.w->cols / kQK;
     const BlockQ8_0* w[NR];
-    const XPair* x[NM];
+    const XGroup* x[NM];
     for (int r = 0; r < NR; ++r) w[r] = reinterpret_cast<const BlockQ8_0*>(weight_row(a, r0 + r));
-    for (int m = 0; m < NM; ++m) x[m] = row(a, m0 + m);
+    for (int m = 0; m < NM; ++m)
+      x[m] = reinterpret_cast<const XGroup*>(static_cast<const char*>(a.xe) + (m0 + m) * a.xe_row_bytes);
     __m512 acc[NM][NR];
     zero(acc);
-    int64_t b = 0;
     const int64_t ahead = kAheadTiles * NR * a.w->row_stride_bytes;
-    for (; b + 2 <= nb; b += 2) step<NM, NR, false>(w, x, b, ahead, acc);
-    if (b < nb) step<NM, NR, true>(w, x, b, ahead, acc);
+    int64_t b0 = 0;
+    for (; b0 + kActGroupQ8_0 <= nb; b0 += kActGroupQ8_0) group<NM, NR, kGroupPairs, false>(w, x, b0, ahead, acc);
+    switch (nb - b0) {  // a short last group
+      case 1: group<NM, NR, 1, true>(w, x, b0, ahead, acc); break;
+      case 2: group<NM, NR, 1, false>(w, x, b0, ahead, acc); break;
+      case 3: group<NM, NR, 2, true>(w, x, b0, ahead, acc); break;
+      case 4: group<NM, NR, 2, false>(w, x, b0, ahead, acc); break;
+      case 5: group<NM, NR, 3, true>(w, x, b0, ahead, acc); break;
+      case 6: group<NM, NR, 3, false>(w, x, b0, ahead, acc); break;
+      case 7: group<NM, NR, 4, true>(w, x, b0, ahead, acc); break;
+      default: break;
+    }
     store_rows<NM, NR>(a, m0, r0, acc);
   }
 };
@@ -443,6 +497,11 @@ struct KernelFloat {
 #define ATELIER_TALL_N 2
 #endif
 constexpr int kTallM = ATELIER_TALL_M, kTallN = ATELIER_TALL_N;
+#ifndef ATELIER_TALL_Q8_M
+#define ATELIER_TALL_Q8_M 16
+#define ATELIER_TALL_Q8_N 1
+#endif
+constexpr int kTallQ8M = ATELIER_TALL_Q8_M, kTallQ8N = ATELIER_TALL_Q8_N;
 
 // Tile shapes: activation rows x weight rows, sized to the 32 zmm registers.
 RowsFn rows_fn_avx512(DType t) {
@@ -451,7 +510,7 @@ RowsFn rows_fn_avx512(DType t) {
     case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 6, 4, 8, 8, 6, 4, 4>::run;
     case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 6, 4, 8, 8, 6, 4, 4>::run;
     case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 6, 4, 8, 8, 6, 4, 4>::run;
-    case DType::Q8_0: return &TallTileDriver<KernelQ8_0, kTallM, kTallN, TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>>::run;
+    case DType::Q8_0: return &TallTileDriver<KernelQ8_0, kTallQ8M, kTallQ8N, TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>>::run;
     case DType::Q4_0: return &TallTileDriver<KernelQ4_0, kTallM, kTallN, TileDriver<KernelQ4_0, 4, 4, 8, 4, 4>>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 8, 4, 4>::run;
     case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2, 8, 4, 4>::run;

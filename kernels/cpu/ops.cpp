@@ -1,5 +1,6 @@
 // Element-wise ops: scalar references, scalar fallbacks, and the dispatch to
-// the AVX2 variants (used at the avx512 level too: these ops are memory-bound).
+// the AVX2 variants (used at the avx512 level too: these ops are memory-bound),
+// except the attention's runs of rows, which have AVX-512 variants.
 #include <atelier/kernels.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@ using cpu::Simd;
 
 namespace {
 bool use_avx2() { return active_simd() != Simd::scalar; }
+bool use_avx512() { return active_simd() == Simd::avx512; }
 }  // namespace
 
 // ---- references -------------------------------------------------------------
@@ -160,21 +162,25 @@ void axpy_f16_rows_ref(const float* a, const uint16_t* rows, int64_t stride, int
 }
 
 void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  if (use_avx512()) return cpu::avx512::dot_f32_rows(rows, stride, n_rows, x, n, out);
   if (use_avx2()) return cpu::avx2::dot_f32_rows(rows, stride, n_rows, x, n, out);
   dot_f32_rows_ref(rows, stride, n_rows, x, n, out);
 }
 
 void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  if (use_avx512()) return cpu::avx512::dot_f16_rows(rows, stride, n_rows, x, n, out);
   if (use_avx2()) return cpu::avx2::dot_f16_rows(rows, stride, n_rows, x, n, out);
   dot_f16_rows_ref(rows, stride, n_rows, x, n, out);
 }
 
 void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  if (use_avx512()) return cpu::avx512::axpy_f32_rows(a, rows, stride, n_rows, y, n);
   if (use_avx2()) return cpu::avx2::axpy_f32_rows(a, rows, stride, n_rows, y, n);
   axpy_f32_rows_ref(a, rows, stride, n_rows, y, n);
 }
 
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  if (use_avx512()) return cpu::avx512::axpy_f16_rows(a, rows, stride, n_rows, y, n);
   if (use_avx2()) return cpu::avx2::axpy_f16_rows(a, rows, stride, n_rows, y, n);
   axpy_f16_rows_ref(a, rows, stride, n_rows, y, n);
 }

@@ -2,6 +2,7 @@
 // loads, so every element sees the same arithmetic whatever n is.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -254,27 +255,28 @@ int32_t hsum_epi32(__m256i v) {
 }
 }  // namespace
 
-void quantize_act_q8_0(const float* x, void* out, int64_t n) {
+void quantize_act_q8_0(const float* x, void* out, int64_t n, int group) {
   auto* y = static_cast<ActQ8_0*>(out);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
-    __m256 v[4];
+  const int64_t nb = n / kQK;
+  for (int64_t g = 0; g < nb; g += group) {
+    const int64_t ge = std::min<int64_t>(nb, g + group);
     __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(x + 8 * j);
-      // max(|x|, amax): a NaN x leaves amax as std::max(amax, NaN) does
-      amax = _mm256_max_ps(_mm256_and_ps(v[j], absmask), amax);
-    }
+    // max(|x|, amax): a NaN x leaves amax as std::max(amax, NaN) does
+    for (int64_t j = g * kQK; j < ge * kQK; j += 8) amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), amax);
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float d = _mm_cvtss_f32(m) / 127, id = d ? 1.0f / d : 0.0f;
-    y[i].d = d;
     const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvttps_epi32(round_half_away(rounded(_mm256_mul_ps(v[j], vid))));
-    y[i].sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs), pack32(q[0], q[1], q[2], q[3]));
+    for (int64_t i = g; i < ge; ++i) {
+      y[i].d = d;
+      __m256i q[4];
+      for (int j = 0; j < 4; ++j)
+        q[j] = _mm256_cvttps_epi32(round_half_away(rounded(_mm256_mul_ps(_mm256_loadu_ps(x + i * kQK + 8 * j), vid))));
+      y[i].sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs), pack32(q[0], q[1], q[2], q[3]));
+    }
   }
 }
 

@@ -19,8 +19,17 @@ void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 // Bit-identical to cpu::quantize_act_q8_0 / quantize_act_q8_K (quants.cpp);
 // the block types are quants.h's ActQ8_0 / BlockQ8_K.
-void quantize_act_q8_0(const float* x, void* y, int64_t n);
+void quantize_act_q8_0(const float* x, void* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, void* y, int64_t n);
 void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 
 }  // namespace atelier::kernels::cpu::avx2
+
+// AVX-512 runs of rows (ops_avx512.cpp): the dots are per position exactly as
+// the AVX2 ones are not (a different lane tree), the sums bit-identical.
+namespace atelier::kernels::cpu::avx512 {
+void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
+void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+}  // namespace atelier::kernels::cpu::avx512

@@ -516,18 +516,22 @@ void quant_q6_K(const float* x, BlockQ6_K* y, int64_t nb) {
 
 namespace cpu {
 
-void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n) {
-  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n, int group) {
+  const int64_t nb = n / kQK;
+  for (int64_t g = 0; g < nb; g += group) {
+    const int64_t ge = std::min<int64_t>(nb, g + group);
     float amax = 0.0f;
-    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    for (int64_t j = g * kQK; j < ge * kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
-    y[i].d = d;
-    int32_t sum = 0;
-    for (int j = 0; j < kQK; ++j) {
-      y[i].qs[j] = (int8_t)std::roundf(x[j] * id);
-      sum += y[i].qs[j];
+    for (int64_t i = g; i < ge; ++i) {
+      y[i].d = d;
+      int32_t sum = 0;
+      for (int j = 0; j < kQK; ++j) {
+        y[i].qs[j] = (int8_t)std::roundf(x[i * kQK + j] * id);
+        sum += y[i].qs[j];
+      }
+      y[i].sum = sum;
     }
-    y[i].sum = sum;
   }
 }
 

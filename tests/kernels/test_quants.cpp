@@ -382,9 +382,11 @@ TEST(Quants, SimdActivationQuantizersMatchScalar) {
     std::memset(b0.data(), 0, b0.size() * sizeof(cpu::ActQ8_0));
     std::memset(ak.data(), 0, sizeof(cpu::BlockQ8_K));
     std::memset(bk.data(), 0, sizeof(cpu::BlockQ8_K));
-    cpu::quantize_act_q8_0(x.data(), a0.data(), n);
-    cpu::avx2::quantize_act_q8_0(x.data(), b0.data(), n);
-    ASSERT_EQ(0, std::memcmp(a0.data(), b0.data(), a0.size() * sizeof(cpu::ActQ8_0))) << "q8_0 iter " << iter;
+    for (int group : {1, cpu::kActGroupQ8_0, 3}) {
+      cpu::quantize_act_q8_0(x.data(), a0.data(), n, group);
+      cpu::avx2::quantize_act_q8_0(x.data(), b0.data(), n, group);
+      ASSERT_EQ(0, std::memcmp(a0.data(), b0.data(), a0.size() * sizeof(cpu::ActQ8_0))) << "q8_0 iter " << iter << " group " << group;
+    }
     cpu::quantize_act_q8_K(x.data(), ak.data(), n);
     cpu::avx2::quantize_act_q8_K(x.data(), bk.data(), n);
     ASSERT_EQ(0, std::memcmp(ak.data(), bk.data(), sizeof(cpu::BlockQ8_K))) << "q8_K iter " << iter;
