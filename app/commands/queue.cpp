@@ -416,6 +416,9 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
     exit_code = 0;
   });
 
+  // `atelier queue add ... --store DIR` and `--data-dir` after the subcommand reach the queue's options.
+  for (CLI::App* sub : queue->get_subcommands({})) sub->fallthrough();
+
   // atelier metrics
   auto m = std::make_shared<RunnerOptions>();
   auto mjson = std::make_shared<bool>(false);

@@ -130,7 +130,9 @@ TEST(Queue, AddListCancelThenHeadlessRunsTheRest) {
   for (const auto& j : jsonl(sb.run({"queue", "--data-dir", d, "list", "--json"}).out)) by_id[std::to_string(j["id"].get<int>())] = j;
   EXPECT_EQ(by_id[id_a]["state"], "completed");
   EXPECT_EQ(by_id[id_b]["state"], "cancelled");
-  EXPECT_NE(by_id[id_a]["model_version"].get<std::string>().find("stories260K.gguf"), std::string::npos);
+  // A plain file: its sha256, and its path for people.
+  EXPECT_EQ(by_id[id_a]["model_version"], "sha256:270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d");
+  EXPECT_NE(by_id[id_a]["model_name"].get<std::string>().find("stories260K.gguf"), std::string::npos);
   Out t = sb.run({"text", "-m", kModel, "-p", "Once upon a time", "-n", "12", "--seed", "5"});
   EXPECT_EQ(by_id[id_a]["text"].get<std::string>() + "\n", t.out);
 
