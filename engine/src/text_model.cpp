@@ -96,7 +96,9 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
       std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
       impl->tokenizer = tok::Tokenizer::from_gguf(*file);
       impl->weights = text::load_llama_gguf(file);
-    } else if (fs::path(path).extension() == ".bin") {
+    } else if (fs::path(path).extension() == ".bin" || !options.tokenizer_path.empty()) {
+      // llama2.c checkpoints have no magic number: the name says so, or a
+      // tokenizer given with it does (store blobs are named by digest).
       impl->weights = text::load_llama2c(path);
       const std::string tok_path = find_llama2c_tokenizer(path, options.tokenizer_path);
       impl->tokenizer = tok::Tokenizer::from_llama2c(
