@@ -53,6 +53,7 @@ double act_ref(Activation a, double x) {
     case Activation::gelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
     case Activation::gelu_tanh:
       return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::quick_gelu: return x / (1.0 + std::exp(-1.702 * x));
   }
   return x;
 }
@@ -270,6 +271,7 @@ void activation(Activation a, const float* x, float* y, int64_t n, Executor* ex)
         case Activation::gelu_tanh:
           y[i] = 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
           break;
+        case Activation::quick_gelu: y[i] = v / (1.0f + std::exp(-1.702f * v)); break;
       }
     }
   });

@@ -48,6 +48,8 @@ __m256 act_ps(Activation a, __m256 x) {
     case Activation::silu:
       return _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), x))));
     case Activation::gelu: return gelu_ps(x);
+    case Activation::quick_gelu:
+      return _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(_mm256_mul_ps(_mm256_set1_ps(-1.702f), x))));
     case Activation::gelu_tanh: {
       // tanh(u) = 1 - 2 / (exp(2u) + 1); exp_ps saturates, so large |u| gives +-1.
       const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);

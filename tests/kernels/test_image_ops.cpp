@@ -146,7 +146,7 @@ TEST(ImageOps, Activations) {
     for (int64_t n : {1, 7, 8, 9, 100, 40000}) {
       auto x = random_floats(n, 41, 4.0f);
       if (n > 3) x[0] = -90.0f, x[1] = 90.0f, x[2] = 0.0f;
-      for (Activation a : {Activation::silu, Activation::gelu, Activation::gelu_tanh}) {
+      for (Activation a : {Activation::silu, Activation::gelu, Activation::gelu_tanh, Activation::quick_gelu}) {
         std::vector<float> y(n), ref(n);
         TestExecutor ex(2);
         activation(a, x.data(), y.data(), n, &ex);
@@ -165,6 +165,8 @@ TEST(ImageOps, Activations) {
   EXPECT_NEAR(y, 0.8413447460685429, 1e-6);
   activation(Activation::gelu_tanh, &one, &y, 1);
   EXPECT_NEAR(y, 0.8411919906082768, 1e-6);
+  activation(Activation::quick_gelu, &one, &y, 1);
+  EXPECT_NEAR(y, 1.0 / (1.0 + std::exp(-1.702)), 1e-6);  // 0.845843
 }
 
 TEST(ImageOps, Geglu) {

@@ -174,7 +174,8 @@ void layer_norm_ref(const float* x, float* y, int64_t rows, int64_t dim, const f
 //   silu(x) = x / (1 + exp(-x))
 //   gelu(x) = x/2 (1 + erf(x / sqrt 2))                       (nn.GELU())
 //   gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GELU(approximate="tanh"))
-enum class Activation { silu, gelu, gelu_tanh };
+//   quick_gelu(x) = x / (1 + exp(-1.702 x))                    (OpenAI CLIP, SD 1.x's text encoder)
+enum class Activation { silu, gelu, gelu_tanh, quick_gelu };
 void activation(Activation a, const float* x, float* y, int64_t n, Executor* ex = nullptr);
 void activation_ref(Activation a, const float* x, float* y, int64_t n);
 
