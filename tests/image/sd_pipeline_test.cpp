@@ -1,0 +1,196 @@
+// The diffusion pipeline around a stand-in model whose network is a simple
+// row-wise formula: batching, guidance, img2img, inpainting, prompt padding
+// and previews, independent of any real checkpoint.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "core/error.h"
+#include "image/sd_pipeline.h"
+
+namespace atelier::image {
+namespace {
+
+class FakeModel : public DiffusionModel {
+ public:
+  explicit FakeModel(Prediction p = Prediction::epsilon) : prediction_(p), schedule_(NoiseSchedule::scaled_linear()) {}
+  int latent_channels() const override { return 4; }
+  int context_dim() const override { return 8; }
+  Prediction prediction() const override { return prediction_; }
+  int32_t pad_id() const override { return 49407; }
+  const NoiseSchedule& schedule() const override { return schedule_; }
+  void encode_text(const tok::PromptChunk& chunk, float* out) override {
+    for (int k = 0; k < tok::ClipTokenizer::kContext; ++k)
+      for (int d = 0; d < 8; ++d) out[k * 8 + d] = static_cast<float>(chunk.ids[k] % 97) * 0.01f * chunk.weights[k] + d * 1e-3f;
+  }
+  // Row-wise: out = 0.1 x + 1e-4 t + mean(context row).
+  void unet(int n, int h, int w, const float* x, const float* t, int ctx_tokens, const float* ctx, float* out) override {
+    ++calls;
+    rows.push_back(n);
+    const size_t per = static_cast<size_t>(4) * h * w, pc = static_cast<size_t>(ctx_tokens) * 8;
+    for (int r = 0; r < n; ++r) {
+      double m = 0;
+      for (size_t i = 0; i < pc; ++i) m += ctx[r * pc + i];
+      m /= static_cast<double>(pc);
+      for (size_t i = 0; i < per; ++i) out[r * per + i] = 0.1f * x[r * per + i] + 1e-4f * t[r] + static_cast<float>(m);
+    }
+  }
+  std::vector<float> decode(const float* latent, int h, int w) override {
+    std::vector<float> rgb(static_cast<size_t>(3) * 64 * h * w);
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < 8 * h; ++y)
+        for (int x = 0; x < 8 * w; ++x)
+          rgb[(static_cast<size_t>(c) * 8 * h + y) * 8 * w + x] = 0.5f + 0.1f * latent[(c * h + y / 8) * w + x / 8];
+    return rgb;
+  }
+  std::vector<float> encode(const float*, int height, int width) override {
+    return std::vector<float>(static_cast<size_t>(4) * (height / 8) * (width / 8), 0.25f);
+  }
+
+  int calls = 0;
+  std::vector<int> rows;
+
+ private:
+  Prediction prediction_;
+  NoiseSchedule schedule_;
+};
+
+std::shared_ptr<const Conditioning> cond_of(float v, int tokens = 77) {
+  auto c = std::make_shared<Conditioning>();
+  c->tokens = tokens;
+  c->values.assign(static_cast<size_t>(tokens) * 8, v);
+  return c;
+}
+
+TaskOptions options(uint64_t seed, SamplerKind kind = SamplerKind::euler_ancestral, int size = 32) {
+  TaskOptions o;
+  o.width = o.height = size;
+  o.steps = 6;
+  o.seed = seed;
+  o.sampler = kind;
+  return o;
+}
+
+std::vector<float> run_alone(FakeModel& m, const TaskOptions& o, std::shared_ptr<const Conditioning> c,
+                             std::shared_ptr<const Conditioning> u) {
+  ImageTask t(o, 4, m.schedule(), std::move(c), std::move(u));
+  while (!t.done()) run_step(m, {&t});
+  return t.result_latent();
+}
+
+TEST(SdPipeline, TasksBatchedTogetherGiveTheirAloneResults) {
+  FakeModel m;
+  auto c = cond_of(0.3f), u = cond_of(-0.2f);
+  TaskOptions a = options(1), b = options(2, SamplerKind::heun), d = options(3, SamplerKind::dpmpp_2m);
+  b.cfg_scale = 1.0f;  // unguided: one row
+  d.init_latent.assign(4 * 4 * 4, 0.5f);
+  d.strength = 0.5f;
+  const auto ra = run_alone(m, a, c, u), rb = run_alone(m, b, c, u), rd = run_alone(m, d, c, u);
+
+  FakeModel batched;
+  ImageTask ta(a, 4, batched.schedule(), c, u), tb(b, 4, batched.schedule(), c, u), td(d, 4, batched.schedule(), c, u);
+  int calls = 0;
+  while (!ta.done() || !tb.done() || !td.done()) {
+    run_step(batched, {&ta, &tb, &td});
+    ++calls;
+  }
+  // The first call holds every task's rows: 2 (guided) + 1 + 2.
+  ASSERT_FALSE(batched.rows.empty());
+  EXPECT_EQ(batched.rows.front(), 5);
+  EXPECT_EQ(batched.calls, calls);  // one network call per step: all three share a size
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same(ra, ta.result_latent()));
+  EXPECT_TRUE(same(rb, tb.result_latent()));
+  EXPECT_TRUE(same(rd, td.result_latent()));
+  // and the seeds matter
+  EXPECT_FALSE(same(ra, run_alone(m, options(9), c, u)));
+}
+
+TEST(SdPipeline, DifferentSizesGoToSeparateCalls) {
+  FakeModel m;
+  auto c = cond_of(0.1f);
+  ImageTask small(options(1, SamplerKind::euler, 16), 4, m.schedule(), c, nullptr);
+  ImageTask large(options(1, SamplerKind::euler, 24), 4, m.schedule(), c, nullptr);
+  EXPECT_EQ(run_step(m, {&small, &large}), 2);
+  EXPECT_EQ(m.calls, 2);
+}
+
+TEST(SdPipeline, Img2ImgRunsA1111sShareOfTheSteps) {
+  FakeModel m;
+  auto c = cond_of(0.1f);
+  for (auto [steps, strength, expect] : {std::tuple{20, 0.5f, 11}, {20, 1.0f, 20}, {10, 0.75f, 8}, {4, 0.1f, 1}}) {
+    TaskOptions o = options(5, SamplerKind::euler);
+    o.steps = steps;
+    o.strength = strength;
+    o.init_latent.assign(4 * 4 * 4, 0.1f);
+    ImageTask t(o, 4, m.schedule(), c, nullptr);
+    // A1111: t_enc = int(min(strength, 0.999) * steps) -> t_enc + 1 steps
+    EXPECT_EQ(t.steps(), expect) << steps << " " << strength;
+  }
+}
+
+TEST(SdPipeline, InpaintingKeepsTheUnmaskedLatent) {
+  FakeModel m;
+  auto c = cond_of(0.1f);
+  TaskOptions o = options(5, SamplerKind::euler_ancestral);
+  o.init_latent.resize(4 * 4 * 4);
+  for (size_t i = 0; i < o.init_latent.size(); ++i) o.init_latent[i] = 0.01f * static_cast<float>(i);
+  o.strength = 1.0f;
+  o.latent_mask.assign(16, 0.0f);
+  for (int i = 0; i < 8; ++i) o.latent_mask[static_cast<size_t>(i)] = 1.0f;  // repaint the top half
+  const auto x = run_alone(m, o, c, nullptr);
+  for (int ch = 0; ch < 4; ++ch)
+    for (int i = 0; i < 16; ++i) {
+      const size_t k = static_cast<size_t>(ch * 16 + i);
+      if (i >= 8) EXPECT_EQ(x[k], o.init_latent[k]) << k;
+      else EXPECT_NE(x[k], o.init_latent[k]) << k;
+    }
+}
+
+TEST(SdPipeline, BadOptionsAreRefused) {
+  FakeModel m;
+  auto c = cond_of(0.1f);
+  TaskOptions o = options(1);
+  o.width = 30;
+  EXPECT_THROW(ImageTask(o, 4, m.schedule(), c, nullptr), Error);
+  o = options(1);
+  o.latent_mask.assign(16, 1.0f);  // a mask without an init image
+  EXPECT_THROW(ImageTask(o, 4, m.schedule(), c, nullptr), Error);
+  o = options(1);
+  EXPECT_THROW(ImageTask(o, 4, m.schedule(), c, cond_of(0.1f, 154)), Error);  // lengths differ
+}
+
+TEST(SdPipeline, PromptAndNegativeArePaddedToTheSameLength) {
+  auto tok = tok::ClipTokenizer::open(std::string(ATELIER_FIXTURES_DIR) + "/clip/bpe_simple_vocab_16e6.txt.gz");
+  FakeModel m;
+  std::string longp;
+  for (int i = 0; i < 100; ++i) longp += "cat ";
+  auto [pos, neg] = encode_prompts(m, *tok, longp, "blurry");
+  EXPECT_EQ(pos.tokens, 154);
+  EXPECT_EQ(neg.tokens, 154);
+  EXPECT_EQ(pos.values.size(), 154u * 8);
+  // the negative's second chunk is the empty prompt's encoding
+  auto [e, e2] = encode_prompts(m, *tok, "", "");
+  EXPECT_EQ(0, std::memcmp(neg.values.data() + 77 * 8, e.values.data(), 77 * 8 * sizeof(float)));
+}
+
+TEST(SdPipeline, LinearPreviewUsesTheSd15Factors) {
+  FakeModel m;
+  std::vector<float> lat(4 * 2 * 2, 0.0f);
+  lat[0] = 1.0f;  // channel 0, pixel 0
+  const Preview p = make_preview(m, lat, 2, 2);
+  ASSERT_EQ(p.width, 2);
+  ASSERT_EQ(p.rgb.size(), 12u);
+  // (factor + 1) / 2 * 255 for channel 0's row (0.3512, 0.2297, 0.3227)
+  EXPECT_EQ(p.rgb[0], 172);
+  EXPECT_EQ(p.rgb[1], 157);
+  EXPECT_EQ(p.rgb[2], 169);
+  EXPECT_EQ(p.rgb[3], 128);  // a zero latent is mid grey
+}
+
+}  // namespace
+}  // namespace atelier::image
