@@ -1,0 +1,222 @@
+#include "image/clip_text.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace atelier::image {
+
+struct ClipTextEncoder::Layer {
+  std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
+  Weight qkv, out, fc1, fc2;  // qkv: q, k, v rows stacked
+  std::vector<float> qkv_b, out_b, fc1_b, fc2_b;
+};
+
+namespace {
+
+struct Names {
+  std::string tokens, positions, final_norm;
+  std::string layer(int l) const { return layer_prefix + std::to_string(l) + "."; }
+  std::string layer_prefix;
+};
+
+// The two layouts: Hugging Face's CLIPTextModel (SD1; some old SD1 files lack
+// the `text_model.` level) and OpenCLIP (SD2).
+Names names_of(const WeightStore& ws, bool* open_clip) {
+  Names n;
+  for (const char* p : {"cond_stage_model.transformer.text_model.", "cond_stage_model.transformer."}) {
+    const std::string s = p;
+    if (ws.has(s + "embeddings.token_embedding.weight")) {
+      *open_clip = false;
+      n.tokens = s + "embeddings.token_embedding.weight";
+      n.positions = s + "embeddings.position_embedding.weight";
+      n.final_norm = s + "final_layer_norm.";
+      n.layer_prefix = s + "encoder.layers.";
+      return n;
+    }
+  }
+  const std::string s = "cond_stage_model.model.";
+  if (ws.has(s + "token_embedding.weight")) {
+    *open_clip = true;
+    n.tokens = s + "token_embedding.weight";
+    n.positions = s + "positional_embedding";
+    n.final_norm = s + "ln_final.";
+    n.layer_prefix = s + "transformer.resblocks.";
+    return n;
+  }
+  throw Error(ws.path() + ": no text encoder (neither cond_stage_model.transformer.text_model.* as in SD 1.x nor "
+                          "cond_stage_model.model.* as in SD 2.x); not a Stable Diffusion 1.x/2.x checkpoint?");
+}
+
+int parse_int(const std::string& s, const std::string& what) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(s, &used);
+    if (used == s.size() && v > 0) return v;
+  } catch (...) {
+  }
+  throw Error(what + ": '" + s + "' is not a positive integer");
+}
+
+void add_bias(float* y, const std::vector<float>& b, int64_t rows) {
+  const size_t n = b.size();
+  for (int64_t r = 0; r < rows; ++r)
+    for (size_t i = 0; i < n; ++i) y[r * n + i] += b[i];
+}
+
+}  // namespace
+
+ClipConfig detect_clip(const WeightStore& ws, int clip_skip) {
+  ClipConfig c;
+  const Names n = names_of(ws, &c.open_clip);
+  const TensorRef& tok = ws.get(n.tokens);
+  const TensorRef& pos = ws.get(n.positions);
+  if (tok.shape.size() != 2 || pos.shape.size() != 2 || pos.shape[1] != tok.shape[1])
+    throw Error(ws.path() + ": text encoder embeddings have shapes " + WeightStore::shape_str(tok.shape) + " and " +
+                WeightStore::shape_str(pos.shape));
+  c.vocab = static_cast<int>(tok.shape[0]);
+  c.width = static_cast<int>(tok.shape[1]);
+  c.positions = static_cast<int>(pos.shape[0]);
+  if (c.positions != 77) throw UnsupportedError(ws.path() + ": text encoder with " + std::to_string(c.positions) + " positions (expected 77)");
+  const std::string ln = c.open_clip ? "ln_1.weight" : "layer_norm1.weight";
+  c.layers = 0;
+  while (ws.has(n.layer(c.layers) + ln)) ++c.layers;
+  if (c.layers == 0) throw Error(ws.path() + ": text encoder has no layers (" + n.layer(0) + ln + " missing)");
+  c.heads = c.width / 64;
+  if (auto m = ws.meta("atelier.clip.num_heads")) c.heads = parse_int(*m, ws.path() + ": atelier.clip.num_heads");
+  else if (auto d = ws.meta("diffusers.text.num_attention_heads")) c.heads = parse_int(*d, ws.path() + ": text_encoder num_attention_heads");
+  if (c.heads <= 0 || c.width % c.heads)
+    throw Error(ws.path() + ": text encoder width " + std::to_string(c.width) + " does not split into " + std::to_string(c.heads) + " heads");
+  c.quick_gelu = !c.open_clip;
+  if (auto a = ws.meta("diffusers.text.hidden_act")) {
+    if (*a == "quick_gelu") c.quick_gelu = true;
+    else if (*a == "gelu") c.quick_gelu = false;
+    else throw UnsupportedError(ws.path() + ": text encoder activation '" + *a + "' (supported: quick_gelu, gelu)");
+  }
+  // OpenCLIP in SD2 (FrozenOpenCLIPEmbedder, layer="penultimate") stops one
+  // layer early; diffusers' SD2 text_encoder already has that layer removed.
+  c.layers_used = c.layers - (c.open_clip ? 1 : 0) - (clip_skip > 1 ? clip_skip - 1 : 0);
+  if (c.layers_used < 1)
+    throw Error(ws.path() + ": clip skip " + std::to_string(clip_skip) + " leaves no text encoder layer (it has " +
+                std::to_string(c.layers) + ")");
+  return c;
+}
+
+ClipTextEncoder::ClipTextEncoder() = default;
+ClipTextEncoder::~ClipTextEncoder() = default;
+
+std::unique_ptr<ClipTextEncoder> ClipTextEncoder::load(const WeightStore& ws, const ClipConfig& cfg) {
+  bool open_clip = false;
+  const Names n = names_of(ws, &open_clip);
+  std::unique_ptr<ClipTextEncoder> e(new ClipTextEncoder());
+  e->cfg_ = cfg;
+  const int64_t w = cfg.width;
+  e->tokens_ = ws.matrix(n.tokens, cfg.vocab, w);
+  e->positions_.resize(static_cast<size_t>(cfg.positions * w));
+  ws.rows_f32(n.positions, 0, cfg.positions, e->positions_.data());
+  for (int l = 0; l < cfg.layers_used; ++l) {
+    const std::string p = n.layer(l);
+    auto L = std::make_unique<Layer>();
+    if (open_clip) {
+      L->ln1_w = ws.vec(p + "ln_1.weight", w), L->ln1_b = ws.vec(p + "ln_1.bias", w);
+      L->ln2_w = ws.vec(p + "ln_2.weight", w), L->ln2_b = ws.vec(p + "ln_2.bias", w);
+      L->qkv = ws.matrix(p + "attn.in_proj_weight", 3 * w, w);
+      L->qkv_b = ws.vec(p + "attn.in_proj_bias", 3 * w);
+      L->out = ws.matrix(p + "attn.out_proj.weight", w, w);
+      L->out_b = ws.vec(p + "attn.out_proj.bias", w);
+      const int64_t hidden = ws.get(p + "mlp.c_fc.weight").shape.at(0);
+      L->fc1 = ws.matrix(p + "mlp.c_fc.weight", hidden, w);
+      L->fc1_b = ws.vec(p + "mlp.c_fc.bias", hidden);
+      L->fc2 = ws.matrix(p + "mlp.c_proj.weight", w, hidden);
+      L->fc2_b = ws.vec(p + "mlp.c_proj.bias", w);
+    } else {
+      L->ln1_w = ws.vec(p + "layer_norm1.weight", w), L->ln1_b = ws.vec(p + "layer_norm1.bias", w);
+      L->ln2_w = ws.vec(p + "layer_norm2.weight", w), L->ln2_b = ws.vec(p + "layer_norm2.bias", w);
+      const std::string a = p + "self_attn.";
+      L->qkv = ws.stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, w, w);
+      for (const char* b : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
+        const auto v = ws.vec(a + b, w);
+        L->qkv_b.insert(L->qkv_b.end(), v.begin(), v.end());
+      }
+      L->out = ws.matrix(a + "out_proj.weight", w, w);
+      L->out_b = ws.vec(a + "out_proj.bias", w);
+      const int64_t hidden = ws.get(p + "mlp.fc1.weight").shape.at(0);
+      L->fc1 = ws.matrix(p + "mlp.fc1.weight", hidden, w);
+      L->fc1_b = ws.vec(p + "mlp.fc1.bias", hidden);
+      L->fc2 = ws.matrix(p + "mlp.fc2.weight", w, hidden);
+      L->fc2_b = ws.vec(p + "mlp.fc2.bias", w);
+    }
+    e->layers_.push_back(std::move(L));
+  }
+  e->final_w_ = ws.vec(n.final_norm + "weight", w);
+  e->final_b_ = ws.vec(n.final_norm + "bias", w);
+  return e;
+}
+
+int64_t ClipTextEncoder::weight_bytes() const {
+  int64_t b = static_cast<int64_t>(tokens_.bytes.size() + positions_.size() * 4);
+  for (const auto& l : layers_)
+    b += static_cast<int64_t>(l->qkv.bytes.size() + l->out.bytes.size() + l->fc1.bytes.size() + l->fc2.bytes.size());
+  return b;
+}
+
+void ClipTextEncoder::encode(const int32_t* ids, float* out, kernels::Executor* ex) const {
+  const int64_t T = cfg_.positions, w = cfg_.width, H = cfg_.heads, hd = w / H;
+  std::vector<float> x(static_cast<size_t>(T * w));
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= cfg_.vocab)
+      throw Error("text encoder: token id " + std::to_string(ids[t]) + " outside the vocabulary of " + std::to_string(cfg_.vocab));
+    const auto* row = tokens_.bytes.data() + ids[t] * kernels::dtype_row_bytes(tokens_.type, w);
+    kernels::dequantize_row(tokens_.type, row, x.data() + t * w, w);
+    for (int64_t i = 0; i < w; ++i) x[t * w + i] += positions_[t * w + i];
+  }
+  std::vector<float> h(x.size()), qkv(static_cast<size_t>(T * 3 * w)), attn(x.size()), q(static_cast<size_t>(T * hd)),
+      vt(static_cast<size_t>(hd * T)), scores(static_cast<size_t>(T * T)), oh(static_cast<size_t>(T * hd)), tmp(x.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (const auto& L : layers_) {
+    kernels::layer_norm(x.data(), h.data(), T, w, L->ln1_w.data(), L->ln1_b.data(), 1e-5f, ex);
+    kernels::matmul(L->qkv.view(), h.data(), qkv.data(), T, ex);
+    add_bias(qkv.data(), L->qkv_b, T);
+    for (int64_t head = 0; head < H; ++head) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < hd; ++d) {
+          q[t * hd + d] = qkv[t * 3 * w + head * hd + d];
+          vt[d * T + t] = qkv[t * 3 * w + 2 * w + head * hd + d];
+        }
+      // K read in place: rows of hd floats, 3w apart.
+      kernels::WeightView k;
+      k.data = qkv.data() + w + head * hd;
+      k.rows = T, k.cols = hd, k.row_stride_bytes = 3 * w * 4;
+      kernels::matmul(k, q.data(), scores.data(), T, nullptr);
+      for (int64_t i = 0; i < T; ++i) {  // causal: position i sees 0..i
+        float* s = scores.data() + i * T;
+        for (int64_t j = 0; j <= i; ++j) s[j] *= scale;
+        kernels::softmax(s, i + 1);
+        for (int64_t j = i + 1; j < T; ++j) s[j] = 0;
+      }
+      kernels::WeightView v;
+      v.data = vt.data();
+      v.rows = hd, v.cols = T, v.row_stride_bytes = T * 4;
+      kernels::matmul(v, scores.data(), oh.data(), T, nullptr);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < hd; ++d) attn[t * w + head * hd + d] = oh[t * hd + d];
+    }
+    kernels::matmul(L->out.view(), attn.data(), tmp.data(), T, ex);
+    add_bias(tmp.data(), L->out_b, T);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+
+    kernels::layer_norm(x.data(), h.data(), T, w, L->ln2_w.data(), L->ln2_b.data(), 1e-5f, ex);
+    const int64_t hidden = L->fc1.rows;
+    std::vector<float> m(static_cast<size_t>(T * hidden));
+    kernels::matmul(L->fc1.view(), h.data(), m.data(), T, ex);
+    add_bias(m.data(), L->fc1_b, T);
+    kernels::activation(cfg_.quick_gelu ? kernels::Activation::quick_gelu : kernels::Activation::gelu, m.data(), m.data(),
+                        static_cast<int64_t>(m.size()), ex);
+    kernels::matmul(L->fc2.view(), m.data(), tmp.data(), T, ex);
+    add_bias(tmp.data(), L->fc2_b, T);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+  kernels::layer_norm(x.data(), out, T, w, final_w_.data(), final_b_.data(), 1e-5f, ex);
+}
+
+}  // namespace atelier::image

@@ -1,0 +1,120 @@
+#include "image/sd_model.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "image/clip_text.h"
+#include "image/unet.h"
+#include "image/vae.h"
+
+namespace atelier::image {
+
+std::string_view sd_version_name(SdVersion v) { return v == SdVersion::sd2 ? "SD 2.x" : "SD 1.x"; }
+
+namespace {
+
+std::optional<Prediction> parse_prediction(const std::string& s) {
+  if (s == "v" || s == "v_prediction" || s == "v-prediction") return Prediction::v;
+  if (s == "epsilon" || s == "eps") return Prediction::epsilon;
+  return std::nullopt;
+}
+
+SdInfo detect(const WeightStore& ws, const SdOptions& opt) {
+  SdInfo info;
+  info.clip = detect_clip(ws, opt.clip_skip);
+  const bool clip_says_sd2 = info.clip.open_clip || info.clip.width == 1024;
+  info.unet = detect_unet(ws, opt, clip_says_sd2);
+  info.vae = detect_vae(ws);
+  if (info.clip.width != info.unet.context_dim)
+    throw Error(ws.path() + ": the text encoder is " + std::to_string(info.clip.width) + " wide but the UNet's "
+                "cross-attention expects " + std::to_string(info.unet.context_dim) + " (mixed-up components?)");
+  const auto arch = ws.meta("atelier.arch");
+  const bool sd2 = clip_says_sd2 || info.unet.context_dim == 1024 || info.unet.linear_proj || (arch && *arch == "sd21");
+  info.version = sd2 ? SdVersion::sd2 : SdVersion::sd1;
+  if (info.unet.out_channels != info.vae.latent_channels)
+    throw Error(ws.path() + ": the UNet predicts " + std::to_string(info.unet.out_channels) + " channels but the VAE has " +
+                std::to_string(info.vae.latent_channels));
+
+  info.prediction = sd2 ? Prediction::v : Prediction::epsilon;
+  if (opt.prediction) {
+    info.prediction = *opt.prediction;
+  } else {
+    for (const char* key : {"modelspec.prediction_type", "prediction_type", "diffusers.prediction_type"})
+      if (auto m = ws.meta(key)) {
+        const auto p = parse_prediction(*m);
+        if (!p) throw Error(ws.path() + ": metadata " + key + " = '" + *m + "' is not a prediction type (epsilon or v)");
+        info.prediction = *p;
+        break;
+      }
+  }
+  const auto& u = info.unet;
+  info.summary = std::string(sd_version_name(info.version)) + ", UNet " + std::to_string(u.model_channels) + " ch (in " +
+                 std::to_string(u.in_channels) + (u.in_channels == 9 ? ", inpainting" : "") + "), context " +
+                 std::to_string(u.context_dim) + ", CLIP " + std::to_string(info.clip.layers_used) + "/" +
+                 std::to_string(info.clip.layers) + " layers x " + std::to_string(info.clip.width) + ", VAE " +
+                 std::to_string(info.vae.channels) + " ch" + (info.vae.has_encoder ? "" : " (decoder only)") + ", " +
+                 (info.prediction == Prediction::v ? "v-prediction" : "eps-prediction");
+  return info;
+}
+
+}  // namespace
+
+SdInfo SdModel::inspect(const std::string& path, const SdOptions& options) {
+  const auto ws = WeightStore::open(path, options.precision);
+  return detect(*ws, options);
+}
+
+SdModel::SdModel() = default;
+SdModel::~SdModel() = default;
+
+std::unique_ptr<SdModel> SdModel::open(const std::string& path, const SdOptions& options) {
+  const auto ws = WeightStore::open(path, options.precision);
+  std::unique_ptr<SdModel> m(new SdModel());
+  m->info_ = detect(*ws, options);
+  m->clip_ = ClipTextEncoder::load(*ws, m->info_.clip);
+  m->unet_ = Unet::load(*ws, m->info_.unet);
+  m->vae_ = Vae::load(*ws, m->info_.vae);
+  return m;  // the weights are copied out; the mapped files close here
+}
+
+int64_t SdModel::weight_bytes() const { return clip_->weight_bytes() + unet_->weight_bytes() + vae_->weight_bytes(); }
+
+std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weights, int n_tokens,
+                                          kernels::Executor* ex) const {
+  const int T = info_.clip.positions;
+  if (n_tokens <= 0 || n_tokens % T)
+    throw Error("encode_prompt: " + std::to_string(n_tokens) + " tokens; expected whole chunks of " + std::to_string(T));
+  const int64_t w = info_.clip.width;
+  std::vector<float> out(static_cast<size_t>(n_tokens * w));
+  for (int c = 0; c < n_tokens / T; ++c) {
+    float* z = out.data() + static_cast<int64_t>(c) * T * w;
+    clip_->encode(ids + c * T, z, ex);
+    if (!weights) continue;
+    const float* wt = weights + c * T;
+    bool all_one = true;
+    for (int t = 0; t < T; ++t) all_one = all_one && wt[t] == 1.0f;
+    if (all_one) continue;
+    // A1111 (sd_hijack_clip): scale each token, then restore the chunk's mean.
+    const int64_t n = T * w;
+    double before = 0, after = 0;
+    for (int64_t i = 0; i < n; ++i) before += z[i];
+    for (int t = 0; t < T; ++t)
+      for (int64_t i = 0; i < w; ++i) z[t * w + i] *= wt[t];
+    for (int64_t i = 0; i < n; ++i) after += z[i];
+    const float k = after != 0 ? static_cast<float>((before / n) / (after / n)) : 1.0f;
+    for (int64_t i = 0; i < n; ++i) z[i] *= k;
+  }
+  return out;
+}
+
+void SdModel::unet(const UnetBatch& in, float* out, kernels::Executor* ex) const { unet_->forward(in, out, ex); }
+
+std::vector<float> SdModel::vae_decode(const float* latent, int h, int w, kernels::Executor* ex) const {
+  return vae_->decode(latent, h, w, ex);
+}
+
+std::vector<float> SdModel::vae_encode(const float* rgb, int h, int w, kernels::Executor* ex) const {
+  return vae_->encode(rgb, h, w, ex);
+}
+
+}  // namespace atelier::image

@@ -1,0 +1,141 @@
+// Where the Stable Diffusion model's tensors come from (internal to the SD
+// model: sd_model, clip_text, unet, vae).
+//
+// One name space for every source: the original single-file layout
+// (`model.diffusion_model.*`, `first_stage_model.*`, `cond_stage_model.*`).
+// A diffusers folder (unet/, vae/, text_encoder/) is mapped into it on open
+// (diffusers_to_original), so the networks are written against one set of
+// names. Tensor data stays in the mapped files until a network copies what it
+// needs into a `Weight` (matrices keep their file type: F16 stays F16).
+#pragma once
+
+#include <atelier/kernels.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/tensor_types.h"
+
+namespace atelier::image {
+
+// How matrices are kept in memory. `keep`: the file's type (F32, F16, BF16;
+// the kernels take all three); f16 halves an F32 checkpoint's memory.
+enum class WeightPrecision { keep, f32, f16 };
+
+struct TensorRef {
+  formats::ElemType dtype = formats::ElemType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // into a mapping; may be unaligned
+  int64_t elements() const;
+};
+
+// A matrix for kernels::matmul / conv2d: `rows` outputs of `cols` inputs
+// (a conv's [c_out][c_in][kh][kw] is rows = c_out, cols = c_in * kh * kw).
+struct Weight {
+  kernels::DType type = kernels::DType::F32;
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> bytes;
+  const void* data() const { return bytes.data(); }
+  kernels::WeightView view() const;
+  bool empty() const { return rows == 0; }
+};
+
+class WeightStore {
+ public:
+  // A .safetensors file, a PyTorch .ckpt/.pth archive, or a diffusers folder
+  // (unet/, vae/, text_encoder/ each with diffusion_pytorch_model.safetensors,
+  // model.safetensors or the .bin equivalents). Throws Error naming the path.
+  static std::unique_ptr<WeightStore> open(const std::string& path, WeightPrecision precision);
+  ~WeightStore();
+
+  const std::string& path() const { return path_; }
+  bool is_diffusers() const { return diffusers_; }
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const TensorRef* find(const std::string& name) const;
+  // Throws Error("PATH: tensor NAME is missing") naming what it was needed for.
+  const TensorRef& get(const std::string& name) const;
+  // Names that start with `prefix`.
+  std::vector<std::string> names_with_prefix(const std::string& prefix) const;
+
+  // The matrix `name` checked to hold rows x (cols...) elements: its shape
+  // must be [rows, cols] or [rows, c, kh, kw] with c*kh*kw = cols (a 1x1 conv
+  // and a linear layer are the same matrix; diffusers stores the VAE's
+  // attention projections as linears, the original layout as 1x1 convs).
+  Weight matrix(const std::string& name, int64_t rows, int64_t cols) const;
+  // The same rows of several tensors stacked (separate q/k/v -> one qkv).
+  Weight stacked(const std::vector<std::string>& names, int64_t rows_each, int64_t cols) const;
+  // A 1-D tensor of n elements (bias, norm) widened to f32.
+  std::vector<float> vec(const std::string& name, int64_t n) const;
+  // A 1-D tensor if present, else empty.
+  std::vector<float> vec_or_empty(const std::string& name, int64_t n) const;
+  // Rows [r0, r0 + nr) of a 2-D tensor widened to f32 (embeddings).
+  void rows_f32(const std::string& name, int64_t r0, int64_t nr, float* out) const;
+
+  // safetensors __metadata__ (single file), or keys read from the diffusers
+  // configs ("diffusers.unet.attention_head_dim", "diffusers.text.hidden_act",
+  // "diffusers.text.num_attention_heads", "diffusers.prediction_type").
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  std::optional<std::string> meta(const std::string& key) const;
+
+  static std::string shape_str(const std::vector<int64_t>& s);
+
+  struct Source;  // sd_weights.cpp
+
+ private:
+  WeightStore() = default;
+  void add_file(const std::string& file, const std::string& component);
+  Weight make_weight(formats::ElemType src, int64_t rows, int64_t cols) const;
+
+  std::string path_;
+  bool diffusers_ = false;
+  WeightPrecision precision_ = WeightPrecision::keep;
+  std::vector<std::unique_ptr<Source>> sources_;
+  std::map<std::string, TensorRef> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// ---- building blocks the networks share (f32 activations)
+
+// PyTorch Conv2d, square kernel, "same"-style symmetric padding.
+struct Conv2d {
+  Weight w;
+  std::vector<float> b;  // empty: no bias
+  int64_t c_in = 0, c_out = 0, k = 3, stride = 1, pad = 1;
+  // PREFIX.weight [c_out][c_in][k][k] (PREFIX.bias when present); pad = k / 2.
+  static Conv2d load(const WeightStore& ws, const std::string& prefix, int64_t c_in, int64_t c_out, int64_t k,
+                     int64_t stride = 1);
+  // x: [n][c_in][h][w] -> [n][c_out][h'][w']; h and w become h', w'.
+  std::vector<float> operator()(const float* x, int64_t n, int64_t& h, int64_t& w, kernels::Executor* ex) const;
+};
+
+// nn.Linear (or a 1x1 conv used as one) on token-major rows.
+struct Linear {
+  Weight w;
+  std::vector<float> b;
+  static Linear load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias = true);
+  // x: rows x in -> y: rows x out.
+  void operator()(const float* x, float* y, int64_t rows, kernels::Executor* ex) const;
+};
+
+struct Norm {
+  std::vector<float> g, b;
+  static Norm load(const WeightStore& ws, const std::string& prefix, int64_t c);
+};
+
+// [n][c][hw] <-> [n][hw][c]
+void to_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
+void from_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
+
+// The original-layout name of a diffusers tensor of `component` ("unet",
+// "vae", "text_encoder"), or "" for a name this mapping does not know.
+// UNet block indices assume SD 1.x/2.x's 4 levels of 2 res blocks;
+// up_attention[i]: whether diffusers' up block i has attentions (which moves
+// its upsampler from index 1 to 2 in the original layout).
+std::string diffusers_to_original(const std::string& component, const std::string& name,
+                                  const std::vector<bool>& up_attention = {false, true, true, true});
+
+}  // namespace atelier::image

@@ -1,0 +1,58 @@
+// The SD 1.x / 2.x UNet (ldm openaimodel.UNetModel with SpatialTransformer
+// blocks), in the original layout's names (`model.diffusion_model.*`):
+//   time_embed (timestep_embedding(t, C) -> linear, SiLU, linear)
+//   input_blocks: conv_in; per level: 2 x (ResBlock [+ SpatialTransformer]),
+//                 then a stride-2 conv except at the last level
+//   middle_block: ResBlock, SpatialTransformer, ResBlock
+//   output_blocks: per level from the last: 3 x (ResBlock over [h | skip]
+//                 [+ SpatialTransformer]), then nearest-2x + conv except at level 0
+//   out: GroupNorm + SiLU, conv
+// ResBlock: x + (or 1x1 skip conv of x) conv(gn_silu(conv(gn_silu(x)) + linear(silu(emb)))),
+//   GroupNorm 32 groups, eps 1e-5.
+// SpatialTransformer: x + proj_out(blocks(proj_in(gn(x)))) with GroupNorm eps
+//   1e-6; block: self-attention, cross-attention on the context, GEGLU
+//   feed-forward, each pre-LayerNorm (eps 1e-5) and residual. proj_in/out are
+//   1x1 convs (SD1) or linears (SD2): the same per-pixel matrix either way.
+// Every op runs over the whole batch (convs with n = batch, linears over
+// batch x pixels rows, attention per sample): the kernels compute each image,
+// row and head independently, so a sample's output does not depend on the
+// batch.
+#pragma once
+
+#include <atelier/kernels.h>
+
+#include <memory>
+
+#include "image/sd_model.h"
+#include "image/sd_weights.h"
+
+namespace atelier::image {
+
+// The UNet's shape from names and shapes; heads from options / metadata.
+// sd2_default: the version's default head rule (64-wide heads) when nothing says.
+UnetConfig detect_unet(const WeightStore& ws, const SdOptions& options, bool sd2_default);
+
+class Unet {
+ public:
+  static std::unique_ptr<Unet> load(const WeightStore& ws, const UnetConfig& config);
+  ~Unet();
+  const UnetConfig& config() const { return cfg_; }
+  int64_t weight_bytes() const;
+
+  // See SdModel::unet.
+  void forward(const UnetBatch& in, float* out, kernels::Executor* ex = nullptr) const;
+
+  struct Block;  // unet.cpp
+
+ private:
+  Unet();
+  UnetConfig cfg_;
+  Weight temb1_, temb2_;
+  std::vector<float> temb1_b_, temb2_b_;
+  std::vector<std::unique_ptr<Block>> input_, output_;
+  std::unique_ptr<Block> middle_;
+  std::vector<float> out_norm_w_, out_norm_b_;
+  std::unique_ptr<Block> out_conv_;
+};
+
+}  // namespace atelier::image

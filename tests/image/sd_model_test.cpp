@@ -1,0 +1,666 @@
+// Stable Diffusion 1.x/2.x model: synthetic narrow checkpoints (written by
+// write_synthetic_sd) load from a single file and from a diffusers folder the
+// test lays out itself (its own name mapping, so the loader's is checked);
+// version detection on full-size headers (sparse files: names and shapes
+// only); the CLIP encoder against plain loops; UNet batch invariance; VAE
+// shapes and determinism; the published SD 1.5 parameter counts.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "formats/safetensors.h"
+#include "image/clip_text.h"
+#include "image/sd_model.h"
+
+namespace atelier::image {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path tmp_dir() {
+  static const fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("atelier_sd_" + std::to_string(::getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    fs::remove_all(tmp_dir(), ec);
+  }
+} cleanup;
+
+ThreadPool& pool() {
+  static ThreadPool p(2);
+  return p;
+}
+
+// Narrow models: UNet 32 channels, VAE 32, CLIP 64 wide with 2 layers (3 for
+// SD2, which runs the penultimate one).
+std::string synth(const std::string& arch, const std::string& type) {
+  const std::string path = (tmp_dir() / (arch + "_" + type + ".safetensors")).string();
+  if (!fs::exists(path)) {
+    SdSynthSpec s;
+    s.arch = arch;
+    s.width_mult = 0.1;
+    s.clip_layers = arch == "sd21" ? 3 : 2;
+    s.type = type;
+    s.seed = 7;
+    write_synthetic_sd(s, path);
+  }
+  return path;
+}
+
+std::vector<float> randoms(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = scale * (static_cast<float>(x >> 8) / 8388608.0f - 1.0f);
+  }
+  return v;
+}
+
+std::array<int32_t, 77> prompt_ids(int salt) {
+  std::array<int32_t, 77> ids;
+  ids.fill(49407);
+  ids[0] = 49406;
+  for (int i = 1; i < 9; ++i) ids[i] = (i * 7919 + salt * 104729) % 49406;
+  return ids;
+}
+
+// ---- diffusers layout, written here from the original names
+
+std::string unet_res(const std::string& r) {
+  static const std::pair<const char*, const char*> m[] = {{"in_layers.0.", "norm1."},      {"in_layers.2.", "conv1."},
+                                                          {"emb_layers.1.", "time_emb_proj."}, {"out_layers.0.", "norm2."},
+                                                          {"out_layers.3.", "conv2."},     {"skip_connection.", "conv_shortcut."}};
+  for (const auto& [a, b] : m)
+    if (r.rfind(a, 0) == 0) return b + r.substr(std::strlen(a));
+  ADD_FAILURE() << "unmapped resblock tensor " << r;
+  return r;
+}
+
+std::string to_diffusers_unet(const std::string& n) {
+  std::smatch m;
+  static const std::regex in_re(R"(input_blocks\.(\d+)\.(\d)\.(.*))"), out_re(R"(output_blocks\.(\d+)\.(\d)\.(.*))"),
+      mid_re(R"(middle_block\.(\d)\.(.*))");
+  if (n.rfind("input_blocks.0.0.", 0) == 0) return "conv_in." + n.substr(17);
+  if (n.rfind("time_embed.0.", 0) == 0) return "time_embedding.linear_1." + n.substr(13);
+  if (n.rfind("time_embed.2.", 0) == 0) return "time_embedding.linear_2." + n.substr(13);
+  if (n.rfind("out.0.", 0) == 0) return "conv_norm_out." + n.substr(6);
+  if (n.rfind("out.2.", 0) == 0) return "conv_out." + n.substr(6);
+  if (std::regex_match(n, m, in_re)) {
+    const int b = std::stoi(m[1]);
+    const std::string rest = m[3];
+    if (b % 3 == 0) return "down_blocks." + std::to_string(b / 3 - 1) + ".downsamplers.0.conv." + rest.substr(3);  // op.
+    const std::string blk = "down_blocks." + std::to_string((b - 1) / 3);
+    const std::string j = std::to_string((b - 1) % 3);
+    return m[2] == "0" ? blk + ".resnets." + j + "." + unet_res(rest) : blk + ".attentions." + j + "." + rest;
+  }
+  if (std::regex_match(n, m, mid_re)) {
+    const std::string rest = m[2];
+    if (m[1] == "1") return "mid_block.attentions.0." + rest;
+    return "mid_block.resnets." + std::string(m[1] == "0" ? "0" : "1") + "." + unet_res(rest);
+  }
+  if (std::regex_match(n, m, out_re)) {
+    const int b = std::stoi(m[1]);
+    const std::string rest = m[3], blk = "up_blocks." + std::to_string(b / 3), j = std::to_string(b % 3);
+    if (m[2] == "0") return blk + ".resnets." + j + "." + unet_res(rest);
+    if (rest.rfind("conv.", 0) == 0) return blk + ".upsamplers.0." + rest;
+    return blk + ".attentions." + j + "." + rest;
+  }
+  ADD_FAILURE() << "unmapped UNet tensor " << n;
+  return n;
+}
+
+std::string to_diffusers_vae(const std::string& n, bool* squeeze) {
+  *squeeze = false;
+  std::smatch m;
+  static const std::regex down_re(R"(encoder\.down\.(\d)\.block\.(\d)\.(.*))"), up_re(R"(decoder\.up\.(\d)\.block\.(\d)\.(.*))"),
+      ds_re(R"(encoder\.down\.(\d)\.downsample\.(.*))"), us_re(R"(decoder\.up\.(\d)\.upsample\.(.*))"),
+      mid_re(R"((encoder|decoder)\.mid\.(block_1|block_2|attn_1)\.(.*))"), no_re(R"((encoder|decoder)\.norm_out\.(.*))");
+  auto res = [](std::string r) {
+    if (r.rfind("nin_shortcut.", 0) == 0) r = "conv_shortcut." + r.substr(13);
+    return r;
+  };
+  if (std::regex_match(n, m, down_re)) return "encoder.down_blocks." + m[1].str() + ".resnets." + m[2].str() + "." + res(m[3]);
+  if (std::regex_match(n, m, up_re))
+    return "decoder.up_blocks." + std::to_string(3 - std::stoi(m[1])) + ".resnets." + m[2].str() + "." + res(m[3]);
+  if (std::regex_match(n, m, ds_re)) return "encoder.down_blocks." + m[1].str() + ".downsamplers.0." + m[2].str();
+  if (std::regex_match(n, m, us_re)) return "decoder.up_blocks." + std::to_string(3 - std::stoi(m[1])) + ".upsamplers.0." + m[2].str();
+  if (std::regex_match(n, m, no_re)) return m[1].str() + ".conv_norm_out." + m[2].str();
+  if (std::regex_match(n, m, mid_re)) {
+    const std::string part = m[1], what = m[2], rest = m[3];
+    if (what != "attn_1") return part + ".mid_block.resnets." + (what == "block_1" ? "0." : "1.") + res(rest);
+    static const std::pair<const char*, const char*> am[] = {
+        {"norm.", "group_norm."}, {"q.", "to_q."}, {"k.", "to_k."}, {"v.", "to_v."}, {"proj_out.", "to_out.0."}};
+    for (const auto& [a, b] : am)
+      if (rest.rfind(a, 0) == 0) {
+        *squeeze = std::string(a) != "norm.";
+        return part + ".mid_block.attentions.0." + b + rest.substr(std::strlen(a));
+      }
+  }
+  return n;  // conv_in, conv_out, quant_conv, post_quant_conv keep their names
+}
+
+void write_json(const fs::path& p, const nlohmann::json& j) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << j.dump(2);
+}
+
+// A diffusers folder holding the same tensors as the single file `src`.
+std::string write_diffusers(const std::string& src, const std::string& name) {
+  const fs::path root = tmp_dir() / name;
+  if (fs::exists(root / "unet")) return root.string();
+  const auto f = formats::SafetensorsFile::open(src);
+  formats::SafetensorsWriter unet, vae, text;
+  for (const auto& t : f->tensors()) {
+    if (t.name.rfind("model.diffusion_model.", 0) == 0) {
+      unet.add_tensor(to_diffusers_unet(t.name.substr(22)), t.dtype, t.shape, t.data, t.bytes);
+    } else if (t.name.rfind("first_stage_model.", 0) == 0) {
+      bool squeeze = false;
+      const std::string n = to_diffusers_vae(t.name.substr(18), &squeeze);
+      std::vector<int64_t> shape = t.shape;
+      if (squeeze && shape.size() == 4) shape.resize(2);  // diffusers keeps the VAE attention as linears
+      vae.add_tensor(n, t.dtype, shape, t.data, t.bytes);
+    } else if (t.name.rfind("cond_stage_model.transformer.", 0) == 0) {
+      text.add_tensor(t.name.substr(29), t.dtype, t.shape, t.data, t.bytes);
+    } else {
+      ADD_FAILURE() << "unexpected tensor " << t.name;
+    }
+  }
+  fs::create_directories(root / "unet");
+  fs::create_directories(root / "vae");
+  fs::create_directories(root / "text_encoder");
+  unet.write((root / "unet" / "diffusion_pytorch_model.safetensors").string());
+  vae.write((root / "vae" / "diffusion_pytorch_model.safetensors").string());
+  text.write((root / "text_encoder" / "model.safetensors").string());
+  write_json(root / "unet" / "config.json", {{"attention_head_dim", 8}, {"cross_attention_dim", 64}});
+  write_json(root / "text_encoder" / "config.json", {{"hidden_act", "quick_gelu"}, {"num_attention_heads", 1}});
+  write_json(root / "scheduler" / "scheduler_config.json", {{"prediction_type", "epsilon"}});
+  return root.string();
+}
+
+struct Outputs {
+  std::vector<float> text, unet, decoded, encoded;
+};
+
+Outputs run_all(const SdModel& m) {
+  Outputs o;
+  const auto ids = prompt_ids(1);
+  std::array<float, 77> w;
+  w.fill(1.0f);
+  w[3] = 1.3f;
+  o.text = m.encode_prompt(ids.data(), w.data(), 77, &pool());
+  const auto x = randoms(2 * 4 * 8 * 8, 3);
+  const float t[2] = {999.0f, 10.5f};
+  UnetBatch b;
+  b.batch = 2, b.height = 8, b.width = 8, b.x = x.data(), b.timesteps = t;
+  b.context = {o.text, o.text};
+  o.unet.resize(x.size());
+  m.unet(b, o.unet.data(), &pool());
+  o.decoded = m.vae_decode(x.data(), 8, 8, &pool());
+  o.encoded = m.vae_encode(o.decoded.data(), 64, 64, &pool());
+  return o;
+}
+
+bool finite(const std::vector<float>& v) {
+  for (float f : v)
+    if (!std::isfinite(f)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(SdModel, SyntheticSd15LoadsAsSd1) {
+  const auto m = SdModel::open(synth("sd15", "f16"));
+  EXPECT_EQ(m->version(), SdVersion::sd1);
+  EXPECT_EQ(m->prediction(), Prediction::epsilon);
+  EXPECT_EQ(m->latent_channels(), 4);
+  EXPECT_EQ(m->unet_in_channels(), 4);
+  EXPECT_EQ(m->context_dim(), 64);
+  EXPECT_EQ(m->pad_token(), 49407);
+  const SdInfo& i = m->info();
+  EXPECT_EQ(i.unet.model_channels, 32);
+  EXPECT_EQ(i.unet.channel_mult, (std::vector<int>{1, 2, 4, 4}));
+  EXPECT_EQ(i.unet.attention, (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(i.unet.heads, (std::vector<int>{8, 8, 8, 8}));
+  EXPECT_FALSE(i.unet.linear_proj);
+  EXPECT_FALSE(i.clip.open_clip);
+  EXPECT_TRUE(i.clip.quick_gelu);
+  EXPECT_EQ(i.clip.layers_used, 2);
+  EXPECT_EQ(i.vae.channels, 32);
+  // F16 stays F16: about 2 bytes per parameter.
+  EXPECT_LT(m->weight_bytes(), 2.2 * static_cast<double>(synthetic_sd_parameters({"sd15", 0.1, 0, 2, "f16", 7})));
+}
+
+TEST(SdModel, SyntheticSd21LoadsAsSd2WithVPrediction) {
+  const auto m = SdModel::open(synth("sd21", "f16"));
+  EXPECT_EQ(m->version(), SdVersion::sd2);
+  EXPECT_EQ(m->prediction(), Prediction::v);
+  EXPECT_EQ(m->pad_token(), 0);
+  const SdInfo& i = m->info();
+  EXPECT_TRUE(i.clip.open_clip);
+  EXPECT_FALSE(i.clip.quick_gelu);
+  EXPECT_EQ(i.clip.layers, 3);
+  EXPECT_EQ(i.clip.layers_used, 2);  // penultimate
+  EXPECT_TRUE(i.unet.linear_proj);
+  EXPECT_EQ(i.unet.heads, (std::vector<int>{1, 2, 4, 4}));  // 32-wide heads written for the narrow model
+  SdOptions o;
+  o.prediction = Prediction::epsilon;
+  EXPECT_EQ(SdModel::inspect(synth("sd21", "f16"), o).prediction, Prediction::epsilon);
+  const Outputs out = run_all(*m);
+  EXPECT_TRUE(finite(out.unet));
+  EXPECT_TRUE(finite(out.encoded));
+}
+
+// SD 1.5's published sizes: UNet 859,520,964, VAE 83,653,863, CLIP ViT-L/14 text 123,060,480.
+TEST(SdModel, FullSizeSynthHasSd15ParameterCount) {
+  SdSynthSpec s;
+  EXPECT_EQ(synthetic_sd_parameters(s), 859520964 + 83653863 + 123060480);
+}
+
+TEST(SdModel, SingleFileAndDiffusersFolderGiveTheSameBits) {
+  const std::string file = synth("sd15", "f32");
+  const auto a = SdModel::open(file);
+  const auto b = SdModel::open(write_diffusers(file, "diffusers15"));
+  EXPECT_EQ(b->info().unet.heads, a->info().unet.heads);
+  EXPECT_EQ(b->info().clip.heads, a->info().clip.heads);
+  EXPECT_EQ(b->prediction(), Prediction::epsilon);
+  const Outputs oa = run_all(*a), ob = run_all(*b);
+  ASSERT_TRUE(finite(oa.unet) && finite(oa.text) && finite(oa.encoded));
+  EXPECT_EQ(oa.text, ob.text);
+  EXPECT_EQ(oa.unet, ob.unet);
+  EXPECT_EQ(oa.decoded, ob.decoded);
+  EXPECT_EQ(oa.encoded, ob.encoded);
+  // The outputs depend on the inputs (a network that ignored them would pass the above).
+  EXPECT_NE(std::vector<float>(oa.unet.begin(), oa.unet.begin() + 256), std::vector<float>(oa.unet.begin() + 256, oa.unet.end()));
+}
+
+TEST(SdModel, F16WeightsCloseToF32) {
+  const Outputs a = run_all(*SdModel::open(synth("sd15", "f32")));
+  const Outputs b = run_all(*SdModel::open(synth("sd15", "f16")));
+  auto rel = [](const std::vector<float>& x, const std::vector<float>& y) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) num += (x[i] - y[i]) * (x[i] - y[i]), den += x[i] * x[i];
+    return std::sqrt(num / den);
+  };
+  // The f16 file rounds every weight (relative 2^-11); outputs move by about that much, not more.
+  EXPECT_LT(rel(a.text, b.text), 2e-2);
+  EXPECT_LT(rel(a.unet, b.unet), 2e-2);
+  EXPECT_GT(rel(a.unet, b.unet), 0.0);
+}
+
+TEST(SdModel, UnetIsBatchInvariant) {
+  const auto m = SdModel::open(synth("sd15", "f16"));
+  const size_t per = 4 * 8 * 8;
+  const auto x = randoms(3 * per, 11);
+  std::vector<std::vector<float>> ctx;
+  for (int i = 0; i < 3; ++i) {
+    const auto ids = prompt_ids(i + 5);
+    ctx.push_back(m->encode_prompt(ids.data(), nullptr, 77, &pool()));
+  }
+  const float t[3] = {981.0f, 500.25f, 1.0f};
+  UnetBatch all;
+  all.batch = 3, all.height = 8, all.width = 8, all.x = x.data(), all.timesteps = t;
+  for (const auto& c : ctx) all.context.emplace_back(c);
+  std::vector<float> out(3 * per);
+  m->unet(all, out.data(), &pool());
+  for (int s = 0; s < 3; ++s) {
+    UnetBatch one;
+    one.batch = 1, one.height = 8, one.width = 8, one.x = x.data() + s * per, one.timesteps = t + s;
+    one.context = {ctx[static_cast<size_t>(s)]};
+    std::vector<float> o(per);
+    ThreadPool single(1);  // and thread-count invariant
+    m->unet(one, o.data(), s == 1 ? &single : &pool());
+    EXPECT_EQ(o, std::vector<float>(out.begin() + s * per, out.begin() + (s + 1) * per)) << "sample " << s;
+  }
+  // Different timesteps give different outputs for the same input.
+  UnetBatch two;
+  const float t2[2] = {10.0f, 900.0f};
+  two.batch = 2, two.height = 8, two.width = 8, two.timesteps = t2;
+  std::vector<float> xx(2 * per);
+  std::copy_n(x.data(), per, xx.data());
+  std::copy_n(x.data(), per, xx.data() + per);
+  two.x = xx.data();
+  two.context = {ctx[0], ctx[0]};
+  std::vector<float> o2(2 * per);
+  m->unet(two, o2.data(), &pool());
+  EXPECT_NE(std::vector<float>(o2.begin(), o2.begin() + per), std::vector<float>(o2.begin() + per, o2.end()));
+}
+
+TEST(SdModel, UnetRejectsBadSizes) {
+  const auto m = SdModel::open(synth("sd15", "f16"));
+  std::vector<float> x(4 * 12 * 12), out(x.size());
+  const float t = 1;
+  const std::vector<float> ctx(77 * 64);
+  UnetBatch b;
+  b.batch = 1, b.height = 12, b.width = 12, b.x = x.data(), b.timesteps = &t, b.context = {ctx};
+  EXPECT_THROW(m->unet(b, out.data()), Error);  // 12 is not a multiple of 8 (3 downsamplings)
+}
+
+TEST(SdModel, VaeShapesAndDeterminism) {
+  const auto m = SdModel::open(synth("sd15", "f16"));
+  const auto z = randoms(4 * 8 * 8, 5);
+  const auto rgb = m->vae_decode(z.data(), 8, 8, &pool());
+  ASSERT_EQ(rgb.size(), 3u * 64 * 64);
+  for (float v : rgb) ASSERT_TRUE(v >= 0.0f && v <= 1.0f);
+  EXPECT_EQ(rgb, m->vae_decode(z.data(), 8, 8));  // same bits on one thread
+  const auto lat = m->vae_encode(rgb.data(), 64, 64, &pool());
+  ASSERT_EQ(lat.size(), 4u * 8 * 8);
+  EXPECT_TRUE(finite(lat));
+  EXPECT_EQ(lat, m->vae_encode(rgb.data(), 64, 64));
+  // A non-square picture keeps its aspect.
+  const auto wide = randoms(3 * 32 * 64, 9, 0.5f);
+  EXPECT_EQ(m->vae_encode(wide.data(), 32, 64).size(), 4u * 4 * 8);
+  EXPECT_THROW(m->vae_encode(wide.data(), 30, 64), Error);
+}
+
+// ---- the text encoder against plain loops
+
+namespace {
+
+struct NaiveClip {
+  const formats::SafetensorsFile& f;
+  bool open_clip;
+  int width, heads;
+
+  std::vector<double> get(const std::string& n) const {
+    const auto& t = f.tensor(n);
+    EXPECT_EQ(t.dtype, formats::ElemType::F32);
+    std::vector<float> v(static_cast<size_t>(t.elements()));
+    std::memcpy(v.data(), t.data, t.bytes);
+    return std::vector<double>(v.begin(), v.end());
+  }
+  static void ln(std::vector<double>& x, int T, int w, const std::vector<double>& g, const std::vector<double>& b) {
+    for (int t = 0; t < T; ++t) {
+      double m = 0, v = 0;
+      for (int i = 0; i < w; ++i) m += x[t * w + i];
+      m /= w;
+      for (int i = 0; i < w; ++i) v += (x[t * w + i] - m) * (x[t * w + i] - m);
+      v /= w;
+      for (int i = 0; i < w; ++i) x[t * w + i] = (x[t * w + i] - m) / std::sqrt(v + 1e-5) * g[i] + b[i];
+    }
+  }
+  // y[t][o] = sum_i W[o][i] x[t][i] + b[o]
+  static std::vector<double> lin(const std::vector<double>& x, int T, int in, const std::vector<double>& W,
+                                 const std::vector<double>& b, int out, int row0 = 0) {
+    std::vector<double> y(static_cast<size_t>(T * out));
+    for (int t = 0; t < T; ++t)
+      for (int o = 0; o < out; ++o) {
+        double s = b[row0 + o];
+        for (int i = 0; i < in; ++i) s += W[(row0 + o) * in + i] * x[t * in + i];
+        y[t * out + o] = s;
+      }
+    return y;
+  }
+
+  std::vector<double> run(const std::array<int32_t, 77>& ids, int layers) const {
+    const int T = 77, w = width, hd = w / heads;
+    const std::string p = open_clip ? "cond_stage_model.model." : "cond_stage_model.transformer.text_model.";
+    const auto tok = get(p + (open_clip ? "token_embedding.weight" : "embeddings.token_embedding.weight"));
+    const auto pos = get(p + (open_clip ? "positional_embedding" : "embeddings.position_embedding.weight"));
+    std::vector<double> x(static_cast<size_t>(T * w));
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < w; ++i) x[t * w + i] = tok[ids[t] * w + i] + pos[t * w + i];
+    for (int l = 0; l < layers; ++l) {
+      const std::string b = p + (open_clip ? "transformer.resblocks." : "encoder.layers.") + std::to_string(l) + ".";
+      auto h = x;
+      ln(h, T, w, get(b + (open_clip ? "ln_1.weight" : "layer_norm1.weight")), get(b + (open_clip ? "ln_1.bias" : "layer_norm1.bias")));
+      std::vector<double> q, k, v;
+      if (open_clip) {
+        const auto W = get(b + "attn.in_proj_weight"), B = get(b + "attn.in_proj_bias");
+        q = lin(h, T, w, W, B, w, 0), k = lin(h, T, w, W, B, w, w), v = lin(h, T, w, W, B, w, 2 * w);
+      } else {
+        const std::string a = b + "self_attn.";
+        q = lin(h, T, w, get(a + "q_proj.weight"), get(a + "q_proj.bias"), w);
+        k = lin(h, T, w, get(a + "k_proj.weight"), get(a + "k_proj.bias"), w);
+        v = lin(h, T, w, get(a + "v_proj.weight"), get(a + "v_proj.bias"), w);
+      }
+      std::vector<double> att(static_cast<size_t>(T * w), 0.0);
+      for (int hh = 0; hh < heads; ++hh)
+        for (int i = 0; i < T; ++i) {
+          std::vector<double> s(static_cast<size_t>(i + 1));
+          double mx = -1e300;
+          for (int j = 0; j <= i; ++j) {
+            double d = 0;
+            for (int e = 0; e < hd; ++e) d += q[i * w + hh * hd + e] * k[j * w + hh * hd + e];
+            s[j] = d / std::sqrt(static_cast<double>(hd));
+            mx = std::max(mx, s[j]);
+          }
+          double z = 0;
+          for (auto& e : s) z += (e = std::exp(e - mx));
+          for (int j = 0; j <= i; ++j)
+            for (int e = 0; e < hd; ++e) att[i * w + hh * hd + e] += s[j] / z * v[j * w + hh * hd + e];
+        }
+      const std::string o = b + (open_clip ? "attn.out_proj." : "self_attn.out_proj.");
+      const auto ao = lin(att, T, w, get(o + "weight"), get(o + "bias"), w);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += ao[i];
+      h = x;
+      ln(h, T, w, get(b + (open_clip ? "ln_2.weight" : "layer_norm2.weight")), get(b + (open_clip ? "ln_2.bias" : "layer_norm2.bias")));
+      const std::string f1 = b + (open_clip ? "mlp.c_fc." : "mlp.fc1."), f2 = b + (open_clip ? "mlp.c_proj." : "mlp.fc2.");
+      auto m = lin(h, T, w, get(f1 + "weight"), get(f1 + "bias"), 4 * w);
+      for (auto& e : m) e = open_clip ? 0.5 * e * (1.0 + std::erf(e / std::sqrt(2.0))) : e / (1.0 + std::exp(-1.702 * e));
+      const auto mo = lin(m, T, 4 * w, get(f2 + "weight"), get(f2 + "bias"), w);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += mo[i];
+    }
+    const std::string fn = p + (open_clip ? "ln_final." : "final_layer_norm.");
+    ln(x, T, w, get(fn + "weight"), get(fn + "bias"));
+    return x;
+  }
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i])));
+  EXPECT_LT(worst, tol);
+}
+
+}  // namespace
+
+TEST(SdClip, OpenAiClipMatchesPlainLoops) {
+  const std::string path = synth("sd15", "f32");
+  const auto f = formats::SafetensorsFile::open(path);
+  const auto m = SdModel::open(path);
+  const NaiveClip ref{*f, false, 64, 1};
+  const auto ids = prompt_ids(3);
+  const auto want = ref.run(ids, 2);
+  expect_close(m->encode_prompt(ids.data(), nullptr, 77, &pool()), want, 2e-4);
+
+  // Emphasis, A1111's way: scale tokens, restore the mean.
+  std::array<float, 77> w;
+  w.fill(1.0f);
+  w[2] = 1.5f, w[5] = 0.5f;
+  std::vector<double> z = want;
+  double before = 0, after = 0;
+  for (double v : z) before += v;
+  for (int t = 0; t < 77; ++t)
+    for (int i = 0; i < 64; ++i) z[t * 64 + i] *= w[t];
+  for (double v : z) after += v;
+  for (double& v : z) v *= before / after;
+  expect_close(m->encode_prompt(ids.data(), w.data(), 77, &pool()), z, 2e-4);
+
+  // Clip skip 2: one layer fewer.
+  SdOptions o;
+  o.clip_skip = 2;
+  expect_close(SdModel::open(path, o)->encode_prompt(ids.data(), nullptr, 77), ref.run(ids, 1), 2e-4);
+
+  // Two chunks: each encoded on its own.
+  std::vector<int32_t> two(ids.begin(), ids.end());
+  const auto ids2 = prompt_ids(4);
+  two.insert(two.end(), ids2.begin(), ids2.end());
+  const auto out2 = m->encode_prompt(two.data(), nullptr, 154, &pool());
+  expect_close(std::vector<float>(out2.begin() + 77 * 64, out2.end()), ref.run(ids2, 2), 2e-4);
+  EXPECT_THROW(m->encode_prompt(two.data(), nullptr, 100), Error);
+}
+
+TEST(SdClip, OpenClipPenultimateMatchesPlainLoops) {
+  const std::string path = synth("sd21", "f32");
+  const auto f = formats::SafetensorsFile::open(path);
+  const auto m = SdModel::open(path);
+  const auto ids = prompt_ids(8);
+  const ClipConfig& c = m->info().clip;
+  EXPECT_EQ(c.width, 128);  // 1024 x 0.1, to a multiple of 64: 2 heads
+  EXPECT_EQ(c.heads, 2);
+  expect_close(m->encode_prompt(ids.data(), nullptr, 77, &pool()), NaiveClip{*f, true, c.width, c.heads}.run(ids, 2), 2e-4);
+}
+
+// ---- detection from full-size headers (sparse files: no data written)
+
+namespace {
+
+struct Header {
+  nlohmann::json j = nlohmann::json::object();
+  uint64_t offset = 0;
+  void add(const std::string& name, std::vector<int64_t> shape) {
+    uint64_t n = 2;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    j[name] = {{"dtype", "F16"}, {"shape", shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string write(const std::string& name) const {
+    const std::string path = (tmp_dir() / name).string();
+    std::string h = j.dump();
+    while (h.size() % 8) h += ' ';
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t len = h.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << h;
+    out.close();
+    fs::resize_file(path, 8 + len + offset);
+    return path;
+  }
+};
+
+// The tensors detection reads, at SD 1.5 / 2.1 sizes.
+Header sd_header(bool sd2, int in_channels = 4) {
+  Header h;
+  const std::string u = "model.diffusion_model.";
+  const int ctx = sd2 ? 1024 : 768;
+  h.add(u + "input_blocks.0.0.weight", {320, in_channels, 3, 3});
+  const int ch[4] = {320, 640, 1280, 1280};
+  for (int l = 0; l < 4; ++l) {
+    const std::string b = u + "input_blocks." + std::to_string(3 * l + 1) + ".";
+    h.add(b + "0.in_layers.2.weight", {ch[l], l ? ch[l - 1] : 320, 3, 3});
+    if (l < 3) h.add(b + "1.norm.weight", {ch[l]});
+  }
+  h.add(u + "input_blocks.11.0.in_layers.0.weight", {1280});
+  h.add(u + "output_blocks.11.0.in_layers.0.weight", {640});
+  h.add(u + "middle_block.1.transformer_blocks.0.attn2.to_k.weight", {1280, ctx});
+  h.add(u + "middle_block.1.transformer_blocks.0.norm1.weight", {1280});
+  if (sd2) h.add(u + "middle_block.1.proj_in.weight", {1280, 1280});
+  else h.add(u + "middle_block.1.proj_in.weight", {1280, 1280, 1, 1});
+  h.add(u + "out.2.weight", {4, 320, 3, 3});
+  const std::string v = "first_stage_model.";
+  h.add(v + "decoder.conv_out.weight", {3, 128, 3, 3});
+  h.add(v + "post_quant_conv.weight", {4, 4, 1, 1});
+  h.add(v + "quant_conv.weight", {8, 8, 1, 1});
+  h.add(v + "encoder.conv_in.weight", {128, 3, 3, 3});
+  const int vch[4] = {128, 256, 512, 512};
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j) h.add(v + "decoder.up." + std::to_string(i) + ".block." + std::to_string(j) + ".conv1.weight", {vch[i], vch[i], 3, 3});
+  if (sd2) {
+    const std::string c = "cond_stage_model.model.";
+    h.add(c + "token_embedding.weight", {49408, 1024});
+    h.add(c + "positional_embedding", {77, 1024});
+    for (int l = 0; l < 24; ++l) h.add(c + "transformer.resblocks." + std::to_string(l) + ".ln_1.weight", {1024});
+  } else {
+    const std::string c = "cond_stage_model.transformer.text_model.";
+    h.add(c + "embeddings.token_embedding.weight", {49408, 768});
+    h.add(c + "embeddings.position_embedding.weight", {77, 768});
+    for (int l = 0; l < 12; ++l) h.add(c + "encoder.layers." + std::to_string(l) + ".layer_norm1.weight", {768});
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST(SdDetect, Sd15Header) {
+  const SdInfo i = SdModel::inspect(sd_header(false).write("h15.safetensors"));
+  EXPECT_EQ(i.version, SdVersion::sd1);
+  EXPECT_EQ(i.prediction, Prediction::epsilon);
+  EXPECT_EQ(i.unet.context_dim, 768);
+  EXPECT_EQ(i.unet.heads, (std::vector<int>{8, 8, 8, 8}));
+  EXPECT_EQ(i.unet.channel_mult, (std::vector<int>{1, 2, 4, 4}));
+  EXPECT_EQ(i.clip.layers, 12);
+  EXPECT_EQ(i.clip.heads, 12);
+  EXPECT_EQ(i.clip.layers_used, 12);
+  EXPECT_TRUE(i.clip.quick_gelu);
+  EXPECT_EQ(i.vae.channels, 128);
+  EXPECT_EQ(i.vae.channel_mult, (std::vector<int>{1, 2, 4, 4}));
+  EXPECT_NE(i.summary.find("SD 1.x"), std::string::npos);
+  // Names alone do not make a model: loading says what is missing.
+  try {
+    SdModel::open(sd_header(false).write("h15b.safetensors"));
+    ADD_FAILURE() << "loaded a header-only file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is missing"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SdDetect, Sd21Header) {
+  const std::string path = sd_header(true).write("h21.safetensors");
+  const SdInfo i = SdModel::inspect(path);
+  EXPECT_EQ(i.version, SdVersion::sd2);
+  EXPECT_EQ(i.prediction, Prediction::v);
+  EXPECT_EQ(i.unet.context_dim, 1024);
+  EXPECT_EQ(i.unet.heads, (std::vector<int>{5, 10, 20, 20}));  // 64-wide heads
+  EXPECT_TRUE(i.unet.linear_proj);
+  EXPECT_TRUE(i.clip.open_clip);
+  EXPECT_EQ(i.clip.heads, 16);
+  EXPECT_EQ(i.clip.layers_used, 23);
+  EXPECT_FALSE(i.clip.quick_gelu);
+  // The prediction type from metadata (SD 2.x base models are eps).
+  Header h = sd_header(true);
+  h.j["__metadata__"] = {{"modelspec.prediction_type", "epsilon"}};
+  EXPECT_EQ(SdModel::inspect(h.write("h21eps.safetensors")).prediction, Prediction::epsilon);
+  h.j["__metadata__"] = {{"prediction_type", "sideways"}};
+  EXPECT_THROW(SdModel::inspect(h.write("h21bad.safetensors")), Error);
+}
+
+TEST(SdDetect, InpaintingAndRefusals) {
+  EXPECT_EQ(SdModel::inspect(sd_header(false, 9).write("h15inp.safetensors")).unet.in_channels, 9);
+  Header xl = sd_header(false);
+  xl.add("model.diffusion_model.label_emb.0.0.weight", {1280, 2816});
+  try {
+    SdModel::inspect(xl.write("hxl.safetensors"));
+    ADD_FAILURE() << "SDXL accepted";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("SDXL"), std::string::npos) << e.what();
+  }
+  // A text encoder that does not fit the UNet's cross-attention.
+  Header mixed = sd_header(false);
+  mixed.j.erase("model.diffusion_model.middle_block.1.transformer_blocks.0.attn2.to_k.weight");
+  mixed.add("model.diffusion_model.middle_block.1.transformer_blocks.0.attn2.to_k.weight", {1280, 1024});
+  EXPECT_THROW(SdModel::inspect(mixed.write("hmixed.safetensors")), Error);
+  EXPECT_THROW(SdModel::inspect((tmp_dir() / "nothing.safetensors").string()), Error);
+  // A folder that is not a complete diffusers layout.
+  fs::create_directories(tmp_dir() / "half" / "unet");
+  EXPECT_THROW(SdModel::inspect((tmp_dir() / "half").string()), Error);
+}
+
+TEST(SdFlops, Sd15PerStep) {
+  UnetConfig c;  // SD 1.5 defaults
+  const double f64 = unet_flops(c, 64, 64), f32 = unet_flops(c, 32, 32);
+  // Convolutions and linears scale with pixels, self-attention with their square.
+  EXPECT_GT(f64, 4.0 * f32);
+  EXPECT_LT(f64, 5.0 * f32);
+  // Widely quoted: about 0.4 T multiply-adds per 512x512 step.
+  EXPECT_GT(f64, 2 * 0.3e12);
+  EXPECT_LT(f64, 2 * 0.5e12);
+}
+
+}  // namespace atelier::image
