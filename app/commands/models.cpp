@@ -532,19 +532,34 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   // ---- model files
   struct SynthOptions {
     SynthTextSpec spec;
+    SynthImageSpec image;
     std::string out;
   };
   auto s = std::make_shared<SynthOptions>();
-  CLI::App* synth = models->add_subcommand("synth", "Write a LLaMA-shaped GGUF with deterministic random weights (for benchmarks)");
-  synth->add_option("--arch", s->spec.arch, "Architecture")->check(CLI::IsMember({"llama"}))->capture_default_str();
-  synth->add_option("--params", s->spec.params, "Size preset")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
-  synth->add_option("--type", s->spec.type, "Weight type of the matrices")
+  CLI::App* synth = models->add_subcommand(
+      "synth", "Write a model with deterministic random weights (for benchmarks): a LLaMA-shaped GGUF, or an SD 1.5/2.1-shaped .safetensors");
+  synth->add_option("--arch", s->spec.arch, "Architecture (sd15, sd21: Stable Diffusion checkpoints)")
+      ->check(CLI::IsMember({"llama", "sd15", "sd21"}))
+      ->capture_default_str();
+  synth->add_option("--params", s->spec.params, "Size preset (llama)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
+  CLI::Option* type = synth->add_option("--type", s->spec.type, "Weight type of the matrices (images: f32, f16, bf16; default f16)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"}))
       ->capture_default_str();
+  synth->add_option("--width-mult", s->image.width_mult, "sd15/sd21: channel width factor in (0, 1] (0.1: 32-channel UNet)")
+      ->capture_default_str();
+  synth->add_option("--heads", s->image.unet_heads, "sd15/sd21: UNet attention heads (0: 8 for sd15, 64-wide for sd21)");
   synth->add_option("--seed", s->spec.seed, "Seed of the weights")->capture_default_str();
-  synth->add_option("-o,--output", s->out, "Output .gguf file")->required();
-  synth->callback([s, &exit_code] {
-    Status st = synth_text_model(s->spec, s->out);
+  synth->add_option("-o,--output", s->out, "Output file (.gguf or .safetensors)")->required();
+  synth->callback([s, type, &exit_code] {
+    Status st;
+    if (s->spec.arch == "llama") {
+      st = synth_text_model(s->spec, s->out);
+    } else {
+      s->image.arch = s->spec.arch;
+      s->image.seed = s->spec.seed;
+      if (type->count() > 0) s->image.type = s->spec.type;
+      st = synth_image_model(s->image, s->out);
+    }
     if (!st.ok()) {
       exit_code = fail(st);
       return;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "image/sd_model.h"
 #include "text_model_impl.h"
 
 namespace atelier {
@@ -170,6 +171,32 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
     w.write(out_path);
     return Status{};
   });
+}
+
+Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path) {
+  if (spec.arch != "sd15" && spec.arch != "sd21")
+    return Status::error(StatusCode::InvalidArgument, "synth --arch '" + spec.arch + "': image models are sd15 or sd21");
+  if (!(spec.width_mult > 0 && spec.width_mult <= 1.0))
+    return Status::error(StatusCode::InvalidArgument, "synth --width-mult must be in (0, 1]");
+  if (spec.type != "f32" && spec.type != "f16" && spec.type != "bf16")
+    return Status::error(StatusCode::InvalidArgument, "synth --type '" + spec.type + "': image models take f32, f16 or bf16");
+  if (spec.unet_heads < 0) return Status::error(StatusCode::InvalidArgument, "synth --heads must be positive");
+  image::SdSynthSpec s;
+  s.arch = spec.arch;
+  s.width_mult = spec.width_mult;
+  s.unet_heads = spec.unet_heads;
+  s.type = spec.type;
+  s.seed = spec.seed;
+  try {
+    image::write_synthetic_sd(s, out_path);
+  } catch (const Error& e) {
+    // Shapes were checked above; what is left is a bad head count or the file system.
+    const bool heads = std::string(e.what()).find("heads") != std::string::npos;
+    return Status::error(heads ? StatusCode::InvalidArgument : StatusCode::Io, e.what());
+  } catch (const std::bad_alloc&) {
+    return Status::error(StatusCode::Io, "out of memory while building the synthetic checkpoint; try a smaller --width-mult");
+  }
+  return Status{};
 }
 
 }  // namespace atelier

@@ -478,6 +478,21 @@ struct SynthTextSpec {
 Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path);
 std::vector<std::string> synth_param_presets();
 
+// A Stable Diffusion-shaped single-file checkpoint (.safetensors, original
+// layout) with deterministic random weights: SD 1.5 (OpenAI CLIP) or SD 2.1
+// (OpenCLIP, v-prediction); full size (about 1.07B parameters for sd15) or
+// narrowed by width_mult (channels rounded to multiples of 32, the group
+// norms' groups). unet_heads 0: the architecture's rule (SD1: 8 heads, SD2:
+// 64-wide heads). InvalidArgument on a bad value; Io on a write failure.
+struct SynthImageSpec {
+  std::string arch = "sd15";  // sd15, sd21
+  double width_mult = 1.0;    // (0, 1]
+  int unet_heads = 0;
+  std::string type = "f16";   // f32, f16, bf16
+  uint64_t seed = 1;
+};
+Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path);
+
 // ---------------------------------------------------------------- model discovery
 
 struct ModelFile {
