@@ -25,12 +25,8 @@ inline void print_json_line(const nlohmann::json& j) {
 
 // Where the persistent queue lives: $ATELIER_HOME, else $XDG_DATA_HOME/atelier,
 // else ~/.local/share/atelier.
-inline std::string default_data_dir() {
-  if (const char* home = std::getenv("ATELIER_HOME"); home && *home) return home;
-  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg) return std::string(xdg) + "/atelier";
-  const char* user_home = std::getenv("HOME");
-  return std::string(user_home && *user_home ? user_home : ".") + "/.local/share/atelier";
-}
+// The same folder as the model store's default (one definition, in the engine).
+inline std::string default_data_dir() { return default_store_dir(); }
 
 inline nlohmann::json metrics_json(const EngineMetrics& m) {
   return {{"tokens_per_s", m.tokens_per_s},

@@ -133,8 +133,8 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
     }
     if (!got) {
       if (all_unreachable)
-        throw NetworkError("no network? " + errors + ". Without a network install from a folder of model files: "
-                           "--mirror DIR (or ATELIER_MODEL_MIRROR) with " + (f.mirror.empty() ? f.name : f.mirror) + " in it");
+        throw NetworkError(errors + "; no network? To install without one, use a folder of model files: --mirror DIR (or "
+                           "ATELIER_MODEL_MIRROR) holding " + (f.mirror.empty() ? f.name : f.mirror));
       throw Error(errors);
     }
     // Check the whole file before it goes near the store; a wrong one is
