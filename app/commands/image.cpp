@@ -1,8 +1,12 @@
-// `atelier image`: text to image. For now the QuickDraw CVAE (a prompt naming
-// one of its 50 classes); the Stable Diffusion pipeline comes with issue 4.
+// `atelier image`: text to image, img2img and inpainting with Stable Diffusion
+// 1.x/2.x checkpoints, or the QuickDraw CVAE (a prompt naming one of its 50
+// classes). A progress bar on stderr (step, it/s, ETA), previews per step
+// with --preview-dir, JSON Lines events with --json.
 #include <atelier/engine.h>
 
 #include <CLI/CLI.hpp>
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -28,12 +32,12 @@ std::string output_path(const std::string& out, int index, int count) {
 void add_image_commands(CLI::App& root, int& exit_code) {
   struct Options {
     ImageRequest request;
-    std::string out, store;
+    std::string out, store, preview_dir;
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* image = root.add_subcommand("image", "Generate images from a prompt (PNG with its parameters embedded)");
-  image->add_option("-m,--model", o->request.model, "Model: a store reference (NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST) or a file (the QuickDraw CVAE .safetensors for now)")->required();
+  image->add_option("-m,--model", o->request.model, "Model: a store reference (NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST), an SD 1.x/2.x checkpoint (.safetensors, .ckpt, a diffusers folder) or the QuickDraw CVAE")->required();
   image->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   image->add_option("-p,--prompt", o->request.prompt, "Prompt (QuickDraw: name one of its classes)")->required();
   image->add_option("--negative", o->request.negative_prompt, "Negative prompt");
@@ -46,11 +50,62 @@ void add_image_commands(CLI::App& root, int& exit_code) {
   image->add_option("--rng", o->request.rng, "Noise generator: torch's cuda (Philox) or cpu (mt19937)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
-  image->add_option("--batch-count", o->request.batch_count, "Images to generate (seeds S, S+1, ...)")->capture_default_str();
+  image->add_option("--scheduler", o->request.scheduler, "Sigma schedule: discrete or karras")
+      ->check(CLI::IsMember({"discrete", "karras"}))
+      ->capture_default_str();
+  image->add_option("--batch-count", o->request.batch_count, "Rounds of images (seeds S, S+1, ...)")->capture_default_str();
+  image->add_option("--batch-size", o->request.batch_size, "Images denoised together per round (1..16)")->capture_default_str();
+  image->add_option("--init", o->request.init_image, "img2img: the starting picture (resized to -W x -H)");
+  image->add_option("--strength", o->request.strength, "img2img: denoising strength in (0, 1]")->capture_default_str();
+  image->add_option("--mask", o->request.mask, "Inpainting: a picture, white = repaint (needs --init)");
+  image->add_option("--tokenizer", o->request.tokenizer, "CLIP vocabulary bpe_simple_vocab_16e6.txt.gz (default: the store's, or beside the model)");
+  image->add_option("--taesd", o->request.preview_decoder, "A TAESD decoder for the previews (default: linear latent-to-RGB)");
+  image->add_option("--prediction", o->request.prediction, "What the UNet predicts: auto, eps or v")
+      ->check(CLI::IsMember({"auto", "eps", "v"}))
+      ->capture_default_str();
+  image->add_option("--preview-dir", o->preview_dir, "Write each step's preview as DIR/IMAGE-STEP.png");
+  image->add_option("--threads", o->request.threads, "Threads (default: one per core)");
   image->add_option("-o,--output", o->out, "Output PNG (a batch writes OUT-1.png ... OUT-N.png)")->required();
   image->add_flag("--json", o->json, "One JSON line per image written");
   image->callback([o, &exit_code] {
-    Result<std::vector<ImageResult>> r = generate_image(o->request, o->store);
+    if (!o->preview_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(o->preview_dir, ec);
+      if (ec) {
+        exit_code = fail(Status::error(StatusCode::Io, o->preview_dir + ": cannot create the preview folder: " + ec.message()));
+        return;
+      }
+    }
+    const bool tty = ::isatty(STDERR_FILENO);
+    std::string preview_error;
+    auto progress = [&](const ImageProgress& p) {
+      if (!o->preview_dir.empty() && !p.preview_rgb.empty()) {
+        char name[64];
+        std::snprintf(name, sizeof name, "/%03d-%03d.png", p.image + 1, p.step);
+        if (Status st = write_preview_png(p, o->preview_dir + name); !st.ok()) {
+          preview_error = st.message;
+          return false;
+        }
+      }
+      if (o->json) {
+        print_json_line({{"event", "step"}, {"image", p.image}, {"images", p.images}, {"step", p.step}, {"steps", p.steps},
+                         {"seconds", p.seconds}});
+        return true;
+      }
+      // step, it/s and ETA over all images of the request
+      const double done = static_cast<double>(p.image) * p.steps + p.step, total = static_cast<double>(p.images) * p.steps;
+      const double rate = p.seconds > 0 ? done / p.seconds : 0;
+      const double eta = rate > 0 ? (total - done) / rate : 0;
+      std::fprintf(stderr, "%simage %d/%d  step %d/%d  %.2f it/s  ETA %.0f s%s", tty ? "\r" : "", p.image + 1, p.images,
+                   p.step, p.steps, rate, eta, tty ? "   " : "\n");
+      return true;
+    };
+    Result<std::vector<ImageResult>> r = generate_image(o->request, o->store, progress);
+    if (tty && !o->json) std::fprintf(stderr, "\n");
+    if (!preview_error.empty()) {
+      exit_code = fail(Status::error(StatusCode::Io, "writing a preview failed: " + preview_error));
+      return;
+    }
     if (!r.ok()) {
       exit_code = fail(r.status());
       return;
@@ -64,7 +119,8 @@ void add_image_commands(CLI::App& root, int& exit_code) {
         return;
       }
       if (o->json)
-        print_json_line({{"file", path},
+        print_json_line({{"event", "image"},
+                         {"file", path},
                          {"width", img.width},
                          {"height", img.height},
                          {"channels", img.channels},

@@ -1,6 +1,6 @@
 // The diffusion pipeline around a stand-in model whose network is a simple
-// row-wise formula: batching, guidance, img2img, inpainting, prompt padding
-// and previews, independent of any real checkpoint.
+// row-wise formula: batching, guidance, img2img, inpainting and prompt
+// padding, independent of any real checkpoint.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -176,20 +176,6 @@ TEST(SdPipeline, PromptAndNegativeArePaddedToTheSameLength) {
   // the negative's second chunk is the empty prompt's encoding
   auto [e, e2] = encode_prompts(m, *tok, "", "");
   EXPECT_EQ(0, std::memcmp(neg.values.data() + 77 * 8, e.values.data(), 77 * 8 * sizeof(float)));
-}
-
-TEST(SdPipeline, LinearPreviewUsesTheSd15Factors) {
-  FakeModel m;
-  std::vector<float> lat(4 * 2 * 2, 0.0f);
-  lat[0] = 1.0f;  // channel 0, pixel 0
-  const Preview p = make_preview(m, lat, 2, 2);
-  ASSERT_EQ(p.width, 2);
-  ASSERT_EQ(p.rgb.size(), 12u);
-  // (factor + 1) / 2 * 255 for channel 0's row (0.3512, 0.2297, 0.3227)
-  EXPECT_EQ(p.rgb[0], 172);
-  EXPECT_EQ(p.rgb[1], 157);
-  EXPECT_EQ(p.rgb[2], 169);
-  EXPECT_EQ(p.rgb[3], 128);  // a zero latent is mid grey
 }
 
 }  // namespace

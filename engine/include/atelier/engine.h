@@ -27,6 +27,7 @@ enum class StatusCode {
   Unsupported,      // a valid file using something we do not implement (architecture, type)
   Io,               // reading or writing failed (disk full, permissions)
   Internal,         // a bug: please report it
+  Cancelled,        // the caller cancelled the work (e.g. a progress callback said stop)
 };
 
 struct Status {
@@ -332,11 +333,19 @@ class Engine {
 
 // ---------------------------------------------------------------- image
 
-// One image job. width and height: multiples of 8 in 8..4096; batch_count
-// 1..100 (image i uses seed + i). seed kRandomSeed: one is picked (reported in
-// ImageResult::seed). steps, cfg_scale, sampler, rng and negative_prompt are
-// recorded in the PNG but unused by the QuickDraw CVAE (a one-pass decoder
-// whose z comes from torch's CPU generator whatever rng says).
+// One image job. width and height: multiples of 8 in 8..4096 (the init image
+// and mask are resized to them); batch_count 1..100 rounds of batch_size 1..16
+// images denoised together; image i uses seed + i. seed kRandomSeed: one is
+// picked (reported in ImageResult::seed).
+//
+// Stable Diffusion 1.x/2.x checkpoints (single .safetensors/.ckpt file or a
+// diffusers folder) run the whole pipeline: CLIP prompt (A1111 emphasis and
+// 75-token chunks), negative prompt and CFG, the sampler on discrete or Karras
+// sigmas, torch-compatible initial noise (rng "cuda": Philox as on a GPU,
+// "cpu": mt19937), img2img (init_image, strength) and inpainting (mask,
+// white = repaint). The QuickDraw CVAE is a one-pass decoder: steps, cfg,
+// sampler and negative prompt are recorded but unused, and its z comes from
+// torch's CPU generator whatever rng says.
 struct ImageRequest {
   std::string model;                 // a store reference or a model file path (see resolve_model)
   std::string prompt;
@@ -344,10 +353,19 @@ struct ImageRequest {
   int width = 512, height = 512;
   int steps = 20;
   float cfg_scale = 7.0f;
-  std::string sampler = "euler_a";
+  std::string sampler = "euler_a";   // euler, euler_a, heun, dpmpp_2m, ddim, lcm (A1111 names too)
+  std::string scheduler = "discrete";  // sigma schedule: discrete or karras (DDIM and LCM use their own)
   uint64_t seed = SamplingParams::kRandomSeed;
   std::string rng = "cuda";          // "cuda" (torch's Philox) or "cpu" (torch's mt19937)
   int batch_count = 1;
+  int batch_size = 1;
+  std::string init_image;            // img2img: a picture file
+  float strength = 0.75f;            // img2img: denoising strength in (0, 1]
+  std::string mask;                  // inpainting (with init_image): a picture, white = repaint
+  std::string tokenizer;             // SD: CLIP's bpe_simple_vocab_16e6.txt.gz ("" = the store's, else beside the model)
+  std::string preview_decoder;       // SD: a TAESD decoder file for previews ("" = linear latent-to-RGB)
+  std::string prediction = "auto";   // SD: auto, eps or v (v for SD 2.x 768-v checkpoints)
+  int threads = 0;                   // 0: one per core
 };
 
 struct ImageResult {
@@ -357,14 +375,30 @@ struct ImageResult {
   std::string parameters;                   // AUTOMATIC1111's "parameters" text
 };
 
-// Generates request.batch_count images on the calling thread. For now only
-// the QuickDraw CVAE (safetensors, metadata architecture "quickdraw-cvae"):
-// the prompt must name one of its classes. InvalidArgument: a bad request
-// value or a prompt naming no class (the message lists them); NotFound: no
-// such file; Unsupported: any other model; InvalidModel: a damaged file.
+// Reported after every denoising step of every image (and once per image for
+// one-pass models), with a small RGB preview of the current estimate.
+struct ImageProgress {
+  int image = 0, images = 1;         // 0-based index of the image, of how many
+  int step = 0, steps = 1;           // steps done of this image
+  double seconds = 0;                // since generation started
+  int preview_width = 0, preview_height = 0;
+  std::vector<uint8_t> preview_rgb;  // interleaved RGB; empty for one-pass models
+};
+// Return false to cancel: generation stops before the next network call and
+// generate_image returns Cancelled.
+using ImageProgressFn = std::function<bool(const ImageProgress&)>;
+
+// Generates every image of the request on the calling thread. InvalidArgument:
+// a bad request value, a prompt naming no class (QuickDraw); NotFound: no such
+// file; Unsupported: another kind of model; InvalidModel: a damaged file.
 Result<std::vector<ImageResult>> generate_image(const ImageRequest& request);
-// The same, resolving request.model in the model store at STORE_DIR ("" = default_store_dir()).
-Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir);
+// The same, resolving request.model in the model store at STORE_DIR ("" =
+// default_store_dir()), reporting progress (may be empty).
+Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir,
+                                                const ImageProgressFn& progress = {});
+
+// Writes a progress report's preview as an RGB PNG. InvalidArgument when it has none; Io on failure.
+Status write_preview_png(const ImageProgress& progress, const std::string& path);
 
 // Writes result as an 8-bit PNG with two text chunks: "parameters"
 // (result.parameters, A1111's format) and "atelier" (the request as JSON, its

@@ -161,46 +161,14 @@ int run_step(DiffusionModel& model, const std::vector<ImageTask*>& tasks) {
   return total_rows;
 }
 
-std::vector<uint8_t> to_rgb8(const std::vector<float>& planar, int h, int w) {
-  const size_t hw = static_cast<size_t>(h) * w;
-  std::vector<uint8_t> out(hw * 3);
-  for (size_t i = 0; i < hw; ++i)
-    for (int ch = 0; ch < 3; ++ch)
-      out[i * 3 + ch] = static_cast<uint8_t>(std::lround(std::clamp(planar[ch * hw + i], 0.0f, 1.0f) * 255.0f));
-  return out;
-}
-
 Preview make_preview(DiffusionModel& model, const std::vector<float>& latent, int h, int w) {
-  Preview p;
-  if (model.has_preview_decoder()) {
-    const std::vector<float> rgb = model.preview_decode(latent.data(), h, w);
-    if (!rgb.empty()) {
-      p.width = 8 * w;
-      p.height = 8 * h;
-      p.rgb = to_rgb8(rgb, p.height, p.width);
-      return p;
-    }
-  }
-  // SD 1.x/2.x latent -> RGB factors (ComfyUI's latent_formats.SD15, the same
-  // as A1111's "Approx cheap"), then [-1, 1] -> [0, 1].
-  static constexpr float kFactors[4][3] = {
-      {0.3512f, 0.2297f, 0.3227f}, {0.3250f, 0.4974f, 0.2350f}, {-0.2829f, 0.1762f, 0.2721f}, {-0.2120f, -0.2616f, -0.7177f}};
-  const size_t hw = static_cast<size_t>(h) * w;
-  const int c = static_cast<int>(latent.size() / hw);
-  std::vector<float> rgb(3 * hw);
-  for (size_t i = 0; i < hw; ++i)
-    for (int ch = 0; ch < 3; ++ch) {
-      float v = 0;
-      if (c == 4)
-        for (int k = 0; k < 4; ++k) v += latent[k * hw + i] * kFactors[k][ch];
-      else
-        v = latent[i];
-      rgb[ch * hw + i] = (v + 1.0f) * 0.5f;
-    }
-  p.width = w;
-  p.height = h;
-  p.rgb = to_rgb8(rgb, h, w);
-  return p;
+  if (const TaesdNet* dec = model.preview_decoder()) return taesd_preview(*dec, latent.data(), h, w);
+  const int c = static_cast<int>(latent.size() / (static_cast<size_t>(h) * w));
+  if (c == 4) return latent_preview(latent.data(), c, h, w, LatentRgbProjection::sd15());
+  LatentRgbProjection grey;
+  grey.factors.assign(static_cast<size_t>(c), {0.0f, 0.0f, 0.0f});
+  grey.factors[0] = {1.0f, 1.0f, 1.0f};
+  return latent_preview(latent.data(), c, h, w, grey);
 }
 
 }  // namespace atelier::image

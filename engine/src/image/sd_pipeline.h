@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "image/preview.h"
 #include "image/rng.h"
 #include "image/sampling.h"
 #include "tokenizer/clip.h"
@@ -48,8 +49,7 @@ class DiffusionModel {
   // rgb [3][H][W] in [0, 1] (H, W multiples of 8) -> latent [C][H/8][W/8] (the mean).
   virtual std::vector<float> encode(const float* rgb, int height, int width) = 0;
   // Optional fast preview decoder (TAESD); nullptr: a linear latent-to-RGB projection.
-  virtual std::vector<float> preview_decode(const float*, int, int) { return {}; }
-  virtual bool has_preview_decoder() const { return false; }
+  virtual const TaesdNet* preview_decoder() const { return nullptr; }
 };
 
 // A prompt's conditioning: ctx_tokens (77 per chunk) x context_dim floats.
@@ -76,12 +76,6 @@ struct TaskOptions {
   float strength = 0.75f;
   // Inpainting (with init_latent): [h/8][w/8], 1 = repaint, 0 = keep.
   std::vector<float> latent_mask;
-};
-
-// A small RGB preview of a task's current x0 estimate.
-struct Preview {
-  int width = 0, height = 0;
-  std::vector<uint8_t> rgb;  // interleaved
 };
 
 class ImageTask {
@@ -127,11 +121,9 @@ class ImageTask {
 // Returns how many network rows ran.
 int run_step(DiffusionModel& model, const std::vector<ImageTask*>& tasks);
 
-// rgb [3][h][w] in [0, 1] -> interleaved 8-bit.
-std::vector<uint8_t> to_rgb8(const std::vector<float>& planar, int h, int w);
-// A preview of a latent: the model's preview decoder, else SD's linear
-// latent-to-RGB factors (4-channel latents; other channel counts: grey from
-// the first channel) at latent resolution.
+// A preview of a latent (preview.h): the model's TAESD decoder, else SD's
+// linear latent-to-RGB factors (4-channel latents; other channel counts:
+// grey from the first channel) at latent resolution.
 Preview make_preview(DiffusionModel& model, const std::vector<float>& latent, int h, int w);
 
 }  // namespace atelier::image
