@@ -1,0 +1,262 @@
+#include "image_job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "core/error.h"
+#include "image/image_io.h"
+#include "image/sd_model.h"
+#include "image/taesd.h"
+
+namespace atelier {
+
+namespace {
+
+// A1111's sampler names, as its infotext writes them.
+std::string a1111_sampler_name(image::SamplerKind k) {
+  switch (k) {
+    case image::SamplerKind::euler: return "Euler";
+    case image::SamplerKind::euler_ancestral: return "Euler a";
+    case image::SamplerKind::heun: return "Heun";
+    case image::SamplerKind::dpmpp_2m: return "DPM++ 2M";
+    case image::SamplerKind::ddim: return "DDIM";
+    case image::SamplerKind::lcm: return "LCM";
+  }
+  return "Euler";
+}
+
+// The pipeline's view of a loaded SD checkpoint.
+class SdDiffusion final : public image::DiffusionModel {
+ public:
+  SdDiffusion(std::unique_ptr<image::SdModel> m, std::unique_ptr<image::TaesdNet> taesd, kernels::Executor* pool)
+      : m_(std::move(m)), taesd_(std::move(taesd)), pool_(pool), schedule_(image::NoiseSchedule::scaled_linear()) {}
+  int latent_channels() const override { return m_->latent_channels(); }
+  int context_dim() const override { return m_->context_dim(); }
+  image::Prediction prediction() const override { return m_->prediction(); }
+  int32_t pad_id() const override { return m_->pad_token(); }
+  const image::NoiseSchedule& schedule() const override { return schedule_; }
+  void encode_text(const tok::PromptChunk& chunk, float* out) override {
+    const std::vector<float> v = m_->encode_prompt(chunk.ids.data(), chunk.weights.data(), tok::ClipTokenizer::kContext, pool_);
+    std::copy(v.begin(), v.end(), out);
+  }
+  void unet(int n, int h, int w, const float* x, const float* t, int ctx_tokens, const float* ctx, float* out) override {
+    image::UnetBatch b;
+    b.batch = n;
+    b.height = h;
+    b.width = w;
+    b.x = x;
+    b.timesteps = t;
+    const size_t per = static_cast<size_t>(ctx_tokens) * static_cast<size_t>(m_->context_dim());
+    for (int i = 0; i < n; ++i) b.context.emplace_back(ctx + i * per, per);
+    m_->unet(b, out, pool_);
+  }
+  std::vector<float> decode(const float* latent, int h, int w) override { return m_->vae_decode(latent, h, w, pool_); }
+  std::vector<float> encode(const float* rgb, int height, int width) override {
+    return m_->vae_encode(rgb, height, width, pool_);
+  }
+  const image::TaesdNet* preview_decoder() const override { return taesd_.get(); }
+  const image::SdModel& model() const { return *m_; }
+
+ private:
+  std::unique_ptr<image::SdModel> m_;
+  std::unique_ptr<image::TaesdNet> taesd_;
+  kernels::Executor* pool_;
+  image::NoiseSchedule schedule_;
+};
+
+// CLIP's vocabulary for an SD model: the request's, the store version's
+// "tokenizer" file, or one beside the model (single file: its folder;
+// diffusers: tokenizer/merges.txt, the same merges as plain text).
+std::string find_clip_vocab(const ImageRequest& r, const ResolvedModel& m, const std::string& model_path) {
+  if (!r.tokenizer.empty()) return r.tokenizer;
+  if (std::string f = m.file("tokenizer"); !f.empty()) return f;
+  namespace fs = std::filesystem;
+  const fs::path p(model_path);
+  for (const fs::path& c : {p / "tokenizer" / "merges.txt", p.parent_path() / "bpe_simple_vocab_16e6.txt.gz",
+                            p.parent_path() / "tokenizer" / "merges.txt"}) {
+    std::error_code ec;
+    if (fs::is_regular_file(c, ec)) return c.string();
+  }
+  throw Error(model_path + ": the Stable Diffusion text encoder needs CLIP's vocabulary (bpe_simple_vocab_16e6.txt.gz); "
+              "pass it with --tokenizer FILE or put it beside the model");
+}
+
+image::RgbImage load_resized(const std::string& path, int w, int h) {
+  image::RgbImage img = image::read_rgb_file(path);
+  if (img.width != w || img.height != h) img = image::resize_rgb(img, w, h);
+  return img;
+}
+
+}  // namespace
+
+Status validate_image_request(const ImageRequest& r) {
+  auto bad = [](std::string m) { return Status::error(StatusCode::InvalidArgument, std::move(m)); };
+  if (r.model.empty()) return bad("no model given: pass a model file (-m)");
+  for (auto [name, v] : {std::pair{"width", r.width}, std::pair{"height", r.height}})
+    if (v < 8 || v > 4096 || v % 8 != 0)
+      return bad(std::string(name) + " " + std::to_string(v) +
+                 " is not allowed: use a multiple of 8 between 8 and 4096 (e.g. " +
+                 std::to_string(std::clamp((v + 4) / 8 * 8, 8, 4096)) + ")");
+  if (r.batch_count < 1 || r.batch_count > 100)
+    return bad("batch count " + std::to_string(r.batch_count) + " is out of range: use 1..100");
+  if (r.steps < 1 || r.steps > 1000) return bad("steps " + std::to_string(r.steps) + " is out of range: use 1..1000");
+  if (!std::isfinite(r.cfg_scale) || r.cfg_scale < 0 || r.cfg_scale > 100)
+    return bad("CFG scale must be a number between 0 and 100");
+  if (r.rng != "cuda" && r.rng != "cpu") return bad("rng \"" + r.rng + "\" is unknown: use cuda or cpu");
+  if (r.batch_size < 1 || r.batch_size > 16)
+    return bad("batch size " + std::to_string(r.batch_size) + " is out of range: use 1..16");
+  image::SamplerKind kind;
+  if (!image::parse_sampler(r.sampler, &kind))
+    return bad("sampler \"" + r.sampler + "\" is unknown: use euler, euler_a, heun, dpmpp_2m, ddim or lcm");
+  if (r.scheduler != "discrete" && r.scheduler != "karras")
+    return bad("scheduler \"" + r.scheduler + "\" is unknown: use discrete or karras");
+  if (r.prediction != "auto" && r.prediction != "eps" && r.prediction != "v")
+    return bad("prediction \"" + r.prediction + "\" is unknown: use auto, eps or v");
+  if (!r.init_image.empty() && !(r.strength > 0.0f && r.strength <= 1.0f))
+    return bad("strength must be in (0, 1] (the share of the steps that repaint the init image)");
+  if (!r.mask.empty() && r.init_image.empty()) return bad("a mask needs an init image (--init) to inpaint");
+  for (const std::string* f : {&r.init_image, &r.mask, &r.tokenizer, &r.preview_decoder})
+    if (!f->empty() && !std::filesystem::exists(*f)) return Status::error(StatusCode::NotFound, *f + ": no such file");
+  return {};
+}
+
+std::string format_scale(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+  return buf;
+}
+
+std::string a1111_parameters(const std::string& prompt, const std::string& negative, int steps, const std::string& sampler,
+                             float cfg, uint64_t seed, int w, int h, const std::string& hash, const std::string& model,
+                             const std::string& schedule, const std::string& extra) {
+  std::string s = prompt + "\n";
+  if (!negative.empty()) s += "Negative prompt: " + negative + "\n";
+  s += "Steps: " + std::to_string(steps) + ", Sampler: " + sampler;
+  if (!schedule.empty()) s += ", Schedule type: " + schedule;
+  s += ", CFG scale: " + format_scale(cfg) + ", Seed: " + std::to_string(seed) + ", Size: " + std::to_string(w) + "x" +
+       std::to_string(h);
+  if (!hash.empty()) s += ", Model hash: " + hash;
+  s += ", Model: " + model;
+  if (!extra.empty()) s += ", " + extra;
+  return s;
+}
+
+uint64_t pick_image_seed() {
+  std::random_device rd;
+  return rd();  // 32 bits, like A1111's random seeds
+}
+
+std::unique_ptr<LoadedDiffusion> load_diffusion(const ImageRequest& request, const ResolvedModel& resolved,
+                                                const std::string& path, kernels::Executor* pool) {
+  image::SdOptions so;
+  if (request.prediction == "eps") so.prediction = image::Prediction::epsilon;
+  if (request.prediction == "v") so.prediction = image::Prediction::v;
+  std::unique_ptr<image::TaesdNet> taesd;
+  if (!request.preview_decoder.empty())
+    taesd = image::TaesdNet::open(request.preview_decoder, image::TaesdNet::Kind::decoder);
+  auto out = std::make_unique<LoadedDiffusion>();
+  out->model = std::make_unique<SdDiffusion>(image::SdModel::open(path, so), std::move(taesd), pool);
+  out->tokenizer = tok::ClipTokenizer::open(find_clip_vocab(request, resolved, path));
+  out->hash = resolved.digest.size() > 7 ? resolved.digest.substr(7, 10) : "";
+  out->name = resolved.in_store ? resolved.display : std::filesystem::path(path).stem().string();
+  return out;
+}
+
+ImageRun::ImageRun(LoadedDiffusion& m, const ImageRequest& request) : m_(m), request_(request) {
+  image::DiffusionModel& model = *m_.model;
+  auto [cond, uncond] = image::encode_prompts(model, *m_.tokenizer, request.prompt, request.negative_prompt);
+  cond_ = std::make_shared<const image::Conditioning>(std::move(cond));
+  uncond_ = std::make_shared<const image::Conditioning>(std::move(uncond));
+  base_.width = request.width;
+  base_.height = request.height;
+  base_.steps = request.steps;
+  base_.cfg_scale = request.cfg_scale;
+  image::parse_sampler(request.sampler, &base_.sampler);
+  base_.karras = request.scheduler == "karras";
+  base_.rng = request.rng == "cpu" ? image::RngKind::Cpu : image::RngKind::Cuda;
+  if (!request.init_image.empty()) {
+    const auto rgb = image::to_planar(load_resized(request.init_image, request.width, request.height));
+    base_.init_latent = model.encode(rgb.data(), request.height, request.width);
+    base_.strength = request.strength;
+    if (!request.mask.empty()) {
+      // White repaints; averaged over each 8x8 latent cell.
+      const image::RgbImage mk = load_resized(request.mask, request.width / 8, request.height / 8);
+      base_.latent_mask.resize(static_cast<size_t>(mk.width) * mk.height);
+      for (size_t i = 0; i < base_.latent_mask.size(); ++i)
+        base_.latent_mask[i] = (mk.pixels[3 * i] + mk.pixels[3 * i + 1] + mk.pixels[3 * i + 2]) / (3.0f * 255.0f);
+    }
+  }
+  seed0_ = request.seed == SamplingParams::kRandomSeed ? pick_image_seed() : request.seed;
+  start_round();
+}
+
+void ImageRun::start_round() {
+  tasks_.clear();
+  if (done()) return;
+  for (int k = 0; k < request_.batch_size; ++k) {
+    image::TaskOptions o = base_;
+    o.seed = seed0_ + static_cast<uint64_t>(round_ * request_.batch_size + k);
+    tasks_.push_back(std::make_unique<image::ImageTask>(o, m_.model->latent_channels(), m_.model->schedule(), cond_,
+                                                        request_.cfg_scale == 1.0f ? nullptr : uncond_));
+  }
+}
+
+std::vector<image::ImageTask*> ImageRun::live() {
+  std::vector<image::ImageTask*> out;
+  for (auto& t : tasks_)
+    if (!t->done()) out.push_back(t.get());
+  return out;
+}
+
+std::vector<ImageProgress> ImageRun::progress(double seconds, bool previews) {
+  std::vector<ImageProgress> out;
+  for (size_t k = 0; k < tasks_.size(); ++k) {
+    const image::ImageTask& t = *tasks_[k];
+    ImageProgress p;
+    p.image = round_ * request_.batch_size + static_cast<int>(k);
+    p.images = images();
+    p.step = t.step_index();
+    p.steps = t.steps();
+    p.seconds = seconds;
+    if (previews && !t.last_x0().empty()) {
+      const image::Preview pv = image::make_preview(*m_.model, t.last_x0(), t.latent_h(), t.latent_w());
+      p.preview_width = pv.width;
+      p.preview_height = pv.height;
+      p.preview_rgb = pv.rgb;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+bool ImageRun::advance() {
+  if (done()) return true;
+  for (const auto& t : tasks_)
+    if (!t->done()) return false;
+  image::SamplerKind kind = base_.sampler;
+  const std::string extra = request_.init_image.empty() ? "" : "Denoising strength: " + format_scale(request_.strength);
+  for (const auto& t : tasks_) {
+    const std::vector<float> lat = t->result_latent();
+    const std::vector<float> rgb = m_.model->decode(lat.data(), t->latent_h(), t->latent_w());
+    const image::RgbImage img = image::from_planar(rgb.data(), request_.width, request_.height);
+    ImageResult r;
+    r.width = img.width;
+    r.height = img.height;
+    r.channels = 3;
+    r.pixels = img.pixels;
+    r.seed = t->seed();
+    r.parameters = a1111_parameters(request_.prompt, request_.negative_prompt, request_.steps, a1111_sampler_name(kind),
+                                    request_.cfg_scale, r.seed, request_.width, request_.height, m_.hash, m_.name,
+                                    base_.karras ? "Karras" : "", extra);
+    results_.push_back(std::move(r));
+  }
+  ++round_;
+  start_round();
+  return done();
+}
+
+}  // namespace atelier
