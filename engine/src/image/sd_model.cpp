@@ -1,5 +1,6 @@
 #include "image/sd_model.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
@@ -115,6 +116,31 @@ std::vector<float> SdModel::vae_decode(const float* latent, int h, int w, kernel
 
 std::vector<float> SdModel::vae_encode(const float* rgb, int h, int w, kernels::Executor* ex) const {
   return vae_->encode(rgb, h, w, ex);
+}
+
+UnetTiming time_unet(const SdModel& model, int batch, int latent_h, int latent_w, int reps, kernels::Executor* ex) {
+  if (batch <= 0 || reps <= 0) throw Error("time_unet: batch and reps must be positive");
+  const auto& cfg = model.info().unet;
+  const size_t per = static_cast<size_t>(cfg.in_channels) * latent_h * latent_w;
+  std::vector<float> x(per * batch), out(static_cast<size_t>(cfg.out_channels) * latent_h * latent_w * batch), t(batch);
+  uint32_t r = 12345;
+  for (float& v : x) {
+    r = r * 1664525u + 1013904223u;
+    v = static_cast<float>(r >> 8) / 8388608.0f - 1.0f;
+  }
+  for (int b = 0; b < batch; ++b) t[static_cast<size_t>(b)] = 999.0f - 999.0f * b / batch;
+  const std::vector<float> ctx(static_cast<size_t>(77) * cfg.context_dim, 0.0f);
+  UnetBatch in;
+  in.batch = batch, in.height = latent_h, in.width = latent_w, in.x = x.data(), in.timesteps = t.data();
+  in.context.assign(static_cast<size_t>(batch), std::span<const float>(ctx));
+  model.unet(in, out.data(), ex);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) model.unet(in, out.data(), ex);
+  UnetTiming tm;
+  tm.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  tm.flops_per_step = unet_flops(cfg, latent_h, latent_w) * batch;
+  tm.gflop_per_s = tm.flops_per_step / tm.seconds_per_step / 1e9;
+  return tm;
 }
 
 }  // namespace atelier::image

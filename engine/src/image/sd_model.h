@@ -173,6 +173,17 @@ class SdModel {
 // ops are left out: < 1%). For `bench image`'s achieved FLOP/s.
 double unet_flops(const UnetConfig& config, int latent_h, int latent_w, int context_tokens = 77);
 
+// Times UNet evaluations of `batch` samples at a latent size (random latents,
+// spread timesteps, a 77-token context of zeros): one warm-up call, then
+// `reps` timed ones. For `bench image`.
+struct UnetTiming {
+  double seconds_per_step = 0;   // one call over the whole batch
+  double flops_per_step = 0;     // unet_flops x batch
+  double gflop_per_s = 0;
+};
+UnetTiming time_unet(const SdModel& model, int batch, int latent_h, int latent_w, int reps,
+                     kernels::Executor* ex = nullptr);
+
 // ---- synthetic checkpoints (sd_synth.cpp)
 struct SdSynthSpec {
   std::string arch = "sd15";  // "sd15" (OpenAI CLIP L/14, 768 context) or "sd21" (OpenCLIP H/14, 1024, v)
