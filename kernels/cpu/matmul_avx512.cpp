@@ -497,11 +497,20 @@ struct KernelFloat {
 #define ATELIER_TALL_N 2
 #endif
 constexpr int kTallM = ATELIER_TALL_M, kTallN = ATELIER_TALL_N;
-#ifndef ATELIER_TALL_Q8_M
-#define ATELIER_TALL_Q8_M 16
-#define ATELIER_TALL_Q8_N 1
-#endif
-constexpr int kTallQ8M = ATELIER_TALL_Q8_M, kTallQ8N = ATELIER_TALL_Q8_N;
+
+// Q8_0 batched decode: 16 activation rows per tile. The tile walks the
+// groups of 256 columns in order, so a group's expanded activations (16 rows
+// x 576 bytes) stay in L1 across the tile's weight rows. Up to 1024 columns
+// all 16 rows fit in L1 anyway and one weight row per tile is fastest; wider
+// rows (the FFN's down projection) take 4 weight rows per tile so the
+// activations are not re-read from L2 for every weight row (-25 % time at
+// 2048 columns). Same per-(m, r) arithmetic either way.
+void q8_0_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using namespace avx512;
+  using Narrow = TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>;
+  if (a.w->cols > 1024) TallTileDriver<KernelQ8_0, 16, 4, Narrow>::run(a, r0, r1);
+  else TallTileDriver<KernelQ8_0, 16, 1, Narrow>::run(a, r0, r1);
+}
 
 // Tile shapes: activation rows x weight rows, sized to the 32 zmm registers.
 RowsFn rows_fn_avx512(DType t) {
@@ -510,7 +519,7 @@ RowsFn rows_fn_avx512(DType t) {
     case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 6, 4, 8, 8, 6, 4, 4>::run;
     case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 6, 4, 8, 8, 6, 4, 4>::run;
     case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 6, 4, 8, 8, 6, 4, 4>::run;
-    case DType::Q8_0: return &TallTileDriver<KernelQ8_0, kTallQ8M, kTallQ8N, TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>>::run;
+    case DType::Q8_0: return &q8_0_rows_avx512;
     case DType::Q4_0: return &TallTileDriver<KernelQ4_0, kTallM, kTallN, TileDriver<KernelQ4_0, 4, 4, 8, 4, 4>>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 8, 4, 4>::run;
     case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2, 8, 4, 4>::run;
