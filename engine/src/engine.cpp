@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "events.h"
+#include "image_job.h"
 #include "metrics.h"
 #include "runtime/job_db.h"
 #include "scheduler.h"
@@ -38,6 +39,7 @@ std::string_view event_type_name(EventType t) {
     case EventType::Token: return "token";
     case EventType::Segment: return "segment";
     case EventType::Progress: return "progress";
+    case EventType::Preview: return "preview";
     case EventType::Completed: return "completed";
     case EventType::Failed: return "failed";
     case EventType::Cancelled: return "cancelled";
@@ -61,7 +63,12 @@ JobInfo to_info(const runtime::JobRow& row) {
   JobInfo j;
   j.id = row.id;
   j.state = parse_state(row.state);
-  if (auto req = request_from_json(row.request_json); req.ok()) j.request = req.value();
+  if (is_image_request_json(row.request_json)) {
+    j.kind = "image";
+    if (auto req = image_request_from_json(row.request_json); req.ok()) j.image_request = req.value();
+  } else if (auto req = request_from_json(row.request_json); req.ok()) {
+    j.request = req.value();
+  }
   j.priority = row.priority;
   j.created_ms = row.created_ms;
   j.started_ms = row.started_ms;
@@ -75,6 +82,8 @@ JobInfo to_info(const runtime::JobRow& row) {
     const json r = json::parse(row.result_json, nullptr, false);
     if (r.is_object()) {
       j.text = r.value("text", "");
+      if (r.contains("files") && r["files"].is_array())
+        for (const auto& f : r["files"]) j.files.push_back(f.get<std::string>());
       j.stop_reason = r.value("stop_reason", "");
       if (r.contains("stats")) {
         const json& s = r["stats"];
@@ -187,6 +196,22 @@ Result<std::vector<JobId>> Engine::submit_many(const std::vector<TextRequest>& r
     }
     if (impl_->scheduler) impl_->scheduler->notify();
     return ids;
+  });
+}
+
+Result<JobId> Engine::submit(const ImageRequest& request) {
+  if (Status st = validate_image_request(request); !st.ok()) return st;
+  ImageRequest r = request;
+  // Fixed now, so the job's images are the same whenever (and however often) it runs.
+  if (r.seed == SamplingParams::kRandomSeed) r.seed = pick_image_seed();
+  return guarded([&]() -> Result<JobId> {
+    const std::vector<JobId> ids = impl_->db->insert_many({{image_request_to_json(r), r.priority, r.interactive, r.seed}}, epoch_ms());
+    Event ev;
+    ev.type = EventType::Queued;
+    ev.job = ids.front();
+    impl_->hub.publish(ev);
+    if (impl_->scheduler) impl_->scheduler->notify();
+    return ids.front();
   });
 }
 

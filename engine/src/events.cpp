@@ -61,8 +61,10 @@ void EventHub::publish(const Event& event) {
       std::deque<Event>& q = sub->queue;
       Event* last = q.empty() ? nullptr : &q.back();
       const bool same_job = last && last->job == event.job;
-      if (event.type == EventType::Progress && same_job && last->type == EventType::Progress) {
-        *last = event;  // progress always coalesces: only the newest matters
+      if (same_job && last->type == event.type &&
+          (event.type == EventType::Progress ||
+           (event.type == EventType::Preview && last->image.image == event.image.image))) {
+        *last = event;  // progress and an image's previews always coalesce: only the newest matters
       } else if (q.size() >= kBufferEvents && event.type == EventType::Token && same_job &&
                  last->type == EventType::Token) {
         last->text += event.text;  // merge under backpressure: the text stays complete

@@ -1,4 +1,4 @@
-// The JSON form of a TextRequest (job database, `atelier batch` files).
+// The JSON form of TextRequest and ImageRequest (job database, `atelier batch` files).
 #include <atelier/engine.h>
 
 #include <nlohmann/json.hpp>
@@ -59,7 +59,8 @@ Result<TextRequest> request_from_json(std::string_view text) {
   try {
     const json j = json::parse(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
-    check_keys(j, {"model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "priority", "interactive", "sampling"}, "");
+    if (j.contains("kind") && j["kind"] != "text") throw std::invalid_argument("not a text request (kind is not \"text\")");
+    check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "priority", "interactive", "sampling"}, "");
     if (!j.contains("model") || !j.contains("prompt")) throw std::invalid_argument("a request needs 'model' and 'prompt'");
     TextRequest r;
     read(j, "model", r.model);
@@ -87,6 +88,77 @@ Result<TextRequest> request_from_json(std::string_view text) {
       read(s, "presence_penalty", p.presence_penalty);
       read(s, "seed", p.seed);
     }
+    return r;
+  } catch (const json::parse_error& e) {
+    return Status::error(StatusCode::InvalidArgument, std::string("not valid JSON: ") + e.what());
+  } catch (const std::invalid_argument& e) {
+    return Status::error(StatusCode::InvalidArgument, e.what());
+  }
+}
+
+std::string image_request_to_json(const ImageRequest& r) {
+  json j = {{"kind", "image"},
+            {"model", r.model},
+            {"prompt", r.prompt},
+            {"negative_prompt", r.negative_prompt},
+            {"width", r.width},
+            {"height", r.height},
+            {"steps", r.steps},
+            {"cfg_scale", r.cfg_scale},
+            {"sampler", r.sampler},
+            {"scheduler", r.scheduler},
+            {"rng", r.rng},
+            {"batch_count", r.batch_count},
+            {"batch_size", r.batch_size},
+            {"init_image", r.init_image},
+            {"strength", r.strength},
+            {"mask", r.mask},
+            {"tokenizer", r.tokenizer},
+            {"preview_decoder", r.preview_decoder},
+            {"prediction", r.prediction},
+            {"output", r.output},
+            {"priority", r.priority},
+            {"interactive", r.interactive}};
+  if (r.seed != SamplingParams::kRandomSeed) j["seed"] = r.seed;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+bool is_image_request_json(std::string_view text) {
+  const json j = json::parse(text, nullptr, false);
+  return j.is_object() && j.contains("kind") && j["kind"] == "image";
+}
+
+Result<ImageRequest> image_request_from_json(std::string_view text) {
+  try {
+    const json j = json::parse(text);
+    if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
+    check_keys(j, {"kind", "model", "prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "sampler",
+                   "scheduler", "seed", "rng", "batch_count", "batch_size", "init_image", "strength", "mask", "tokenizer",
+                   "preview_decoder", "prediction", "output", "priority", "interactive"}, " of an image request");
+    if (!j.contains("model") || !j.contains("prompt")) throw std::invalid_argument("a request needs 'model' and 'prompt'");
+    ImageRequest r;
+    read(j, "model", r.model);
+    read(j, "prompt", r.prompt);
+    read(j, "negative_prompt", r.negative_prompt);
+    read(j, "width", r.width);
+    read(j, "height", r.height);
+    read(j, "steps", r.steps);
+    read(j, "cfg_scale", r.cfg_scale);
+    read(j, "sampler", r.sampler);
+    read(j, "scheduler", r.scheduler);
+    read(j, "seed", r.seed);
+    read(j, "rng", r.rng);
+    read(j, "batch_count", r.batch_count);
+    read(j, "batch_size", r.batch_size);
+    read(j, "init_image", r.init_image);
+    read(j, "strength", r.strength);
+    read(j, "mask", r.mask);
+    read(j, "tokenizer", r.tokenizer);
+    read(j, "preview_decoder", r.preview_decoder);
+    read(j, "prediction", r.prediction);
+    read(j, "output", r.output);
+    read(j, "priority", r.priority);
+    read(j, "interactive", r.interactive);
     return r;
   } catch (const json::parse_error& e) {
     return Status::error(StatusCode::InvalidArgument, std::string("not valid JSON: ") + e.what());

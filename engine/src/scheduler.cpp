@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/thread_pool.h"
+#include "image_job.h"
 #include "text/kv_cache.h"
 #include "text/sampler.h"
 #include "text/text_stream.h"
@@ -63,6 +65,23 @@ struct Sequence {
   std::string segment;
   double ttft_ms = 0;
   bool has_first = false, started_once = false, cancel = false, done = false;
+};
+
+struct LoadedImage {
+  std::string key, version, name;  // version: "sha256:<hex>" ("" for a diffusers folder)
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<LoadedDiffusion> model;
+};
+
+struct ImageJob {
+  JobId id = 0;
+  ImageRequest req;
+  int priority = 0;
+  int64_t created_ms = 0, started_ms = 0;
+  Clock::time_point started;
+  LoadedImage* model = nullptr;
+  std::unique_ptr<ImageRun> run;
+  bool cancel = false, done = false;
 };
 
 Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics)
@@ -187,6 +206,13 @@ void Scheduler::run() {
           finish(*s, JobState::Cancelled, "cancelled");
           found = true;
         }
+      for (auto& j : image_running_)
+        if (j->id == id) j->cancel = found = true;
+      for (auto& j : image_waiting_)
+        if (j->id == id && !j->done) {
+          finish_image(*j, JobState::Cancelled);
+          found = true;
+        }
       if (!found && !finished_.count(id)) {  // cancelled while still only in the database
         Event ev;
         ev.type = EventType::Cancelled;
@@ -225,10 +251,11 @@ void Scheduler::run() {
       }
     }
     if (!hold) admit(now);
+    admit_images(now);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_depth_ = static_cast<int>(waiting_.size());
-      running_count_ = static_cast<int>(running_.size());
+      queue_depth_ = static_cast<int>(waiting_.size() + image_waiting_.size());
+      running_count_ = static_cast<int>(running_.size() + image_running_.size());
       kv_stats_ = {};
       for (const auto& [path, m] : models_) {
         kv_stats_.used += m->pool->used_blocks();
@@ -236,7 +263,7 @@ void Scheduler::run() {
         kv_stats_.cached += m->pool->cached_blocks();
       }
     }
-    idle_ = running_.empty() && waiting_.empty();
+    idle_ = running_.empty() && waiting_.empty() && image_running_.empty() && image_waiting_.empty();
     if (now - last_alert_check >= 1000) {
       last_alert_check = now;
       EngineMetrics m;
@@ -254,8 +281,9 @@ void Scheduler::run() {
         hub_.publish(ev);
       }
     }
-    if (!running_.empty()) {
-      step();
+    if (!running_.empty() || !image_running_.empty()) {
+      if (!running_.empty()) step();
+      if (!image_running_.empty()) image_step();
       continue;
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -265,6 +293,7 @@ void Scheduler::run() {
   for (auto& s : running_) db_.requeue(s->id);
   for (auto& s : waiting_)
     if (s->started_once) db_.requeue(s->id);
+  for (auto& j : image_running_) db_.requeue(j->id);
 }
 
 void Scheduler::refresh_queue(int64_t now) {
@@ -278,6 +307,27 @@ void Scheduler::refresh_queue(int64_t now) {
       continue;
     }
     known_.insert(row.id);
+    if (is_image_request_json(row.request_json)) {
+      auto ireq = image_request_from_json(row.request_json);
+      if (ireq.ok()) {
+        auto j = std::make_unique<ImageJob>();
+        j->id = row.id;
+        j->req = ireq.value();
+        j->priority = row.priority;
+        j->created_ms = row.created_ms;
+        image_waiting_.push_back(std::move(j));
+        continue;
+      }
+      db_.fail(row.id, "invalid_request", ireq.status().message, now);
+      Event ev;
+      ev.type = EventType::Failed;
+      ev.job = row.id;
+      ev.code = StatusCode::InvalidArgument;
+      ev.message = ireq.status().message;
+      hub_.publish(ev);
+      metrics_.on_finish(JobState::Failed, now);
+      continue;
+    }
     auto req = request_from_json(row.request_json);
     if (!req.ok()) {
       db_.fail(row.id, "invalid_request", req.status().message, now);
@@ -299,6 +349,18 @@ void Scheduler::refresh_queue(int64_t now) {
     waiting_.push_back(std::move(s));
   }
   // Jobs another process cancelled or cleared while they waited here.
+  for (auto& j : image_waiting_) {
+    if (!queued.count(j->id)) {
+      j->done = true;
+      finished_.insert(j->id);
+      Event ev;
+      ev.type = EventType::Cancelled;
+      ev.job = j->id;
+      hub_.publish(ev);
+      metrics_.on_finish(JobState::Cancelled, now);
+    }
+  }
+  std::erase_if(image_waiting_, [](const auto& j) { return j->done; });
   for (auto& s : waiting_) {
     if (!s->started_once && !queued.count(s->id)) {
       s->done = true;
@@ -313,6 +375,8 @@ void Scheduler::refresh_queue(int64_t now) {
   // Cancels requested by other processes: running sequences stop at the next
   // step; preempted ones (still "running" in the database) end here.
   for (int64_t id : db_.cancel_requests()) {
+    for (auto& j : image_running_)
+      if (j->id == id) j->cancel = true;
     for (auto& s : running_)
       if (s->id == id) s->cancel = true;
     for (auto& s : waiting_)
@@ -653,6 +717,192 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
   s.kv.reset();
   s.done = true;
   finished_.insert(s.id);
+  hub_.publish(ev);
+  metrics_.on_finish(state, now);
+}
+
+// ---- image jobs ----------------------------------------------------------------
+
+LoadedImage* Scheduler::image_model_for(const ImageRequest& r, Status& error) {
+  ResolvedModel resolved;
+  std::error_code ec;
+  if (std::filesystem::is_directory(r.model, ec)) {
+    resolved.path = resolved.display = r.model;  // a diffusers folder
+  } else {
+    ResolveOptions ro;
+    ro.check_digest = true;
+    auto res = resolve_model(r.model, config_.store_dir, ro);
+    if (!res.ok()) {
+      error = res.status();
+      return nullptr;
+    }
+    resolved = res.value();
+  }
+  // What load_diffusion reads from the request is part of the key.
+  const std::string key = resolved.path + "|" + r.prediction + "|" + r.preview_decoder + "|" + r.tokenizer;
+  if (auto it = image_models_.find(key); it != image_models_.end()) return it->second.get();
+  auto lm = std::make_unique<LoadedImage>();
+  lm->key = key;
+  lm->version = resolved.digest;
+  lm->name = resolved.in_store ? resolved.display : resolved.path;
+  lm->pool = std::make_unique<ThreadPool>(config_.threads);
+  error = guarded([&]() -> Status {
+    lm->model = load_diffusion(r, resolved, resolved.path, lm->pool.get());
+    return Status{};
+  });
+  if (!error.ok()) return nullptr;
+  LoadedImage* raw = lm.get();
+  image_models_[key] = std::move(lm);
+  return raw;
+}
+
+void Scheduler::admit_images(int64_t now) {
+  if (db_.paused() || image_waiting_.empty()) return;
+  std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [](const auto& a, const auto& b) {
+    const int pa = a->priority + (a->req.interactive ? TextRequest::kInteractiveBoost : 0);
+    const int pb = b->priority + (b->req.interactive ? TextRequest::kInteractiveBoost : 0);
+    return pa > pb || (pa == pb && a->id < b->id);
+  });
+  int images = 0;
+  for (const auto& j : image_running_) images += j->req.batch_size;
+  for (auto& jp : image_waiting_) {
+    ImageJob& j = *jp;
+    if (j.done) continue;
+    // A job larger than the whole budget still runs, alone.
+    if (images > 0 && images + j.req.batch_size > config_.max_image_batch) break;
+    Status err;
+    LoadedImage* m = image_model_for(j.req, err);
+    if (!m) {
+      finish_image(j, JobState::Failed, err);
+      continue;
+    }
+    if (!db_.mark_running(j.id, now)) {  // cancelled meanwhile
+      j.done = true;
+      continue;
+    }
+    j.model = m;
+    j.started_ms = now;
+    j.started = Clock::now();
+    Event ev;
+    ev.type = EventType::Started;
+    ev.job = j.id;
+    hub_.publish(ev);
+    // Encodes the prompts (and an init image): a model call, done once.
+    err = guarded([&]() -> Status {
+      j.run = std::make_unique<ImageRun>(*m->model, j.req);
+      return Status{};
+    });
+    if (!err.ok()) {
+      finish_image(j, JobState::Failed, err);
+      continue;
+    }
+    images += j.req.batch_size;
+    image_running_.push_back(std::move(jp));
+  }
+  std::erase_if(image_waiting_, [](const auto& j) { return !j || j->done; });
+}
+
+void Scheduler::image_step() {
+  for (auto& j : image_running_)
+    if (j->cancel && !j->done) finish_image(*j, JobState::Cancelled);
+  std::erase_if(image_running_, [](const auto& j) { return j->done; });
+  if (image_running_.empty()) return;
+  // One model per step, taking turns; its jobs' live images share the calls.
+  std::vector<LoadedImage*> models;
+  for (const auto& j : image_running_)
+    if (std::find(models.begin(), models.end(), j->model) == models.end()) models.push_back(j->model);
+  LoadedImage* m = models[image_turn_++ % models.size()];
+  std::vector<ImageJob*> jobs;
+  std::vector<image::ImageTask*> tasks;
+  for (auto& j : image_running_)
+    if (j->model == m) {
+      jobs.push_back(j.get());
+      for (image::ImageTask* t : j->run->live()) tasks.push_back(t);
+    }
+  Status st = guarded([&]() -> Status {
+    image::run_step(*m->model->model, tasks);
+    return Status{};
+  });
+  if (!st.ok()) {
+    for (ImageJob* j : jobs) finish_image(*j, JobState::Failed, st);
+    std::erase_if(image_running_, [](const auto& j) { return j->done; });
+    return;
+  }
+  for (ImageJob* j : jobs) {
+    const double seconds = ms_between(j->started, Clock::now()) / 1000.0;
+    int done_steps = 0, all_steps = 0;
+    for (ImageProgress& p : j->run->progress(seconds, true)) {
+      done_steps += p.step;
+      all_steps += p.steps;
+      Event ev;
+      ev.type = EventType::Preview;
+      ev.job = j->id;
+      ev.image = std::move(p);
+      hub_.publish(ev);
+    }
+    Event pr;
+    pr.type = EventType::Progress;
+    pr.job = j->id;
+    pr.progress = all_steps ? static_cast<double>(done_steps) / all_steps : 0.0;
+    hub_.publish(pr);
+    Status err = guarded([&]() -> Status {
+      j->run->advance();  // decodes a finished round
+      return Status{};
+    });
+    if (!err.ok()) finish_image(*j, JobState::Failed, err);
+    else if (j->run->done()) finish_image(*j, JobState::Completed);
+  }
+  std::erase_if(image_running_, [](const auto& j) { return j->done; });
+}
+
+void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
+  const int64_t now = epoch_ms();
+  Event ev;
+  ev.job = j.id;
+  ev.stats.queue_wait_ms = static_cast<double>((j.started_ms ? j.started_ms : now) - j.created_ms);
+  ev.stats.total_ms = static_cast<double>(now - j.created_ms);
+  if (state == JobState::Completed) {
+    // DATA_DIR/images/job-ID.png unless the request names a file; a batch numbers them.
+    const std::vector<ImageResult>& results = j.run->results();
+    std::string base = j.req.output;
+    if (base.empty()) base = (std::filesystem::path(config_.data_dir) / "images" / ("job-" + std::to_string(j.id) + ".png")).string();
+    std::error_code ec;
+    if (const auto parent = std::filesystem::path(base).parent_path(); !parent.empty())
+      std::filesystem::create_directories(parent, ec);
+    std::vector<std::string> files;
+    json seeds = json::array();
+    Status written;
+    for (size_t i = 0; i < results.size() && written.ok(); ++i) {
+      std::string path = base;
+      if (results.size() > 1) {
+        const std::filesystem::path p(base);
+        path = ((p.parent_path() / p.stem()).string() + "-" + std::to_string(i + 1) + p.extension().string());
+      }
+      written = write_png(results[i], j.req, path);
+      files.push_back(path);
+      seeds.push_back(results[i].seed);
+    }
+    if (!written.ok()) return finish_image(j, JobState::Failed, written);
+    const json result = {{"files", files}, {"seeds", seeds}, {"stats", {{"queue_wait_ms", ev.stats.queue_wait_ms}, {"total_ms", ev.stats.total_ms}}}};
+    if (db_.complete(j.id, result.dump(-1, ' ', false, json::error_handler_t::replace), j.model->version, now, j.model->name)) {
+      ev.type = EventType::Completed;
+      ev.files = files;
+    } else {
+      state = JobState::Cancelled;
+      ev.type = EventType::Cancelled;
+    }
+  } else if (state == JobState::Cancelled) {
+    db_.cancel(j.id, now);
+    ev.type = EventType::Cancelled;
+  } else {
+    db_.fail(j.id, std::to_string(static_cast<int>(error.code)), error.message, now);
+    ev.type = EventType::Failed;
+    ev.code = error.code;
+    ev.message = error.message;
+  }
+  j.run.reset();
+  j.done = true;
+  finished_.insert(j.id);
   hub_.publish(ev);
   metrics_.on_finish(state, now);
 }

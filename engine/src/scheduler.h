@@ -5,6 +5,12 @@
 // starts only when its prompt's blocks fit, identical prompt prefixes share
 // blocks, and the lowest-priority sequence is preempted (and later
 // recomputed) when memory runs out.
+//
+// Image jobs run on the same executor, interleaved with text steps: every
+// image step advances the running image jobs of one model by one network
+// evaluation, all their images in one UNet call per latent size (each row its
+// own timestep), so a new image job joins at the next step and a cancelled
+// one leaves before the next call. A Preview event follows every step.
 #pragma once
 
 #include <atelier/engine.h>
@@ -26,6 +32,8 @@ namespace atelier {
 
 struct Sequence;
 struct LoadedModel;
+struct ImageJob;
+struct LoadedImage;
 
 class Scheduler {
  public:
@@ -50,6 +58,11 @@ class Scheduler {
   bool preempt_lowest(const Sequence* keep);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
   double effective_priority(const Sequence& s, int64_t now_ms) const;
+  // Image jobs (scheduler.cpp, bottom).
+  void admit_images(int64_t now_ms);
+  void image_step();
+  void finish_image(ImageJob& j, JobState state, const Status& error = {});
+  LoadedImage* image_model_for(const ImageRequest& r, Status& error);
 
   EngineConfig config_;
   runtime::JobDb& db_;
@@ -72,6 +85,9 @@ class Scheduler {
   // Executor-thread state.
   std::map<std::string, std::unique_ptr<LoadedModel>> models_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
+  std::map<std::string, std::unique_ptr<LoadedImage>> image_models_;
+  std::vector<std::unique_ptr<ImageJob>> image_waiting_, image_running_;
+  size_t image_turn_ = 0;  // which model's image jobs step next (round robin)
   std::set<JobId> known_;
   std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
   int64_t last_poll_ms_ = 0;

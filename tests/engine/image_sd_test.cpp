@@ -6,7 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <thread>
 
 using namespace atelier;
 namespace fs = std::filesystem;
@@ -157,3 +163,171 @@ TEST(ImageSd, BadRequestsAreRefusedClearly) {
 }
 
 }  // namespace
+
+// ---- image jobs through the engine's queue ------------------------------------
+
+namespace {
+
+struct EventLog {
+  std::mutex mu;
+  std::vector<Event> events;
+  void operator()(const Event& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  }
+  std::vector<Event> snapshot() {
+    std::lock_guard<std::mutex> lock(mu);
+    return events;
+  }
+};
+
+fs::path fresh_dir(const std::string& tag) {
+  const fs::path d = fs::temp_directory_path() / ("atelier-sd-engine-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+std::unique_ptr<Engine> open_engine(const fs::path& dir) {
+  EngineConfig c;
+  c.data_dir = dir.string();
+  c.store_dir = (dir / "store").string();
+  c.threads = 2;
+  auto e = Engine::open(c);
+  EXPECT_TRUE(e.ok()) << e.status().message;
+  return e.ok() ? std::move(e.value()) : nullptr;
+}
+
+
+}  // namespace
+
+TEST(ImageJobs, TwoJobsShareStepsAndGiveTheirAloneImages) {
+  const fs::path dir = fresh_dir("share");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  auto log = std::make_shared<EventLog>();
+  e->subscribe(0, [log](const Event& ev) { (*log)(ev); });
+  e->pause();  // both queued before either starts
+  ImageRequest a = request(31), b = request(32);
+  b.prompt = "a lighthouse at night";
+  b.sampler = "heun";
+  a.output = (dir / "a.png").string();
+  b.output = (dir / "b.png").string();
+  auto ia = e->submit(a), ib = e->submit(b);
+  ASSERT_TRUE(ia.ok() && ib.ok());
+  e->resume();
+  ASSERT_TRUE(e->wait_idle(120'000));
+  // Both started before the first step's previews: they ran their steps together.
+  const auto events = log->snapshot();
+  int started = 0;
+  bool preview_before_both = false;
+  for (const Event& ev : events) {
+    if (ev.type == EventType::Started) ++started;
+    if (ev.type == EventType::Preview && started < 2) preview_before_both = true;
+  }
+  EXPECT_EQ(started, 2);
+  EXPECT_FALSE(preview_before_both);
+  for (auto [id, req] : {std::pair{ia.value(), a}, std::pair{ib.value(), b}}) {
+    auto info = e->job(id);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->state, JobState::Completed) << info->error;
+    EXPECT_EQ(info->kind, "image");
+    ASSERT_EQ(info->files.size(), 1u);
+    EXPECT_EQ(info->model_version.rfind("sha256:", 0), 0u);
+    // The PNG the queue wrote holds the image generate_image makes alone.
+    ImageRequest alone = req;
+    alone.output.clear();
+    const std::string ref = (dir / ("ref-" + std::to_string(id) + ".png")).string();
+    const auto img = run(alone);
+    ASSERT_EQ(img.size(), 1u);
+    ASSERT_TRUE(write_png(img[0], alone, ref).ok());
+    std::ifstream f1(info->files[0], std::ios::binary), f2(ref, std::ios::binary);
+    const std::string s1((std::istreambuf_iterator<char>(f1)), {}), s2((std::istreambuf_iterator<char>(f2)), {});
+    EXPECT_FALSE(s1.empty());
+    EXPECT_EQ(s1, s2) << "job " << id;
+  }
+  e.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ImageJobs, CancelStopsWithinOneStep) {
+  const fs::path dir = fresh_dir("cancel");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  ImageRequest r = request(40);
+  r.steps = 50;
+  auto id = e->submit(r);
+  ASSERT_TRUE(id.ok());
+  std::atomic<int> previews_after{0};
+  std::atomic<bool> asked{false};
+  Engine* eng = e.get();
+  e->subscribe(id.value(), [&, eng](const Event& ev) {
+    if (ev.type != EventType::Preview) return;
+    if (asked.exchange(true)) {
+      ++previews_after;
+      return;
+    }
+    EXPECT_EQ(ev.image.step, 1);
+    EXPECT_FALSE(ev.image.preview_rgb.empty());
+    eng->cancel(ev.job);
+  });
+  ASSERT_TRUE(e->wait_idle(120'000));
+  auto info = e->job(id.value());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, JobState::Cancelled);
+  EXPECT_LE(previews_after.load(), 2);  // the step in flight when the request arrived, at most one more
+  e.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ImageJobs, AJobInterruptedByShutdownRunsAgainToTheSameImage) {
+  const fs::path dir = fresh_dir("requeue");
+  ImageRequest r = request(50);
+  r.steps = 40;
+  r.output = (dir / "out.png").string();
+  JobId id = 0;
+  {
+    auto e = open_engine(dir);
+    ASSERT_TRUE(e);
+    std::atomic<bool> stepped{false};
+    e->subscribe(0, [&](const Event& ev) {
+      if (ev.type == EventType::Preview) stepped = true;
+    });
+    auto sid = e->submit(r);
+    ASSERT_TRUE(sid.ok());
+    id = sid.value();
+    for (int i = 0; i < 2000 && !stepped; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(stepped);
+  }  // shut down mid-job: back to the queue
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  ASSERT_TRUE(e->wait_idle(120'000));
+  auto info = e->job(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, JobState::Completed) << info->error;
+  ASSERT_EQ(info->files.size(), 1u);
+  ImageRequest alone = r;
+  alone.output.clear();
+  const auto img = run(alone);
+  ASSERT_EQ(img.size(), 1u);
+  const std::string ref = (dir / "ref.png").string();
+  ASSERT_TRUE(write_png(img[0], alone, ref).ok());
+  std::ifstream f1(info->files[0], std::ios::binary), f2(ref, std::ios::binary);
+  const std::string s1((std::istreambuf_iterator<char>(f1)), {}), s2((std::istreambuf_iterator<char>(f2)), {});
+  EXPECT_EQ(s1, s2);
+  e.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ImageJobs, RequestsRoundTripThroughJson) {
+  ImageRequest r = request(77);
+  r.batch_size = 2;
+  r.scheduler = "karras";
+  r.output = "/x/y.png";
+  const std::string j = image_request_to_json(r);
+  EXPECT_TRUE(is_image_request_json(j));
+  auto back = image_request_from_json(j);
+  ASSERT_TRUE(back.ok()) << back.status().message;
+  EXPECT_EQ(image_request_to_json(back.value()), j);
+  EXPECT_FALSE(request_from_json(j).ok());  // not a text request
+  EXPECT_FALSE(image_request_from_json(R"({"kind":"image","model":"m","prompt":"p","colour":1})").ok());
+}

@@ -193,6 +193,72 @@ class Vocabulary {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---------------------------------------------------------------- image requests
+
+// One image job. width and height: multiples of 8 in 8..4096 (the init image
+// and mask are resized to them); batch_count 1..100 rounds of batch_size 1..16
+// images denoised together; image i uses seed + i. seed kRandomSeed: one is
+// picked (reported in ImageResult::seed).
+//
+// Stable Diffusion 1.x/2.x checkpoints (single .safetensors/.ckpt file or a
+// diffusers folder) run the whole pipeline: CLIP prompt (A1111 emphasis and
+// 75-token chunks), negative prompt and CFG, the sampler on discrete or Karras
+// sigmas, torch-compatible initial noise (rng "cuda": Philox as on a GPU,
+// "cpu": mt19937), img2img (init_image, strength) and inpainting (mask,
+// white = repaint). The QuickDraw CVAE is a one-pass decoder: steps, cfg,
+// sampler and negative prompt are recorded but unused, and its z comes from
+// torch's CPU generator whatever rng says.
+struct ImageRequest {
+  std::string model;                 // a store reference or a model file path (see resolve_model)
+  std::string prompt;
+  std::string negative_prompt;
+  int width = 512, height = 512;
+  int steps = 20;
+  float cfg_scale = 7.0f;
+  std::string sampler = "euler_a";   // euler, euler_a, heun, dpmpp_2m, ddim, lcm (A1111 names too)
+  std::string scheduler = "discrete";  // sigma schedule: discrete or karras (DDIM and LCM use their own)
+  uint64_t seed = SamplingParams::kRandomSeed;
+  std::string rng = "cuda";          // "cuda" (torch's Philox) or "cpu" (torch's mt19937)
+  int batch_count = 1;
+  int batch_size = 1;
+  std::string init_image;            // img2img: a picture file
+  float strength = 0.75f;            // img2img: denoising strength in (0, 1]
+  std::string mask;                  // inpainting (with init_image): a picture, white = repaint
+  std::string tokenizer;             // SD: CLIP's bpe_simple_vocab_16e6.txt.gz ("" = the store's, else beside the model)
+  std::string preview_decoder;       // SD: a TAESD decoder file for previews ("" = linear latent-to-RGB)
+  std::string prediction = "auto";   // SD: auto, eps or v (v for SD 2.x 768-v checkpoints)
+  int threads = 0;                   // 0: one per core (generate_image; the engine uses its own pool)
+  // Through the engine's queue:
+  std::string output;                // PNG path ("" = DATA_DIR/images/job-ID.png); a batch writes -1.png ... -N.png
+  int priority = 0;
+  bool interactive = false;
+};
+// The JSON form ("kind": "image" plus the fields above), for the job database and batch files.
+std::string image_request_to_json(const ImageRequest& request);
+Result<ImageRequest> image_request_from_json(std::string_view json);
+// True when a JSON request says "kind": "image".
+bool is_image_request_json(std::string_view json);
+
+struct ImageResult {
+  int width = 0, height = 0, channels = 0;  // channels: 1 grey, 3 RGB
+  std::vector<uint8_t> pixels;              // row-major, interleaved
+  uint64_t seed = 0;
+  std::string parameters;                   // AUTOMATIC1111's "parameters" text
+};
+
+// Reported after every denoising step of every image (and once per image for
+// one-pass models), with a small RGB preview of the current estimate.
+struct ImageProgress {
+  int image = 0, images = 1;         // 0-based index of the image, of how many
+  int step = 0, steps = 1;           // steps done of this image
+  double seconds = 0;                // since generation started
+  int preview_width = 0, preview_height = 0;
+  std::vector<uint8_t> preview_rgb;  // interleaved RGB; empty for one-pass models
+};
+// Return false to cancel: generation stops before the next network call and
+// generate_image returns Cancelled.
+using ImageProgressFn = std::function<bool(const ImageProgress&)>;
+
 // ---------------------------------------------------------------- the engine: durable queue + batching scheduler
 
 using JobId = int64_t;
@@ -209,6 +275,7 @@ struct EngineConfig {
   int64_t kv_memory_bytes = int64_t{1} << 30;  // KV cache budget per loaded model
   int kv_block_tokens = 16;           // paged KV block size
   int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
+  int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
   KvType kv_type = KvType::F16;
   double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
   int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms
@@ -224,7 +291,10 @@ struct JobStats {
 struct JobInfo {
   JobId id = 0;
   JobState state = JobState::Queued;
-  TextRequest request;
+  std::string kind = "text";  // "text" or "image"
+  TextRequest request;        // text jobs
+  ImageRequest image_request; // image jobs
+  std::vector<std::string> files;  // completed image jobs: the PNGs written
   int priority = 0;
   int64_t created_ms = 0, started_ms = 0, finished_ms = 0;  // unix epoch ms, 0 = not yet
   uint64_t seed = 0;
@@ -243,7 +313,7 @@ struct JobFilter {
   bool newest_first = false;
 };
 
-enum class EventType { Queued, Started, Token, Segment, Progress, Completed, Failed, Cancelled, Alert };
+enum class EventType { Queued, Started, Token, Segment, Progress, Preview, Completed, Failed, Cancelled, Alert };
 std::string_view event_type_name(EventType type);
 
 // One event. Per job, events arrive in order: Queued, Started, Token/Segment/
@@ -254,7 +324,9 @@ struct Event {
   int index = 0;              // Token: index among new tokens; Token events merged under backpressure carry the last index
   int32_t token_id = 0;
   std::string text;           // Token: displayable text (see TokenEvent); Segment: a finished sentence or paragraph
-  double progress = 0;        // Progress: new tokens / max_new_tokens
+  double progress = 0;        // Progress: new tokens / max_new_tokens (images: steps done / all steps)
+  ImageProgress image;        // Preview (image jobs, after every denoising step; coalesced per job under backpressure)
+  std::vector<std::string> files;  // Completed image jobs: the PNGs written
   TextResult result;          // Completed
   JobStats stats;             // Completed, Failed, Cancelled
   StatusCode code = StatusCode::Ok;  // Failed
@@ -299,6 +371,10 @@ class Engine {
 
   // Validates (InvalidArgument, nothing queued) and stores the request; returns its id.
   Result<JobId> submit(const TextRequest& request);
+  // An image job (see ImageRequest): its images' denoising steps share network
+  // calls with other image jobs on the same model and size; a random seed is
+  // fixed at submission so a re-run after a crash gives the same images.
+  Result<JobId> submit(const ImageRequest& request);
   // Many at once, in one transaction (one disk sync): all are queued or none.
   // The first invalid request is named (by index) in the error.
   Result<std::vector<JobId>> submit_many(const std::vector<TextRequest>& requests);
@@ -332,61 +408,6 @@ class Engine {
 };
 
 // ---------------------------------------------------------------- image
-
-// One image job. width and height: multiples of 8 in 8..4096 (the init image
-// and mask are resized to them); batch_count 1..100 rounds of batch_size 1..16
-// images denoised together; image i uses seed + i. seed kRandomSeed: one is
-// picked (reported in ImageResult::seed).
-//
-// Stable Diffusion 1.x/2.x checkpoints (single .safetensors/.ckpt file or a
-// diffusers folder) run the whole pipeline: CLIP prompt (A1111 emphasis and
-// 75-token chunks), negative prompt and CFG, the sampler on discrete or Karras
-// sigmas, torch-compatible initial noise (rng "cuda": Philox as on a GPU,
-// "cpu": mt19937), img2img (init_image, strength) and inpainting (mask,
-// white = repaint). The QuickDraw CVAE is a one-pass decoder: steps, cfg,
-// sampler and negative prompt are recorded but unused, and its z comes from
-// torch's CPU generator whatever rng says.
-struct ImageRequest {
-  std::string model;                 // a store reference or a model file path (see resolve_model)
-  std::string prompt;
-  std::string negative_prompt;
-  int width = 512, height = 512;
-  int steps = 20;
-  float cfg_scale = 7.0f;
-  std::string sampler = "euler_a";   // euler, euler_a, heun, dpmpp_2m, ddim, lcm (A1111 names too)
-  std::string scheduler = "discrete";  // sigma schedule: discrete or karras (DDIM and LCM use their own)
-  uint64_t seed = SamplingParams::kRandomSeed;
-  std::string rng = "cuda";          // "cuda" (torch's Philox) or "cpu" (torch's mt19937)
-  int batch_count = 1;
-  int batch_size = 1;
-  std::string init_image;            // img2img: a picture file
-  float strength = 0.75f;            // img2img: denoising strength in (0, 1]
-  std::string mask;                  // inpainting (with init_image): a picture, white = repaint
-  std::string tokenizer;             // SD: CLIP's bpe_simple_vocab_16e6.txt.gz ("" = the store's, else beside the model)
-  std::string preview_decoder;       // SD: a TAESD decoder file for previews ("" = linear latent-to-RGB)
-  std::string prediction = "auto";   // SD: auto, eps or v (v for SD 2.x 768-v checkpoints)
-  int threads = 0;                   // 0: one per core
-};
-
-struct ImageResult {
-  int width = 0, height = 0, channels = 0;  // channels: 1 grey, 3 RGB
-  std::vector<uint8_t> pixels;              // row-major, interleaved
-  uint64_t seed = 0;
-  std::string parameters;                   // AUTOMATIC1111's "parameters" text
-};
-
-// Reported after every denoising step of every image (and once per image for
-// one-pass models), with a small RGB preview of the current estimate.
-struct ImageProgress {
-  int image = 0, images = 1;         // 0-based index of the image, of how many
-  int step = 0, steps = 1;           // steps done of this image
-  double seconds = 0;                // since generation started
-  int preview_width = 0, preview_height = 0;
-  std::vector<uint8_t> preview_rgb;  // interleaved RGB; empty for one-pass models
-};
-// Return false to cancel: generation stops before the next network call and
-// generate_image returns Cancelled.
-using ImageProgressFn = std::function<bool(const ImageProgress&)>;
 
 // Generates every image of the request on the calling thread. InvalidArgument:
 // a bad request value, a prompt naming no class (QuickDraw); NotFound: no such
