@@ -151,9 +151,11 @@ int run_batch(const BatchOptions& o) {
   std::ifstream in(o.file);
   if (!in) return fail(Status::error(StatusCode::NotFound, o.file + ": cannot open the batch file"));
   struct Line {
-    int number;
+    int number = 0;
     TextRequest request;
     JobId job = 0;
+    bool image = false;  // "kind": "image": an ImageRequest
+    ImageRequest image_request;
   };
   std::vector<Line> lines;
   std::vector<std::string> errors;
@@ -161,9 +163,30 @@ int run_batch(const BatchOptions& o) {
   for (int number = 1; std::getline(in, text); ++number) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not jobs
     if (number % shard_n != shard_i) continue;
+    if (is_image_request_json(text)) {
+      auto req = image_request_from_json(text);
+      if (!req.ok()) {
+        errors.push_back(o.file + ":" + std::to_string(number) + ": " + req.status().message);
+        continue;
+      }
+      Line l;
+      l.number = number;
+      l.image = true;
+      l.image_request = req.value();
+      // Images land in the output folder unless the line names a file.
+      if (l.image_request.output.empty())
+        l.image_request.output = (fs::path(o.out_dir) / ("line-" + std::to_string(number) + ".png")).string();
+      lines.push_back(std::move(l));
+      continue;
+    }
     auto req = request_from_json(text);
     if (!req.ok()) errors.push_back(o.file + ":" + std::to_string(number) + ": " + req.status().message);
-    else lines.push_back({number, req.value()});
+    else {
+      Line l;
+      l.number = number;
+      l.request = req.value();
+      lines.push_back(std::move(l));
+    }
   }
   if (!errors.empty()) {
     for (const auto& e : errors) std::fprintf(stderr, "atelier: error: %s\n", e.c_str());
@@ -188,15 +211,26 @@ int run_batch(const BatchOptions& o) {
   // All lines in one transaction when they are all acceptable; else one by one.
   std::map<int, std::string> refused;
   std::vector<TextRequest> all;
-  for (const auto& l : lines) all.push_back(l.request);
-  if (auto ids = e.submit_many(all); ids.ok()) {
-    for (size_t i = 0; i < lines.size(); ++i) lines[i].job = ids.value()[i];
-  } else {
-    for (auto& l : lines) {
-      auto id = e.submit(l.request);
-      if (id.ok()) l.job = id.value();
-      else refused[l.number] = id.status().message;
+  std::vector<Line*> text_lines;
+  for (auto& l : lines)
+    if (!l.image) {
+      all.push_back(l.request);
+      text_lines.push_back(&l);
     }
+  if (auto ids = e.submit_many(all); ids.ok()) {
+    for (size_t i = 0; i < text_lines.size(); ++i) text_lines[i]->job = ids.value()[i];
+  } else {
+    for (Line* l : text_lines) {
+      auto id = e.submit(l->request);
+      if (id.ok()) l->job = id.value();
+      else refused[l->number] = id.status().message;
+    }
+  }
+  for (auto& l : lines) {
+    if (!l.image) continue;
+    auto id = e.submit(l.image_request);
+    if (id.ok()) l.job = id.value();
+    else refused[l.number] = id.status().message;
   }
   const auto t0 = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
@@ -258,6 +292,15 @@ int run_batch(const BatchOptions& o) {
               {"seed", j.seed},
               {"model_version", j.model_version},
               {"model_name", j.model_name}};
+    if (l.image) {
+      r.erase("text");
+      r.erase("stop_reason");
+      r.erase("prompt_tokens");
+      r.erase("new_tokens");
+      r.erase("tokens_per_s");
+      r["kind"] = "image";
+      r["files"] = j.files;
+    }
     if (j.state != JobState::Completed) {
       r["error"] = j.error.empty() ? std::string(job_state_name(j.state)) : j.error;
       failed.push_back("line " + std::to_string(l.number) + " (job " + std::to_string(l.job) + "): " + r["error"].get<std::string>());

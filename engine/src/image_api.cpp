@@ -81,12 +81,7 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
   const std::string& path = resolved->path;
   return guarded([&]() -> Result<std::vector<ImageResult>> {
     // Store blobs have no extension: look at the header, not the name.
-    bool quickdraw = false;
-    if (!std::filesystem::is_directory(path, ec)) {
-      const bool safetensors = resolved->in_store ? resolved->format == "safetensors"
-                                                  : std::filesystem::path(path).extension() == ".safetensors";
-      if (safetensors) quickdraw = image::QuickDrawModel::is_quickdraw(*formats::SafetensorsFile::open(path));
-    }
+    const bool quickdraw = is_one_pass_image_model(resolved.value(), path);
     if (!quickdraw) {
       if (const std::string kind = text_model_kind(path); !kind.empty())
         return Status::error(StatusCode::Unsupported,

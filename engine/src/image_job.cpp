@@ -8,6 +8,8 @@
 #include <random>
 
 #include "core/error.h"
+#include "formats/safetensors.h"
+#include "image/quickdraw.h"
 #include "image/image_io.h"
 #include "image/sd_model.h"
 #include "image/taesd.h"
@@ -148,6 +150,15 @@ std::string a1111_parameters(const std::string& prompt, const std::string& negat
 uint64_t pick_image_seed() {
   std::random_device rd;
   return rd();  // 32 bits, like A1111's random seeds
+}
+
+bool is_one_pass_image_model(const ResolvedModel& resolved, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return false;
+  // Store blobs have no extension: look at the catalogue's format, not the name.
+  const bool safetensors = resolved.in_store ? resolved.format == "safetensors"
+                                             : std::filesystem::path(path).extension() == ".safetensors";
+  return safetensors && image::QuickDrawModel::is_quickdraw(*formats::SafetensorsFile::open(path));
 }
 
 std::unique_ptr<LoadedDiffusion> load_diffusion(const ImageRequest& request, const ResolvedModel& resolved,

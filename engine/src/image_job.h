@@ -27,6 +27,10 @@ std::string a1111_parameters(const std::string& prompt, const std::string& negat
                              float cfg, uint64_t seed, int w, int h, const std::string& hash, const std::string& model,
                              const std::string& schedule = "", const std::string& extra = "");
 
+// True when PATH is a one-pass generator (the QuickDraw CVAE) rather than a
+// diffusion model: generate_image runs it whole, no steps to batch.
+bool is_one_pass_image_model(const ResolvedModel& resolved, const std::string& path);
+
 // A Stable Diffusion checkpoint ready for the pipeline, with its CLIP vocabulary.
 struct LoadedDiffusion {
   std::unique_ptr<image::DiffusionModel> model;

@@ -81,6 +81,8 @@ struct ImageJob {
   Clock::time_point started;
   LoadedImage* model = nullptr;
   std::unique_ptr<ImageRun> run;
+  std::vector<ImageResult> one_pass;  // a one-pass generator's images (QuickDraw), made at admission
+  std::string version, name;          // the model that made them
   bool cancel = false, done = false;
 };
 
@@ -771,6 +773,36 @@ void Scheduler::admit_images(int64_t now) {
     // A job larger than the whole budget still runs, alone.
     if (images > 0 && images + j.req.batch_size > config_.max_image_batch) break;
     Status err;
+    // A one-pass generator (QuickDraw) has no steps to share: made here, whole.
+    if (Status one = guarded([&]() -> Status {
+          ResolveOptions ro;
+          ro.check_digest = true;
+          auto res = resolve_model(j.req.model, config_.store_dir, ro);
+          if (!res.ok() || !is_one_pass_image_model(res.value(), res->path)) return Status::error(StatusCode::NotFound, "");
+          j.version = res->digest;
+          j.name = res->in_store ? res->display : res->path;
+          return Status{};
+        });
+        one.ok()) {
+      if (!db_.mark_running(j.id, now)) {
+        j.done = true;
+        continue;
+      }
+      j.started_ms = now;
+      j.started = Clock::now();
+      Event ev;
+      ev.type = EventType::Started;
+      ev.job = j.id;
+      hub_.publish(ev);
+      auto made = generate_image(j.req, config_.store_dir);
+      if (!made.ok()) {
+        finish_image(j, JobState::Failed, made.status());
+        continue;
+      }
+      j.one_pass = std::move(made.value());
+      finish_image(j, JobState::Completed);
+      continue;
+    }
     LoadedImage* m = image_model_for(j.req, err);
     if (!m) {
       finish_image(j, JobState::Failed, err);
@@ -863,7 +895,7 @@ void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
   ev.stats.total_ms = static_cast<double>(now - j.created_ms);
   if (state == JobState::Completed) {
     // DATA_DIR/images/job-ID.png unless the request names a file; a batch numbers them.
-    const std::vector<ImageResult>& results = j.run->results();
+    const std::vector<ImageResult>& results = j.run ? j.run->results() : j.one_pass;
     std::string base = j.req.output;
     if (base.empty()) base = (std::filesystem::path(config_.data_dir) / "images" / ("job-" + std::to_string(j.id) + ".png")).string();
     std::error_code ec;
@@ -884,7 +916,9 @@ void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
     }
     if (!written.ok()) return finish_image(j, JobState::Failed, written);
     const json result = {{"files", files}, {"seeds", seeds}, {"stats", {{"queue_wait_ms", ev.stats.queue_wait_ms}, {"total_ms", ev.stats.total_ms}}}};
-    if (db_.complete(j.id, result.dump(-1, ' ', false, json::error_handler_t::replace), j.model->version, now, j.model->name)) {
+    const std::string& version = j.model ? j.model->version : j.version;
+    const std::string& name = j.model ? j.model->name : j.name;
+    if (db_.complete(j.id, result.dump(-1, ' ', false, json::error_handler_t::replace), version, now, name)) {
       ev.type = EventType::Completed;
       ev.files = files;
     } else {

@@ -146,3 +146,29 @@ TEST(Queue, AddListCancelThenHeadlessRunsTheRest) {
   EXPECT_EQ(clear.code, 0);
   EXPECT_EQ(sb.run({"queue", "--data-dir", d, "list", "--json"}).out, "");
 }
+
+// Image requests ("kind": "image") share a batch file with text ones: each
+// writes its PNG into the output folder, the same bytes `atelier image` writes.
+TEST(Batch, ImageLinesWritePngsBesideTheTextResults) {
+  Sandbox sb("images");
+  const std::string qd = std::string(ATELIER_FIXTURES_DIR) + "/image/quickdraw-cvae.safetensors";
+  std::ofstream(sb.dir / "jobs.jsonl")
+      << line("Once upon a time", 8, 1) << "\n"
+      << json{{"kind", "image"}, {"model", qd}, {"prompt", "an owl"}, {"width", 64}, {"height", 64}, {"seed", 4}}.dump() << "\n"
+      << json{{"kind", "image"}, {"model", qd}, {"prompt", "nothing it knows"}, {"seed", 4}}.dump() << "\n";
+  Out r = sb.run({"batch", (sb.dir / "jobs.jsonl").string(), "--out", (sb.dir / "out").string(), "--data-dir", sb.data()});
+  EXPECT_EQ(r.code, 1) << r.err;  // the third line names no class
+  const auto results = jsonl(slurp(sb.dir / "out" / "results.jsonl"));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0]["state"], "completed");
+  EXPECT_EQ(results[1]["state"], "completed");
+  EXPECT_EQ(results[1]["kind"], "image");
+  ASSERT_EQ(results[1]["files"].size(), 1u);
+  const std::string png = results[1]["files"][0];
+  EXPECT_EQ(png, (sb.dir / "out" / "line-2.png").string());
+  EXPECT_EQ(results[2]["state"], "failed");
+  EXPECT_NE(results[2]["error"].get<std::string>().find("owl"), std::string::npos);  // the class list
+  Out one = sb.run({"image", "-m", qd, "-p", "an owl", "-W", "64", "-H", "64", "--seed", "4", "-o", (sb.dir / "one.png").string()});
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(slurp(png), slurp(sb.dir / "one.png"));
+}
