@@ -106,6 +106,51 @@ int run_bench_serve(const BenchServeOptions& o) {
 }
 }  // namespace
 
+struct BenchImageOptions {
+  std::string model, store;
+  ImageBenchOptions bench;
+  bool json = false;
+};
+
+int run_bench_image(const BenchImageOptions& o) {
+  auto path = model_path(o.model, o.store);
+  if (!path.ok()) return fail(path.status());
+  auto res = bench_image(path.value(), o.bench);
+  if (!res.ok()) return fail(res.status());
+  const ImageBenchResult& r = res.value();
+  const double peak = r.limits.peak_gflop_per_s;
+  if (o.json) {
+    print_json_line({{"model", o.model},
+                     {"summary", r.model},
+                     {"width", r.options.width},
+                     {"height", r.options.height},
+                     {"batch", r.options.batch},
+                     {"unet_rows", r.unet_rows},
+                     {"steps", r.options.steps},
+                     {"unet_seconds_per_step", r.unet_seconds_per_step},
+                     {"unet_gflop_per_step", r.unet_gflop_per_step},
+                     {"unet_gflop_per_s", r.unet_gflop_per_s},
+                     {"peak_gflop_per_s", peak},
+                     {"fraction_of_peak", peak > 0 ? r.unet_gflop_per_s / peak : 0},
+                     {"vae_decode_seconds", r.vae_decode_seconds},
+                     {"text_encode_seconds", r.text_encode_seconds},
+                     {"seconds_per_image", r.seconds_per_image},
+                     {"images_per_s", r.images_per_s},
+                     {"threads", r.limits.threads},
+                     {"simd", r.limits.simd}});
+    return 0;
+  }
+  std::printf("model    %s\n         %s\n", o.model.c_str(), r.model.c_str());
+  std::printf("machine  %d threads, %s; peak FMA %.1f GFLOP/s (measured now)\n", r.limits.threads, r.limits.simd.c_str(), peak);
+  std::printf("unet     %dx%d, %d rows per call (batch %d%s): %.3f s per step, %.1f GFLOP -> %.1f GFLOP/s = %.1f %% of peak\n",
+              r.options.width, r.options.height, r.unet_rows, r.options.batch, r.options.cfg ? ", CFG" : "",
+              r.unet_seconds_per_step, r.unet_gflop_per_step, r.unet_gflop_per_s, peak > 0 ? 100 * r.unet_gflop_per_s / peak : 0);
+  std::printf("vae      decode %.3f s per image; prompt encode %.3f s per chunk\n", r.vae_decode_seconds, r.text_encode_seconds);
+  std::printf("image    %d steps: %.2f s per image, %.4f images/s\n", r.options.steps, r.seconds_per_image, r.images_per_s);
+  std::printf("(%d timed UNet calls after one warm-up)\n", r.options.reps);
+  return 0;
+}
+
 void add_bench_commands(CLI::App& root, int& exit_code) {
   CLI::App* bench = root.add_subcommand("bench", "Benchmarks, reported against this machine's measured limits");
   bench->require_subcommand(1);
@@ -119,6 +164,20 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   text->add_option("--reps", o->bench.reps, "Measured repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
   text->add_flag("--json", o->json, "Print one JSON object");
   text->callback([o, &exit_code] { exit_code = run_bench_text(*o); });
+
+  auto io = std::make_shared<BenchImageOptions>();
+  CLI::App* img = bench->add_subcommand("image", "Seconds per UNet step and per image of a Stable Diffusion checkpoint, FLOP/s beside the peak");
+  img->add_option("-m,--model", io->model, "Model: a store reference or a checkpoint (.safetensors, .ckpt, diffusers folder)")->required();
+  img->add_option("--store", io->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
+  img->add_option("-W,--width", io->bench.width, "Width (multiple of 8)")->check(CLI::Range(8, 4096))->capture_default_str();
+  img->add_option("-H,--height", io->bench.height, "Height (multiple of 8)")->check(CLI::Range(8, 4096))->capture_default_str();
+  img->add_option("--steps", io->bench.steps, "Steps per image (for the per-image figures)")->check(CLI::Range(1, 1000))->capture_default_str();
+  img->add_option("--batch", io->bench.batch, "Images per UNet call")->check(CLI::Range(1, 64))->capture_default_str();
+  img->add_option("--reps", io->bench.reps, "Timed UNet calls")->check(CLI::Range(1, 1000))->capture_default_str();
+  img->add_option("--threads", io->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  img->add_flag("!--no-cfg", io->bench.cfg, "One row per image (no classifier-free guidance)");
+  img->add_flag("--json", io->json, "Print one JSON object");
+  img->callback([io, &exit_code] { exit_code = run_bench_image(*io); });
 
   auto so = std::make_shared<BenchServeOptions>();
   CLI::App* serve = bench->add_subcommand("serve", "Aggregate tokens/s and latency percentiles of the engine under concurrent requests");

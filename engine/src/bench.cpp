@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "image/sd_model.h"
 #include "text_model_impl.h"
 
 namespace atelier {
@@ -179,6 +180,48 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   opened.value().reset();
   std::filesystem::remove_all(dir);
   return levels;
+}
+
+}  // namespace atelier
+
+namespace atelier {
+
+Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageBenchOptions& o) {
+  if (o.width < 8 || o.height < 8 || o.width % 8 || o.height % 8 || o.steps < 1 || o.batch < 1 || o.batch > 64 ||
+      o.reps < 1 || o.threads < 0)
+    return Status::error(StatusCode::InvalidArgument,
+                         "bench image needs a size in multiples of 8, steps >= 1, a batch of 1..64, reps >= 1, threads >= 0");
+  return guarded([&]() -> Result<ImageBenchResult> {
+    using Clock = std::chrono::steady_clock;
+    ThreadPool pool(o.threads);
+    auto model = image::SdModel::open(model_path);
+    ImageBenchResult r;
+    r.model = model->info().summary;
+    r.options = o;
+    r.limits = measure_machine_limits(pool.threads());
+    const int h = o.height / 8, w = o.width / 8;
+    r.unet_rows = o.batch * (o.cfg ? 2 : 1);
+    const image::UnetTiming t = image::time_unet(*model, r.unet_rows, h, w, o.reps, &pool);
+    r.unet_seconds_per_step = t.seconds_per_step;
+    r.unet_gflop_per_step = t.flops_per_step / 1e9;
+    r.unet_gflop_per_s = t.gflop_per_s;
+    // One prompt chunk and one decode (after a warm-up of each).
+    std::vector<int32_t> ids(77, model->pad_token());
+    ids[0] = 49406;
+    ids[1] = 49407;
+    model->encode_prompt(ids.data(), nullptr, 77, &pool);
+    auto t0 = Clock::now();
+    model->encode_prompt(ids.data(), nullptr, 77, &pool);
+    r.text_encode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::vector<float> latent(static_cast<size_t>(model->latent_channels()) * h * w, 0.1f);
+    t0 = Clock::now();
+    model->vae_decode(latent.data(), h, w, &pool);
+    r.vae_decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.seconds_per_image = o.steps * r.unet_seconds_per_step / o.batch + r.vae_decode_seconds +
+                          (o.cfg ? 2 : 1) * r.text_encode_seconds / o.batch;
+    r.images_per_s = 1.0 / r.seconds_per_image;
+    return r;
+  });
 }
 
 }  // namespace atelier

@@ -521,6 +521,32 @@ struct ServeBenchLevel {
 
 Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& options);
 
+// `atelier bench image`: a Stable Diffusion checkpoint's UNet step time at a
+// size and batch, beside this machine's peak FMA rate measured in the same
+// run, plus the VAE decode and prompt encode, and what that makes per image.
+struct ImageBenchOptions {
+  int width = 512, height = 512;  // pixels, multiples of 8
+  int steps = 20;                 // for the per-image figures
+  int batch = 1;                  // images per UNet call (each image 2 rows with CFG)
+  bool cfg = true;
+  int reps = 2;                   // timed UNet calls after one warm-up
+  int threads = 0;
+};
+struct ImageBenchResult {
+  std::string model;              // what the checkpoint is ("SD 1.x, UNet 320 ch, ...")
+  MachineLimits limits;
+  ImageBenchOptions options;
+  int unet_rows = 0;              // samples per UNet call (batch, x2 with CFG)
+  double unet_seconds_per_step = 0;
+  double unet_gflop_per_step = 0;  // analytic: convolutions, linear layers, attention products
+  double unet_gflop_per_s = 0;
+  double vae_decode_seconds = 0;   // one image
+  double text_encode_seconds = 0;  // one 77-token chunk
+  double seconds_per_image = 0;    // steps UNet calls / batch + decode + the prompt (and negative) encode
+  double images_per_s = 0;
+};
+Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageBenchOptions& options);
+
 // ---------------------------------------------------------------- synthetic models
 
 struct SynthTextSpec {
