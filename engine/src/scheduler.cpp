@@ -320,26 +320,12 @@ void Scheduler::refresh_queue(int64_t now) {
         image_waiting_.push_back(std::move(j));
         continue;
       }
-      db_.fail(row.id, "invalid_request", ireq.status().message, now);
-      Event ev;
-      ev.type = EventType::Failed;
-      ev.job = row.id;
-      ev.code = StatusCode::InvalidArgument;
-      ev.message = ireq.status().message;
-      hub_.publish(ev);
-      metrics_.on_finish(JobState::Failed, now);
+      fail_unreadable(row.id, ireq.status(), now);
       continue;
     }
     auto req = request_from_json(row.request_json);
     if (!req.ok()) {
-      db_.fail(row.id, "invalid_request", req.status().message, now);
-      Event ev;
-      ev.type = EventType::Failed;
-      ev.job = row.id;
-      ev.code = StatusCode::InvalidArgument;
-      ev.message = req.status().message;
-      hub_.publish(ev);
-      metrics_.on_finish(JobState::Failed, now);
+      fail_unreadable(row.id, req.status(), now);
       continue;
     }
     auto s = std::make_unique<Sequence>();
@@ -700,27 +686,47 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
       seg.text = s.segment + r.text.substr(std::min(s.stream->released(), r.text.size()));
       hub_.publish(seg);
     }
-    if (db_.complete(s.id, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, now, s.model->name)) {
-      ev.type = EventType::Completed;
-      ev.result = std::move(r);
-    } else {
+    ev.result = std::move(r);
+    s.kv.reset();
+    s.done = true;
+    return end_job(ev, state, now, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, s.model->name);
+  }
+  s.kv.reset();
+  s.done = true;
+  end_job(ev, state, now, "", "", "", error);
+}
+
+void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string& result_json, const std::string& version,
+                        const std::string& name, const Status& error) {
+  if (state == JobState::Completed) {
+    ev.type = EventType::Completed;
+    if (!db_.complete(ev.job, result_json, version, now, name)) {
       state = JobState::Cancelled;  // cancelled by another process in the same instant
       ev.type = EventType::Cancelled;
     }
   } else if (state == JobState::Cancelled) {
-    db_.cancel(s.id, now);
+    db_.cancel(ev.job, now);
     ev.type = EventType::Cancelled;
   } else {
-    db_.fail(s.id, std::to_string(static_cast<int>(error.code)), error.message, now);
+    db_.fail(ev.job, std::to_string(static_cast<int>(error.code)), error.message, now);
     ev.type = EventType::Failed;
     ev.code = error.code;
     ev.message = error.message;
   }
-  s.kv.reset();
-  s.done = true;
-  finished_.insert(s.id);
+  finished_.insert(ev.job);
   hub_.publish(ev);
   metrics_.on_finish(state, now);
+}
+
+void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
+  db_.fail(id, "invalid_request", error.message, now);
+  Event ev;
+  ev.type = EventType::Failed;
+  ev.job = id;
+  ev.code = StatusCode::InvalidArgument;
+  ev.message = error.message;
+  hub_.publish(ev);
+  metrics_.on_finish(JobState::Failed, now);
 }
 
 // ---- image jobs ----------------------------------------------------------------
@@ -916,29 +922,15 @@ void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
     }
     if (!written.ok()) return finish_image(j, JobState::Failed, written);
     const json result = {{"files", files}, {"seeds", seeds}, {"stats", {{"queue_wait_ms", ev.stats.queue_wait_ms}, {"total_ms", ev.stats.total_ms}}}};
-    const std::string& version = j.model ? j.model->version : j.version;
-    const std::string& name = j.model ? j.model->name : j.name;
-    if (db_.complete(j.id, result.dump(-1, ' ', false, json::error_handler_t::replace), version, now, name)) {
-      ev.type = EventType::Completed;
-      ev.files = files;
-    } else {
-      state = JobState::Cancelled;
-      ev.type = EventType::Cancelled;
-    }
-  } else if (state == JobState::Cancelled) {
-    db_.cancel(j.id, now);
-    ev.type = EventType::Cancelled;
-  } else {
-    db_.fail(j.id, std::to_string(static_cast<int>(error.code)), error.message, now);
-    ev.type = EventType::Failed;
-    ev.code = error.code;
-    ev.message = error.message;
+    ev.files = files;
+    const std::string version = j.model ? j.model->version : j.version, name = j.model ? j.model->name : j.name;
+    j.run.reset();
+    j.done = true;
+    return end_job(ev, state, now, result.dump(-1, ' ', false, json::error_handler_t::replace), version, name);
   }
   j.run.reset();
   j.done = true;
-  finished_.insert(j.id);
-  hub_.publish(ev);
-  metrics_.on_finish(state, now);
+  end_job(ev, state, now, "", "", "", error);
 }
 
 }  // namespace atelier

@@ -55,6 +55,11 @@ class Scheduler {
   bool admit(int64_t now_ms);
   void step();
   void finish(Sequence& s, JobState state, const std::string& reason, const Status& error = {});
+  // Records a job's end in the database (Completed: with its result, unless
+  // another process cancelled it that instant) and publishes EV as the final event.
+  void end_job(Event ev, JobState state, int64_t now_ms, const std::string& result_json, const std::string& version,
+               const std::string& name, const Status& error = {});
+  void fail_unreadable(JobId id, const Status& error, int64_t now_ms);  // a stored request that does not parse
   bool preempt_lowest(const Sequence* keep);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
   double effective_priority(const Sequence& s, int64_t now_ms) const;
