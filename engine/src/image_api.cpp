@@ -90,6 +90,7 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
                                  "or a diffusers folder) or the QuickDraw CVAE");
       return generate_sd(request, resolved.value(), path, progress);
     }
+    const auto t0 = std::chrono::steady_clock::now();
     auto model = image::QuickDrawModel::open(path);
     int label = 0;
     try {
@@ -115,6 +116,7 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
       out.push_back(std::move(r));
       if (progress) {
         ImageProgress p;
+        p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         p.image = i;
         p.images = request.batch_count;
         p.step = p.steps = 1;

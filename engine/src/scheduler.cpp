@@ -582,6 +582,9 @@ void Scheduler::step() {
         sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
     }
   });
+  // Every token of a step is sampled at the same moment: one timestamp for all.
+  const auto t = Clock::now();
+  std::vector<std::pair<Sequence*, const char*>> ending;
   for (size_t i = 0; i < live.size(); ++i) {
     Sequence& s = *live_owners[i];
     s.n_past += live[i].n;
@@ -590,14 +593,13 @@ void Scheduler::step() {
     if (!live[i].logits) continue;
     const int32_t id = sampled[i];
     if (tokenizer.is_eog(id) && !s.req.ignore_eos) {
-      finish(s, JobState::Completed, "eos");
+      ending.push_back({&s, "eos"});
       continue;
     }
     ++generated;
     s.sampler->accept(id);
     s.tokens.push_back(id);
     s.new_ids.push_back(id);
-    const auto t = Clock::now();
     if (!s.has_first) {
       s.has_first = true;
       s.ttft_ms = static_cast<double>(epoch_ms() - s.created_ms);
@@ -629,10 +631,13 @@ void Scheduler::step() {
       pr.progress = static_cast<double>(s.new_ids.size()) / s.req.max_new_tokens;
       hub_.publish(pr);
     }
-    if (s.stream->stopped()) finish(s, JobState::Completed, "stop");
-    else if (static_cast<int>(s.new_ids.size()) >= s.req.max_new_tokens) finish(s, JobState::Completed, "length");
-    else if (static_cast<int>(s.tokens.size()) >= s.model->n_ctx) finish(s, JobState::Completed, "context");
+    if (s.stream->stopped()) ending.push_back({&s, "stop"});
+    else if (static_cast<int>(s.new_ids.size()) >= s.req.max_new_tokens) ending.push_back({&s, "length"});
+    else if (static_cast<int>(s.tokens.size()) >= s.model->n_ctx) ending.push_back({&s, "context"});
   }
+  // After every token of the step is out: finishing writes the database (a
+  // disk sync each), which must not delay the other sequences' tokens.
+  for (auto& [s, reason] : ending) finish(*s, JobState::Completed, reason);
   std::erase_if(running_, [](const auto& s) { return s->done; });
   {
     std::lock_guard<std::mutex> lock(mu_);
