@@ -289,6 +289,149 @@ TEST(SdModel, SingleFileAndDiffusersFolderGiveTheSameBits) {
   EXPECT_NE(std::vector<float>(oa.unet.begin(), oa.unet.begin() + 256), std::vector<float>(oa.unet.begin() + 256, oa.unet.end()));
 }
 
+// ---- .ckpt: the same tensors written the way torch.save does ----------------
+//
+// A PyTorch zip archive (stored entries: NAME/data.pkl, NAME/data/<key>,
+// NAME/byteorder, NAME/version) whose pickle (protocol 2) holds
+// {"global_step": 470000, "state_dict": OrderedDict(name -> tensor)}, each
+// tensor `_rebuild_tensor_v2(persistent storage, 0, size, stride, False,
+// OrderedDict())` as torch.save writes them: the shape of an SD 1.x .ckpt.
+class PickleOut {
+ public:
+  std::string bytes = std::string("\x80\x02", 2);
+  void op(char c) { bytes += c; }
+  void str(const std::string& v) {
+    op('X');
+    u32(static_cast<uint32_t>(v.size()));
+    bytes += v;
+  }
+  void integer(int64_t v) {
+    op('J');
+    u32(static_cast<uint32_t>(static_cast<int32_t>(v)));
+  }
+  void global(const std::string& module, const std::string& name) { bytes += "c" + module + "\n" + name + "\n"; }
+  void ints_tuple(const std::vector<int64_t>& v) {
+    op('(');
+    for (int64_t x : v) integer(x);
+    op('t');
+  }
+  void ordered_dict() {
+    global("collections", "OrderedDict");
+    op(')');
+    op('R');
+  }
+
+ private:
+  void u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes += static_cast<char>((v >> (8 * i)) & 0xFF);
+  }
+};
+
+class ZipOut {
+ public:
+  void add(const std::string& name, const std::string& data) {
+    // Data aligned to 64 bytes as torch.save does, through the extra field.
+    const size_t header = 30 + name.size();
+    const size_t pad = (64 - (out_.size() + header + 4) % 64) % 64 + 4;
+    Entry e{name, out_.size(), data.size()};
+    le(0x04034b50, 4), le(20, 2), le(0, 2), le(0, 2), le(0, 2), le(0, 2), le(0, 4), le(data.size(), 4), le(data.size(), 4);
+    le(name.size(), 2), le(pad, 2);
+    out_ += name;
+    le(0xCAFE, 2), le(pad - 4, 2);
+    out_.append(pad - 4, '\0');
+    out_ += data;
+    entries_.push_back(e);
+  }
+  std::string finish() {
+    const size_t cd = out_.size();
+    for (const Entry& e : entries_) {
+      le(0x02014b50, 4), le(20, 2), le(20, 2), le(0, 2), le(0, 2), le(0, 2), le(0, 2), le(0, 4);
+      le(e.size, 4), le(e.size, 4), le(e.name.size(), 2), le(0, 2), le(0, 2), le(0, 2), le(0, 2), le(0, 4), le(e.offset, 4);
+      out_ += e.name;
+    }
+    const size_t cd_size = out_.size() - cd;
+    le(0x06054b50, 4), le(0, 2), le(0, 2), le(entries_.size(), 2), le(entries_.size(), 2), le(cd_size, 4), le(cd, 4), le(0, 2);
+    return out_;
+  }
+
+ private:
+  struct Entry {
+    std::string name;
+    size_t offset, size;
+  };
+  void le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xFF);
+  }
+  std::string out_;
+  std::vector<Entry> entries_;
+};
+
+std::string write_ckpt(const std::string& src, const std::string& name) {
+  const std::string path = (tmp_dir() / (name + ".ckpt")).string();
+  auto f = formats::SafetensorsFile::open(src);
+  PickleOut pk;
+  ZipOut zip;
+  pk.op('}');
+  pk.op('(');
+  pk.str("global_step");
+  pk.integer(470000);
+  pk.str("state_dict");
+  pk.ordered_dict();
+  pk.op('(');
+  int key = 0;
+  std::vector<std::pair<std::string, std::string>> storages;
+  for (const auto& t : f->tensors()) {
+    const char* storage = t.dtype == formats::ElemType::F16 ? "HalfStorage" : t.dtype == formats::ElemType::BF16 ? "BFloat16Storage" : "FloatStorage";
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    std::vector<int64_t> stride(t.shape.size(), 1);
+    for (size_t i = t.shape.size(); i-- > 1;) stride[i - 1] = stride[i] * t.shape[i];
+    pk.str(t.name);
+    pk.global("torch._utils", "_rebuild_tensor_v2");
+    pk.op('(');
+    pk.op('(');
+    pk.str("storage");
+    pk.global("torch", storage);
+    pk.str(std::to_string(key));
+    pk.str("cpu");
+    pk.integer(numel);
+    pk.op('t');
+    pk.op('Q');  // BINPERSID
+    pk.integer(0);
+    pk.ints_tuple(t.shape);
+    pk.ints_tuple(stride);
+    pk.op('\x89');  // False
+    pk.ordered_dict();
+    pk.op('t');
+    pk.op('R');
+    storages.emplace_back(std::to_string(key++), std::string(reinterpret_cast<const char*>(t.data), t.bytes));
+  }
+  pk.op('u');  // the state dict's items
+  pk.op('u');  // the top dict's items
+  pk.op('.');
+  zip.add("archive/data.pkl", pk.bytes);
+  zip.add("archive/byteorder", "little");
+  for (const auto& [k, data] : storages) zip.add("archive/data/" + k, data);
+  zip.add("archive/version", "3\n");
+  std::ofstream(path, std::ios::binary) << zip.finish();
+  return path;
+}
+
+TEST(SdModel, CkptFromTorchSaveGivesTheSameBits) {
+  for (const char* type : {"f32", "f16"}) {
+    const std::string file = synth("sd15", type);
+    const auto a = SdModel::open(file);
+    const auto b = SdModel::open(write_ckpt(file, std::string("ckpt_") + type));
+    EXPECT_EQ(b->version(), SdVersion::sd1);
+    EXPECT_EQ(b->info().unet.heads, a->info().unet.heads);
+    const Outputs oa = run_all(*a), ob = run_all(*b);
+    EXPECT_EQ(oa.text, ob.text) << type;
+    EXPECT_EQ(oa.unet, ob.unet) << type;
+    EXPECT_EQ(oa.decoded, ob.decoded) << type;
+    EXPECT_EQ(oa.encoded, ob.encoded) << type;
+  }
+}
+
 TEST(SdModel, F16WeightsCloseToF32) {
   const Outputs a = run_all(*SdModel::open(synth("sd15", "f32")));
   const Outputs b = run_all(*SdModel::open(synth("sd15", "f16")));
