@@ -21,6 +21,7 @@ const std::string kModel = std::string(ATELIER_FIXTURES_DIR) + "/image/quickdraw
 struct PngFacts {
   uint32_t width = 0, height = 0;
   std::map<std::string, std::string> text;  // tEXt and uncompressed iTXt
+  std::string idat;                         // the compressed pixels, all IDAT chunks
 };
 
 uint32_t be32(const std::string& s, size_t p) {
@@ -41,6 +42,8 @@ PngFacts scan_png(const std::string& b) {
     if (type == "IHDR" && len >= 8) {
       f.width = be32(data, 0);
       f.height = be32(data, 4);
+    } else if (type == "IDAT") {
+      f.idat += data;
     } else if (type == "tEXt") {
       const size_t nul = data.find('\0');
       if (nul != std::string::npos) f.text[data.substr(0, nul)] = data.substr(nul + 1);
@@ -145,4 +148,36 @@ TEST(CliImage, MissingOutputFolderIsAClearError) {
   auto r = atelier::test::run_atelier({"image", "-m", kModel, "-p", "owl", "-W", "64", "-H", "64", "-o", "/nonexistent-atelier-dir/o.png"});
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("/nonexistent-atelier-dir/o.png"), std::string::npos) << r.err;
+}
+
+// A Stable Diffusion checkpoint imported into the store with CLIP's vocabulary
+// (role tokenizer) generates by name: blobs have no file extension, and the
+// vocabulary comes from the version, not from a flag. Steps show as JSON
+// events and previews, and the image equals the one made from the files.
+TEST(CliImage, StableDiffusionFromTheStoreByName) {
+  const fs::path dir = temp_dir() / "sd";
+  fs::create_directories(dir);
+  const std::string ckpt = (dir / "narrow.safetensors").string(), store = (dir / "store").string();
+  const std::string vocab = std::string(ATELIER_FIXTURES_DIR) + "/clip/bpe_simple_vocab_16e6.txt.gz";
+  ASSERT_EQ(atelier::test::run_atelier({"models", "synth", "--arch", "sd15", "--width-mult", "0.1", "-o", ckpt}).code, 0);
+  auto imp = atelier::test::run_atelier({"models", "import", ckpt, vocab, "--name", "sd-narrow", "--role", "model", "--role",
+                                         "tokenizer", "--store", store});
+  ASSERT_EQ(imp.code, 0) << imp.err;
+  auto r = atelier::test::run_atelier({"image", "-m", "sd-narrow", "--store", store, "-p", "a red fox", "-W", "64", "-H", "64",
+                                       "--steps", "3", "--seed", "11", "--preview-dir", (dir / "prev").string(), "--json",
+                                       "-o", (dir / "by-name.png").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  int steps = 0;
+  for (size_t p = 0; (p = r.out.find("\"event\":\"step\"", p)) != std::string::npos; ++p) ++steps;
+  EXPECT_EQ(steps, 3) << r.out;
+  EXPECT_TRUE(fs::exists(dir / "prev" / "001-003.png"));
+  auto f = atelier::test::run_atelier({"image", "-m", ckpt, "--tokenizer", vocab, "-p", "a red fox", "-W", "64", "-H", "64",
+                                       "--steps", "3", "--seed", "11", "-o", (dir / "by-file.png").string()});
+  ASSERT_EQ(f.code, 0) << f.err;
+  const PngFacts a = scan_png(atelier::test::slurp((dir / "by-name.png").string()));
+  const PngFacts b = scan_png(atelier::test::slurp((dir / "by-file.png").string()));
+  EXPECT_EQ(a.width, 64u);
+  EXPECT_NE(a.text.at("parameters").find("Model: sd-narrow@1"), std::string::npos) << a.text.at("parameters");
+  EXPECT_EQ(a.idat, b.idat);  // the same pixels
+  fs::remove_all(dir);
 }

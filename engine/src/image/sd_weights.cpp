@@ -36,9 +36,6 @@ kernels::WeightView Weight::view() const {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
@@ -200,6 +197,17 @@ std::string WeightStore::shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+namespace {
+// PyTorch checkpoints (torch.save since 1.6) are zip archives; everything
+// else here is read as safetensors, whose reader names what is wrong.
+bool is_zip_file(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(magic, 4);
+  return f.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0;
+}
+}  // namespace
+
 void WeightStore::add_file(const std::string& file, const std::string& component) {
   auto src = std::make_unique<Source>();
   struct Item {
@@ -207,7 +215,7 @@ void WeightStore::add_file(const std::string& file, const std::string& component
     TensorRef ref;
   };
   std::vector<Item> items;
-  if (ends_with(file, ".safetensors")) {
+  if (!is_zip_file(file)) {  // by content: store blobs have no extension
     src->st = formats::SafetensorsFile::open(file);
     for (const auto& t : src->st->tensors()) items.push_back({t.name, {t.dtype, t.shape, t.data}});
     if (component.empty())
