@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "text/sampler.h"
@@ -157,4 +159,34 @@ TEST(Sampler, TopKKeepsHighestAndBreaksTiesByLowerId) {
   EXPECT_GT(seen[2], 0);
   EXPECT_GT(seen[4], 0);
   EXPECT_GT(seen[6], 0);
+}
+
+TEST(Sampler, TopKOnALargeVocabularyKeepsExactlyTheTrueTopK) {
+  // 32000 logits: noise below 1, and 200 tokens tied at 5 spread over the ids
+  // (the running bound of the selection rises while they keep coming). Top-k
+  // 40 must keep the 40 lowest ids among the tied ones, nothing else.
+  std::vector<float> base(32000);
+  uint32_t x = 12345;
+  for (auto& f : base) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(x >> 8) / 16777216.0f;
+  }
+  std::vector<int> tied;
+  for (int id = 31999; id >= 0 && tied.size() < 200; id -= 157) {
+    base[static_cast<size_t>(id)] = 5.0f;
+    tied.push_back(id);
+  }
+  std::sort(tied.begin(), tied.end());
+  const std::set<int> expect(tied.begin(), tied.begin() + 40);
+  SamplingParams p = plain(1.0f);
+  p.top_k = 40;
+  Sampler s(p);
+  std::map<int, int> seen;
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<float> l = base;
+    ++seen[s.sample(l.data(), 32000)];
+  }
+  std::set<int> got;
+  for (const auto& [id, n] : seen) got.insert(id);
+  EXPECT_EQ(got, expect);
 }

@@ -1,6 +1,7 @@
 #include "text/sampler.h"
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -69,11 +70,32 @@ int32_t Sampler::sample(float* logits, int n_vocab) {
       if (logits[i] > logits[best]) best = i;
     return best;
   }
-  cand_.resize(static_cast<size_t>(n_vocab));
-  for (int32_t i = 0; i < n_vocab; ++i) cand_[static_cast<size_t>(i)] = {i, logits[i], 0.0f};
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
+  const size_t k = p_.top_k > 0 ? static_cast<size_t>(p_.top_k) : 0;
+  cand_.clear();
+  if (k > 0 && k * 8 < static_cast<size_t>(n_vocab)) {
+    // Only logits at or above a running bound can be among the top k: the
+    // bound is the k-th largest of what was kept so far, so every token of
+    // the true top k (ties included) is kept, and a vocabulary of 32k-150k
+    // is reduced to a few times k before the exact selection below.
+    float bound = -std::numeric_limits<float>::infinity();
+    for (int32_t i = 0; i < n_vocab; ++i) {
+      if (!(logits[i] >= bound)) continue;
+      cand_.push_back({i, logits[i], 0.0f});
+      if (cand_.size() >= 4 * k) {
+        std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k - 1), cand_.end(), by_logit);
+        bound = cand_[k - 1].logit;
+        cand_.erase(std::remove_if(cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
+                                   [bound](const Candidate& c) { return c.logit < bound; }),
+                    cand_.end());
+      }
+    }
+  } else {
+    cand_.resize(static_cast<size_t>(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) cand_[static_cast<size_t>(i)] = {i, logits[i], 0.0f};
+  }
   size_t n = cand_.size();
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
     // Select the top k in linear time, then order only those: the same k
