@@ -1,4 +1,5 @@
-// AVX2 helpers of the image ops (image_ops_avx2.cpp). Private to kernels/cpu.
+// AVX2 helpers of the image ops (image_ops_avx2.cpp) and the AVX-512
+// conv2d / attention (image_ops_avx512.cpp). Private to kernels/cpu.
 #pragma once
 
 #include <atelier/kernels.h>
@@ -14,3 +15,14 @@ void activation(Activation a, const float* x, float* y, int64_t n);
 void geglu_row(const float* value, const float* gate, float* y, int64_t n);
 
 }  // namespace atelier::kernels::cpu::avx2
+
+namespace atelier::kernels::cpu::avx512 {
+
+// The avx512 level's conv2d (direct blocked GEMM over output pixels; F32, F16
+// or BF16 weights) and attention (register-tiled flash attention); same
+// contracts as the public entry points (shape already validated).
+void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias, float* y,
+            Executor* ex);
+void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out, Executor* ex);
+
+}  // namespace atelier::kernels::cpu::avx512

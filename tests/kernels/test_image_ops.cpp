@@ -3,6 +3,7 @@
 // worked out by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -78,6 +79,65 @@ TEST(ImageOps, Conv2dMatchesReference) {
       conv2d(s, x.data(), DType::F16, wh.data(), bias.data(), y.data());
       conv2d_ref(s, x.data(), DType::F16, wh.data(), bias.data(), ref.data());
       expect_close(y, ref, 2e-6 * std::sqrt(double(K)), 1e-6, level + " f16 " + conv_name(s));
+    }
+  }
+}
+
+// The AVX-512 conv2d's blocking: K chunks of 256 taps (c_in 40 x 3x3 = 360,
+// a 1x1 over 300 channels, 630 taps in three chunks), pixel blocks of 256 and
+// register tiles of 64 pixels (20x17 = 340 pixels, 1x1 to 5x5 images),
+// channel tiles of 6 (7, 13 outputs), strides, padding wider than the image,
+// F16 and BF16 weights; every level against the reference, and the batch and
+// thread split never change an image's bits.
+TEST(ImageOps, Conv2dBlockingAndInvariance) {
+  struct Case { int64_t n, ci, h, w, co, kh, kw, sh, sw, ph, pw; };
+  const std::vector<Case> cases{
+      {3, 40, 20, 17, 13, 3, 3, 1, 1, 1, 1},  // 360 taps = 256 + 104; 340 pixels = 256 + 84
+      {2, 300, 5, 7, 7, 1, 1, 1, 1, 0, 0},    // 1x1, K 300 over two chunks, 35 pixels
+      {2, 70, 9, 11, 6, 3, 3, 2, 2, 1, 1},    // strided 630 taps
+      {3, 3, 1, 1, 19, 3, 3, 1, 1, 1, 1},     // one pixel, padding all round
+      {1, 5, 4, 5, 2, 5, 5, 1, 1, 3, 3},      // padding wider than the kernel reach
+      {2, 17, 16, 16, 12, 3, 3, 1, 1, 1, 1},  // exactly one 256-pixel block
+      {1, 9, 33, 9, 8, 2, 3, 3, 1, 0, 2},     // rectangular kernel, mixed strides
+  };
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (const Case& c : cases) {
+      Conv2dShape s;
+      s.n = c.n, s.c_in = c.ci, s.h = c.h, s.w = c.w, s.c_out = c.co, s.kh = c.kh, s.kw = c.kw;
+      s.stride_h = c.sh, s.stride_w = c.sw, s.pad_h = c.ph, s.pad_w = c.pw;
+      ASSERT_TRUE(s.valid()) << conv_name(s);
+      const int64_t K = s.c_in * s.kh * s.kw, img_in = s.c_in * s.h * s.w, img_out = s.c_out * s.out_h() * s.out_w();
+      const auto x = random_floats(s.n * img_in, 81);
+      const auto w = random_floats(s.c_out * K, 82, 0.3f);
+      const auto bias = random_floats(s.c_out, 83);
+      std::vector<uint16_t> wh(w.size()), wb(w.size());
+      for (size_t i = 0; i < w.size(); ++i) wh[i] = f32_to_fp16(w[i]), wb[i] = f32_to_bf16(w[i]);
+      for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+        const void* wp = t == DType::F32 ? static_cast<const void*>(w.data())
+                         : t == DType::F16 ? static_cast<const void*>(wh.data())
+                                           : static_cast<const void*>(wb.data());
+        const std::string what = level + " " + std::string(dtype_name(t)) + " " + conv_name(s);
+        std::vector<float> y(static_cast<size_t>(s.n * img_out)), ref(y.size());
+        conv2d(s, x.data(), t, wp, bias.data(), y.data());
+        conv2d_ref(s, x.data(), t, wp, bias.data(), ref.data());
+        expect_close(y, ref, 2e-6 * std::sqrt(double(K)), 1e-6, what);
+        for (int threads : {2, 3, 7}) {
+          TestExecutor ex(threads);
+          std::vector<float> yt(y.size());
+          conv2d(s, x.data(), t, wp, bias.data(), yt.data(), &ex);
+          ASSERT_EQ(y, yt) << threads << " threads changed " << what;
+        }
+        // Each image alone (batch 1) gives the bits it got in the batch.
+        Conv2dShape one = s;
+        one.n = 1;
+        for (int64_t b = 0; b < s.n; ++b) {
+          std::vector<float> yb(static_cast<size_t>(img_out));
+          TestExecutor ex(2);
+          conv2d(one, x.data() + b * img_in, t, wp, bias.data(), yb.data(), &ex);
+          ASSERT_TRUE(std::equal(yb.begin(), yb.end(), y.begin() + b * img_out)) << "batch changed image " << b << " " << what;
+        }
+      }
     }
   }
 }
@@ -223,6 +283,48 @@ TEST(ImageOps, AttentionMatchesReference) {
       TestExecutor ex(3);
       attention(s, q.data(), k.data(), v.data(), y3.data(), &ex);
       ASSERT_EQ(y, y3) << "thread split changed attention";
+    }
+  }
+}
+
+// The AVX-512 attention's blocking: query tiles of 8 in blocks of 32 (lq 1,
+// 7, 33, 100), key strips of 48 in softmax blocks of 192 (lk 47, 49, 193,
+// 400, 77), head dims off the 16-lane grid (17, 80, 160) and the VAE's 512;
+// against the reference at every level, and each image and head keeps its
+// bits whatever the batch or the thread split.
+TEST(ImageOps, AttentionBlockingAndInvariance) {
+  struct Case { int64_t batch, heads, lq, lk, d; };
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (const Case& c : {Case{2, 2, 33, 193, 17}, Case{3, 1, 7, 47, 80}, Case{2, 2, 100, 400, 40},
+                          Case{1, 3, 1, 49, 160}, Case{2, 1, 40, 77, 512}, Case{2, 8, 64, 77, 40}}) {
+      AttentionShape s;
+      s.batch = c.batch, s.heads = c.heads, s.lq = c.lq, s.lk = c.lk, s.head_dim = c.d;
+      const int64_t width = c.heads * c.d;
+      // Large logits (scale 3 over 17..512 dims): the online softmax's
+      // running maximum moves between key blocks.
+      const auto q = random_floats(c.batch * c.lq * width, 91, 3.0f);
+      const auto k = random_floats(c.batch * c.lk * width, 92, 3.0f);
+      const auto v = random_floats(c.batch * c.lk * width, 93);
+      const std::string what = level + " attention lq " + std::to_string(c.lq) + " lk " + std::to_string(c.lk) +
+                               " d " + std::to_string(c.d);
+      std::vector<float> y(q.size()), ref(q.size());
+      attention(s, q.data(), k.data(), v.data(), y.data());
+      attention_ref(s, q.data(), k.data(), v.data(), ref.data());
+      expect_close(y, ref, 1e-5, 1e-6, what);
+      for (int threads : {2, 5}) {
+        TestExecutor ex(threads);
+        std::vector<float> yt(y.size());
+        attention(s, q.data(), k.data(), v.data(), yt.data(), &ex);
+        ASSERT_EQ(y, yt) << threads << " threads changed " << what;
+      }
+      AttentionShape one = s;
+      one.batch = 1;
+      for (int64_t b = 0; b < c.batch; ++b) {
+        std::vector<float> yb(static_cast<size_t>(c.lq * width));
+        attention(one, q.data() + b * c.lq * width, k.data() + b * c.lk * width, v.data() + b * c.lk * width, yb.data());
+        ASSERT_TRUE(std::equal(yb.begin(), yb.end(), y.begin() + b * c.lq * width)) << "batch changed image " << b << " " << what;
+      }
     }
   }
 }
