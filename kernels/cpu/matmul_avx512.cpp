@@ -85,8 +85,16 @@ AI void store_rows(const MatmulArgs& a, int64_t m0, int64_t r0, __m512 (&acc)[NM
       const __m128 s = reduce4(acc[m][r], r + 1 < NR ? acc[m][r + 1] : z, r + 2 < NR ? acc[m][r + 2] : z,
                                r + 3 < NR ? acc[m][r + 3] : z);
       const int n = NR - r < 4 ? NR - r : 4;
-      if (n == 4) _mm_storeu_ps(y + r, s);
-      else _mm_mask_storeu_ps(y + r, static_cast<__mmask8>((1u << n) - 1), s);
+      if (n == 4) {
+        _mm_storeu_ps(y + r, s);
+      } else {
+        // Not a masked store: GCC emits it as vextractf32x4 to memory with a
+        // mask, which faults on this Zen 4 when a masked-out lane lies in an
+        // unmapped page (the row's end at a page end; tested with a guard page).
+        alignas(16) float t[4];
+        _mm_store_ps(t, s);
+        for (int i = 0; i < n; ++i) y[r + i] = t[i];
+      }
     }
   }
 }
