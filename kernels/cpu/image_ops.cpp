@@ -23,21 +23,12 @@ namespace atelier::kernels {
 
 using cpu::active_simd;
 using cpu::Simd;
+using cpu::run_parallel;
 
 namespace {
 
 bool use_avx2() { return active_simd() != Simd::scalar; }
 
-// Runs fn over [0, n) on the executor when there is one and more than one unit.
-template <class Fn>
-void run_parallel(Executor* ex, int64_t n, Fn&& fn) {
-  if (n <= 0) return;
-  if (!ex || ex->threads() <= 1 || n == 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  ex->parallel_for(n, [&](int64_t b, int64_t e) { fn(b, e); });
-}
 
 std::vector<float> weights_f32(DType t, const void* w, int64_t rows, int64_t cols) {
   std::vector<float> out(static_cast<size_t>(rows * cols));

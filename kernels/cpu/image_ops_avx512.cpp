@@ -38,16 +38,6 @@ namespace atelier::kernels::cpu::avx512 {
 
 namespace {
 
-template <class Fn>
-void run_parallel(Executor* ex, int64_t n, Fn&& fn) {
-  if (n <= 0) return;
-  if (!ex || ex->threads() <= 1 || n == 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  ex->parallel_for(n, [&](int64_t b, int64_t e) { fn(b, e); });
-}
-
 // Lanes [0, n) for n clamped to [0, 16].
 __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
 

@@ -6,6 +6,21 @@
 
 #include <cstdint>
 
+namespace atelier::kernels::cpu {
+
+// Runs fn over [0, n) on the executor when there is one and more than one unit.
+template <class Fn>
+void run_parallel(Executor* ex, int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  if (!ex || ex->threads() <= 1 || n == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  ex->parallel_for(n, [&](int64_t b, int64_t e) { fn(b, e); });
+}
+
+}  // namespace atelier::kernels::cpu
+
 namespace atelier::kernels::cpu::avx2 {
 
 // x[i] = exp(x[i] - m) for i < n; returns the sum of the new values.
