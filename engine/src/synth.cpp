@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "formats/gguf.h"
 #include "image/sd_model.h"
 #include "text_model_impl.h"
@@ -29,16 +30,7 @@ constexpr Preset kPresets[] = {
     {"1B", 2048, 5632, 22, 32, 4, 32000, 2048, false},
 };
 
-struct Rng {  // SplitMix64: cheap, deterministic, platform-independent
-  uint64_t x;
-  uint64_t next() {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform_pm1() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-52 - 1.0); }
-};
+using Rng = SplitMix64;
 
 uint64_t name_hash(const std::string& s, uint64_t seed) {
   uint64_t h = 1469598103934665603ull ^ seed;

@@ -48,16 +48,6 @@ Names names_of(const WeightStore& ws, bool* open_clip) {
                           "cond_stage_model.model.* as in SD 2.x); not a Stable Diffusion 1.x/2.x checkpoint?");
 }
 
-int parse_int(const std::string& s, const std::string& what) {
-  try {
-    size_t used = 0;
-    const int v = std::stoi(s, &used);
-    if (used == s.size() && v > 0) return v;
-  } catch (...) {
-  }
-  throw Error(what + ": '" + s + "' is not a positive integer");
-}
-
 void add_bias(float* y, const std::vector<float>& b, int64_t rows) {
   const size_t n = b.size();
   for (int64_t r = 0; r < rows; ++r)
@@ -83,8 +73,8 @@ ClipConfig detect_clip(const WeightStore& ws, int clip_skip) {
   while (ws.has(n.layer(c.layers) + ln)) ++c.layers;
   if (c.layers == 0) throw Error(ws.path() + ": text encoder has no layers (" + n.layer(0) + ln + " missing)");
   c.heads = c.width / 64;
-  if (auto m = ws.meta("atelier.clip.num_heads")) c.heads = parse_int(*m, ws.path() + ": atelier.clip.num_heads");
-  else if (auto d = ws.meta("diffusers.text.num_attention_heads")) c.heads = parse_int(*d, ws.path() + ": text_encoder num_attention_heads");
+  if (auto m = ws.meta("atelier.clip.num_heads")) c.heads = parse_positive(*m, ws.path() + ": atelier.clip.num_heads");
+  else if (auto d = ws.meta("diffusers.text.num_attention_heads")) c.heads = parse_positive(*d, ws.path() + ": text_encoder num_attention_heads");
   if (c.heads <= 0 || c.width % c.heads)
     throw Error(ws.path() + ": text encoder width " + std::to_string(c.width) + " does not split into " + std::to_string(c.heads) + " heads");
   c.quick_gelu = !c.open_clip;

@@ -95,13 +95,17 @@ DenoiseFn make_denoiser(ModelFn model, const NoiseSchedule& schedule, Prediction
     std::vector<float> scaled(n), out(n);
     for (size_t i = 0; i < n; ++i) scaled[i] = static_cast<float>(x[i] * c_in);
     model(scaled.data(), schedule.sigma_to_t(sigma), out.data());
-    if (prediction == Prediction::epsilon) {
-      for (size_t i = 0; i < n; ++i) x0[i] = static_cast<float>(x[i] - sigma * out[i]);
-    } else {
-      const double c_skip = 1.0 / (sigma * sigma + 1.0), c_out = -sigma * c_in;
-      for (size_t i = 0; i < n; ++i) x0[i] = static_cast<float>(x[i] * c_skip + out[i] * c_out);
-    }
+    x0_from_output(x, out.data(), sigma, prediction, n, x0);
   };
+}
+
+void x0_from_output(const float* x, const float* out, double sigma, Prediction prediction, size_t n, float* x0) {
+  if (prediction == Prediction::epsilon) {
+    for (size_t i = 0; i < n; ++i) x0[i] = static_cast<float>(x[i] - sigma * out[i]);
+  } else {
+    const double c_in = 1.0 / std::sqrt(sigma * sigma + 1.0), c_skip = 1.0 / (sigma * sigma + 1.0), c_out = -sigma * c_in;
+    for (size_t i = 0; i < n; ++i) x0[i] = static_cast<float>(x[i] * c_skip + out[i] * c_out);
+  }
 }
 
 // ---- samplers -------------------------------------------------------------------

@@ -71,6 +71,10 @@ using DenoiseFn = std::function<void(const float* x, double sigma, float* x0)>;
 //   epsilon: x0 = x - sigma * eps
 //   v:       x0 = x / (sigma^2 + 1) - sigma / sqrt(sigma^2 + 1) * v
 DenoiseFn make_denoiser(ModelFn model, const NoiseSchedule& schedule, Prediction prediction, size_t n);
+// The same formulas on an output already computed: x0 from x at sigma and the
+// network's raw output (eps or v), n floats. (The pipeline batches the network
+// calls itself and applies guidance to the outputs first.)
+void x0_from_output(const float* x, const float* out, double sigma, Prediction prediction, size_t n, float* x0);
 
 enum class SamplerKind { euler, euler_ancestral, heun, dpmpp_2m, ddim, lcm };
 // "euler", "euler_a", "heun", "dpmpp_2m", "ddim", "lcm" (also A1111's names:

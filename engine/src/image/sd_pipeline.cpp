@@ -119,13 +119,7 @@ void ImageTask::consume(const float* out, Prediction prediction) {
   const double sigma = sampler_->eval_sigma();
   const std::vector<float>& x = sampler_->eval_x();
   last_x0_.resize(n);
-  // k-diffusion's CompVisDenoiser / CompVisVDenoiser (sampling.h make_denoiser).
-  if (prediction == Prediction::epsilon) {
-    for (size_t i = 0; i < n; ++i) last_x0_[i] = static_cast<float>(x[i] - sigma * model_out[i]);
-  } else {
-    const double c_in = 1.0 / std::sqrt(sigma * sigma + 1.0), c_skip = 1.0 / (sigma * sigma + 1.0), c_out = -sigma * c_in;
-    for (size_t i = 0; i < n; ++i) last_x0_[i] = static_cast<float>(x[i] * c_skip + model_out[i] * c_out);
-  }
+  x0_from_output(x.data(), model_out.data(), sigma, prediction, n, last_x0_.data());
   // Inpainting with a regular model (A1111): the kept region's x0 is the init latent.
   if (!mask_.empty())
     for (size_t i = 0; i < n; ++i) last_x0_[i] = init_latent_[i] * (1.0f - mask_[i]) + last_x0_[i] * mask_[i];

@@ -180,6 +180,16 @@ nlohmann::json read_json(const fs::path& p) {
 
 }  // namespace
 
+int parse_positive(const std::string& s, const std::string& what) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(s, &used);
+    if (used == s.size() && v > 0) return v;
+  } catch (...) {
+  }
+  throw Error(what + ": '" + s + "' is not a positive integer");
+}
+
 std::string diffusers_to_original(const std::string& component, const std::string& name,
                                   const std::vector<bool>& up_attention) {
   if (component == "unet") return map_unet(name, up_attention);

@@ -138,4 +138,8 @@ void from_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
 std::string diffusers_to_original(const std::string& component, const std::string& name,
                                   const std::vector<bool>& up_attention = {false, true, true, true});
 
+// A metadata value that must be a positive integer (head counts, head
+// widths); throws Error("WHAT: 'S' is not a positive integer") otherwise.
+int parse_positive(const std::string& s, const std::string& what);
+
 }  // namespace atelier::image

@@ -145,16 +145,6 @@ struct SpatialTransformer {
   }
 };
 
-int parse_positive(const std::string& s, const std::string& what) {
-  try {
-    size_t used = 0;
-    const int v = std::stoi(s, &used);
-    if (used == s.size() && v > 0) return v;
-  } catch (...) {
-  }
-  throw Error(what + ": '" + s + "' is not a positive integer");
-}
-
 }  // namespace
 
 // One entry of input_blocks / output_blocks / middle_block, in order.
