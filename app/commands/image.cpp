@@ -17,18 +17,6 @@
 
 namespace atelier::app {
 
-namespace {
-
-// OUT.png for one image; OUT-1.png ... OUT-N.png for a batch.
-std::string output_path(const std::string& out, int index, int count) {
-  if (count == 1) return out;
-  const std::filesystem::path p(out);
-  std::filesystem::path stem = p.parent_path() / p.stem();
-  return stem.string() + "-" + std::to_string(index + 1) + p.extension().string();
-}
-
-}  // namespace
-
 void add_image_commands(CLI::App& root, int& exit_code) {
   struct Options {
     ImageRequest request;
@@ -113,7 +101,7 @@ void add_image_commands(CLI::App& root, int& exit_code) {
     const int n = static_cast<int>(r->size());
     for (int i = 0; i < n; ++i) {
       const ImageResult& img = r.value()[i];
-      const std::string path = output_path(o->out, i, n);
+      const std::string path = numbered_output_path(o->out, i, n);
       if (Status st = write_png(img, o->request, path); !st.ok()) {
         exit_code = fail(st);
         return;

@@ -284,22 +284,18 @@ int run_batch(const BatchOptions& o) {
     json r = {{"line", l.number},
               {"job", l.job},
               {"state", job_state_name(j.state)},
-              {"text", j.text},
-              {"stop_reason", j.stop_reason},
-              {"prompt_tokens", j.stats.prompt_tokens},
-              {"new_tokens", j.stats.new_tokens},
-              {"tokens_per_s", j.stats.tokens_per_s},
               {"seed", j.seed},
               {"model_version", j.model_version},
               {"model_name", j.model_name}};
     if (l.image) {
-      r.erase("text");
-      r.erase("stop_reason");
-      r.erase("prompt_tokens");
-      r.erase("new_tokens");
-      r.erase("tokens_per_s");
       r["kind"] = "image";
       r["files"] = j.files;
+    } else {
+      r["text"] = j.text;
+      r["stop_reason"] = j.stop_reason;
+      r["prompt_tokens"] = j.stats.prompt_tokens;
+      r["new_tokens"] = j.stats.new_tokens;
+      r["tokens_per_s"] = j.stats.tokens_per_s;
     }
     if (j.state != JobState::Completed) {
       r["error"] = j.error.empty() ? std::string(job_state_name(j.state)) : j.error;

@@ -167,6 +167,21 @@ Result<TextRequest> prepare(const TextRequest& request, const std::string& store
   }
   return r;
 }
+
+// Stores jobs in one transaction, announces them and wakes the executor.
+Result<std::vector<JobId>> insert_jobs(Engine::Impl& impl, const std::vector<runtime::NewJob>& jobs) {
+  return guarded([&]() -> Result<std::vector<JobId>> {
+    std::vector<JobId> ids = impl.db->insert_many(jobs, epoch_ms());
+    for (JobId id : ids) {
+      Event ev;
+      ev.type = EventType::Queued;
+      ev.job = id;
+      impl.hub.publish(ev);
+    }
+    if (impl.scheduler) impl.scheduler->notify();
+    return ids;
+  });
+}
 }  // namespace
 
 Result<JobId> Engine::submit(const TextRequest& request) {
@@ -186,33 +201,18 @@ Result<std::vector<JobId>> Engine::submit_many(const std::vector<TextRequest>& r
     }
     jobs.push_back({request_to_json(r.value()), r->priority, r->interactive, r->sampling.seed});
   }
-  return guarded([&]() -> Result<std::vector<JobId>> {
-    std::vector<JobId> ids = impl_->db->insert_many(jobs, epoch_ms());
-    for (JobId id : ids) {
-      Event ev;
-      ev.type = EventType::Queued;
-      ev.job = id;
-      impl_->hub.publish(ev);
-    }
-    if (impl_->scheduler) impl_->scheduler->notify();
-    return ids;
-  });
+  return insert_jobs(*impl_, jobs);
 }
+
 
 Result<JobId> Engine::submit(const ImageRequest& request) {
   if (Status st = validate_image_request(request); !st.ok()) return st;
   ImageRequest r = request;
   // Fixed now, so the job's images are the same whenever (and however often) it runs.
   if (r.seed == SamplingParams::kRandomSeed) r.seed = pick_image_seed();
-  return guarded([&]() -> Result<JobId> {
-    const std::vector<JobId> ids = impl_->db->insert_many({{image_request_to_json(r), r.priority, r.interactive, r.seed}}, epoch_ms());
-    Event ev;
-    ev.type = EventType::Queued;
-    ev.job = ids.front();
-    impl_->hub.publish(ev);
-    if (impl_->scheduler) impl_->scheduler->notify();
-    return ids.front();
-  });
+  auto ids = insert_jobs(*impl_, {{image_request_to_json(r), r.priority, r.interactive, r.seed}});
+  if (!ids.ok()) return ids.status();
+  return ids.value().front();
 }
 
 Status Engine::cancel(JobId id) {

@@ -65,19 +65,8 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request) { r
 Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir,
                                                 const ImageProgressFn& progress) {
   if (Status st = validate_image_request(request); !st.ok()) return st;
-  ResolvedModel folder;
-  Result<ResolvedModel> resolved = folder;
-  std::error_code ec;
-  if (std::filesystem::is_directory(request.model, ec)) {
-    // A diffusers folder: no single file to hash or to keep in the store.
-    folder.path = folder.display = request.model;
-    resolved = folder;
-  } else {
-    ResolveOptions ro;
-    ro.check_digest = true;  // a damaged blob is refused; the digest also gives A1111's model hash
-    resolved = resolve_model(request.model, store_dir, ro);
-    if (!resolved.ok()) return resolved.status();
-  }
+  const Result<ResolvedModel> resolved = resolve_image_model(request.model, store_dir);
+  if (!resolved.ok()) return resolved.status();
   const std::string& path = resolved->path;
   return guarded([&]() -> Result<std::vector<ImageResult>> {
     // Store blobs have no extension: look at the header, not the name.
@@ -125,6 +114,12 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
     }
     return out;
   });
+}
+
+std::string numbered_output_path(const std::string& out, int index, int count) {
+  if (count == 1) return out;
+  const std::filesystem::path p(out);
+  return ((p.parent_path() / p.stem()).string() + "-" + std::to_string(index + 1) + p.extension().string());
 }
 
 Status write_preview_png(const ImageProgress& p, const std::string& path) {

@@ -152,6 +152,18 @@ uint64_t pick_image_seed() {
   return rd();  // 32 bits, like A1111's random seeds
 }
 
+Result<ResolvedModel> resolve_image_model(const std::string& ref, const std::string& store_dir) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(ref, ec)) {
+    ResolvedModel folder;
+    folder.path = folder.display = ref;
+    return folder;
+  }
+  ResolveOptions ro;
+  ro.check_digest = true;
+  return resolve_model(ref, store_dir, ro);
+}
+
 bool is_one_pass_image_model(const ResolvedModel& resolved, const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return false;

@@ -27,6 +27,11 @@ std::string a1111_parameters(const std::string& prompt, const std::string& negat
                              float cfg, uint64_t seed, int w, int h, const std::string& hash, const std::string& model,
                              const std::string& schedule = "", const std::string& extra = "");
 
+// An image model reference: a diffusers folder as it is (no single file to
+// hash or to keep in the store), else resolve_model with the digest checked
+// (a damaged blob is refused; the digest also gives A1111's model hash).
+Result<ResolvedModel> resolve_image_model(const std::string& ref, const std::string& store_dir);
+
 // True when PATH is a one-pass generator (the QuickDraw CVAE) rather than a
 // diffusion model: generate_image runs it whole, no steps to batch.
 bool is_one_pass_image_model(const ResolvedModel& resolved, const std::string& path);

@@ -215,13 +215,7 @@ void Scheduler::run() {
           finish_image(*j, JobState::Cancelled);
           found = true;
         }
-      if (!found && !finished_.count(id)) {  // cancelled while still only in the database
-        Event ev;
-        ev.type = EventType::Cancelled;
-        ev.job = id;
-        hub_.publish(ev);
-        metrics_.on_finish(JobState::Cancelled, now);
-      }
+      if (!found && !finished_.count(id)) announce_cancelled(id, now);  // cancelled while still only in the database
       known_.insert(id);
     }
     std::erase_if(waiting_, [](const auto& s) { return s->done; });
@@ -341,22 +335,14 @@ void Scheduler::refresh_queue(int64_t now) {
     if (!queued.count(j->id)) {
       j->done = true;
       finished_.insert(j->id);
-      Event ev;
-      ev.type = EventType::Cancelled;
-      ev.job = j->id;
-      hub_.publish(ev);
-      metrics_.on_finish(JobState::Cancelled, now);
+      announce_cancelled(j->id, now);
     }
   }
   std::erase_if(image_waiting_, [](const auto& j) { return j->done; });
   for (auto& s : waiting_) {
     if (!s->started_once && !queued.count(s->id)) {
       s->done = true;
-      Event ev;
-      ev.type = EventType::Cancelled;
-      ev.job = s->id;
-      hub_.publish(ev);
-      metrics_.on_finish(JobState::Cancelled, now);
+      announce_cancelled(s->id, now);
     }
   }
   std::erase_if(waiting_, [](const auto& s) { return s->done; });
@@ -723,6 +709,14 @@ void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string
   metrics_.on_finish(state, now);
 }
 
+void Scheduler::announce_cancelled(JobId id, int64_t now) {
+  Event ev;
+  ev.type = EventType::Cancelled;
+  ev.job = id;
+  hub_.publish(ev);
+  metrics_.on_finish(JobState::Cancelled, now);
+}
+
 void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
   db_.fail(id, "invalid_request", error.message, now);
   Event ev;
@@ -736,21 +730,7 @@ void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
 
 // ---- image jobs ----------------------------------------------------------------
 
-LoadedImage* Scheduler::image_model_for(const ImageRequest& r, Status& error) {
-  ResolvedModel resolved;
-  std::error_code ec;
-  if (std::filesystem::is_directory(r.model, ec)) {
-    resolved.path = resolved.display = r.model;  // a diffusers folder
-  } else {
-    ResolveOptions ro;
-    ro.check_digest = true;
-    auto res = resolve_model(r.model, config_.store_dir, ro);
-    if (!res.ok()) {
-      error = res.status();
-      return nullptr;
-    }
-    resolved = res.value();
-  }
+LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {
   // What load_diffusion reads from the request is part of the key.
   const std::string key = resolved.path + "|" + r.prediction + "|" + r.preview_decoder + "|" + r.tokenizer;
   if (auto it = image_models_.find(key); it != image_models_.end()) return it->second.get();
@@ -783,18 +763,22 @@ void Scheduler::admit_images(int64_t now) {
     if (j.done) continue;
     // A job larger than the whole budget still runs, alone.
     if (images > 0 && images + j.req.batch_size > config_.max_image_batch) break;
-    Status err;
-    // A one-pass generator (QuickDraw) has no steps to share: made here, whole.
-    if (Status one = guarded([&]() -> Status {
-          ResolveOptions ro;
-          ro.check_digest = true;
-          auto res = resolve_model(j.req.model, config_.store_dir, ro);
-          if (!res.ok() || !is_one_pass_image_model(res.value(), res->path)) return Status::error(StatusCode::NotFound, "");
-          j.version = res->digest;
-          j.name = res->in_store ? res->display : res->path;
-          return Status{};
-        });
-        one.ok()) {
+    const Result<ResolvedModel> resolved = resolve_image_model(j.req.model, config_.store_dir);
+    if (!resolved.ok()) {
+      finish_image(j, JobState::Failed, resolved.status());
+      continue;
+    }
+    // A one-pass generator (QuickDraw) has no steps to share: made here,
+    // whole. A header that does not even parse goes the diffusion way, whose
+    // loader names what is wrong.
+    bool one_pass = false;
+    guarded([&]() -> Status {
+      one_pass = is_one_pass_image_model(resolved.value(), resolved->path);
+      return Status{};
+    });
+    if (one_pass) {
+      j.version = resolved->digest;
+      j.name = resolved->in_store ? resolved->display : resolved->path;
       if (!db_.mark_running(j.id, now)) {
         j.done = true;
         continue;
@@ -814,7 +798,8 @@ void Scheduler::admit_images(int64_t now) {
       finish_image(j, JobState::Completed);
       continue;
     }
-    LoadedImage* m = image_model_for(j.req, err);
+    Status err;
+    LoadedImage* m = image_model_for(j.req, resolved.value(), err);
     if (!m) {
       finish_image(j, JobState::Failed, err);
       continue;
@@ -916,11 +901,7 @@ void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
     json seeds = json::array();
     Status written;
     for (size_t i = 0; i < results.size() && written.ok(); ++i) {
-      std::string path = base;
-      if (results.size() > 1) {
-        const std::filesystem::path p(base);
-        path = ((p.parent_path() / p.stem()).string() + "-" + std::to_string(i + 1) + p.extension().string());
-      }
+      const std::string path = numbered_output_path(base, static_cast<int>(i), static_cast<int>(results.size()));
       written = write_png(results[i], j.req, path);
       files.push_back(path);
       seeds.push_back(results[i].seed);

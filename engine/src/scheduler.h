@@ -60,6 +60,7 @@ class Scheduler {
   void end_job(Event ev, JobState state, int64_t now_ms, const std::string& result_json, const std::string& version,
                const std::string& name, const Status& error = {});
   void fail_unreadable(JobId id, const Status& error, int64_t now_ms);  // a stored request that does not parse
+  void announce_cancelled(JobId id, int64_t now_ms);  // a job cancelled before it ran here: event and count
   bool preempt_lowest(const Sequence* keep);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
   double effective_priority(const Sequence& s, int64_t now_ms) const;
@@ -67,7 +68,7 @@ class Scheduler {
   void admit_images(int64_t now_ms);
   void image_step();
   void finish_image(ImageJob& j, JobState state, const Status& error = {});
-  LoadedImage* image_model_for(const ImageRequest& r, Status& error);
+  LoadedImage* image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error);
 
   EngineConfig config_;
   runtime::JobDb& db_;

@@ -418,6 +418,10 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request);
 Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir,
                                                 const ImageProgressFn& progress = {});
 
+// Where image INDEX of COUNT goes when a request names OUT: OUT itself for
+// one image, OUT-1.png ... OUT-N.png (the stem numbered) for several.
+std::string numbered_output_path(const std::string& out, int index, int count);
+
 // Writes a progress report's preview as an RGB PNG. InvalidArgument when it has none; Io on failure.
 Status write_preview_png(const ImageProgress& progress, const std::string& path);
 
