@@ -125,10 +125,10 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
     info.n_heads = w.hp.n_head;
     info.n_kv_heads = w.hp.n_head_kv;
     info.n_ff = w.hp.n_ff;
-    auto matrix_bytes = [](const kernels::WeightView& v) { return v.rows * v.row_stride_bytes; };
-    info.weight_bytes = matrix_bytes(w.output);
+    info.weight_bytes = kernels::weight_bytes(w.output);
     for (const auto& L : w.layers)
-      for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) info.weight_bytes += matrix_bytes(*m);
+      for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+        info.weight_bytes += kernels::weight_bytes(*m);
     impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : std::min(w.hp.n_ctx_train > 0 ? w.hp.n_ctx_train : 4096, 4096);
     impl->pool = std::make_unique<ThreadPool>(options.threads);
     return std::shared_ptr<TextModel>(new TextModel(std::move(impl)));

@@ -144,8 +144,27 @@ float dot_generic_row(DType t, const char* w, const float* x, int64_t k) {
   return dot_f32_row(reinterpret_cast<const char*>(row.data()), x, k);
 }
 
+// Row r of a q8_0x16 view back in GGML's Q8_0 layout.
+void unpack_q8_0x16_row(const WeightView& w, int64_t r, BlockQ8_0* out) {
+  const int64_t nb = w.cols / kQK;
+  const auto* g = static_cast<const uint8_t*>(w.data) + (r / kPackRows) * w.row_stride_bytes;
+  const auto* scales = reinterpret_cast<const uint16_t*>(g + nb * kPackBlockBytes);
+  const int64_t j = r % kPackRows;
+  for (int64_t b = 0; b < nb; ++b) {
+    out[b].d = scales[b * kPackRows + j];
+    for (int c = 0; c < kQK; ++c)
+      out[b].qs[c] = static_cast<int8_t>(g[b * kPackBlockBytes + (c / 4) * 64 + j * 4 + c % 4] ^ 0x80);
+  }
+}
+
 float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
   const int64_t k = a.w->cols;
+  if (a.w->layout == WeightLayout::q8_0x16) {
+    thread_local std::vector<BlockQ8_0> row;
+    row.resize(static_cast<size_t>(k / kQK));
+    unpack_q8_0x16_row(*a.w, r, row.data());
+    return dot_q8_0_row(reinterpret_cast<const char*>(row.data()), act_row(a, m), k);
+  }
   const char* w = weight_row(a, r);
   const float* x = a.x + m * k;
   switch (a.w->type) {
@@ -198,7 +217,8 @@ MatmulArgs prepare(const WeightView& w, const float* x, float* y, int64_t n_x_ro
 }
 
 bool shape_ok(const WeightView& w, int64_t n_x_rows) {
-  return n_x_rows > 0 && w.rows > 0 && w.cols > 0 && w.data && dtype_row_bytes(w.type, w.cols) >= 0;
+  return n_x_rows > 0 && w.rows > 0 && w.cols > 0 && w.data && dtype_row_bytes(w.type, w.cols) >= 0 &&
+         (w.layout == WeightLayout::rows || w.type == DType::Q8_0);
 }
 
 }  // namespace
@@ -220,10 +240,49 @@ bool matmul_supports(DType t) {
   }
 }
 
+int64_t packed_weight_bytes(const WeightView& w) {
+  if (w.layout != WeightLayout::rows || w.type != DType::Q8_0 || active_simd() != Simd::avx512 || w.rows <= 0 ||
+      w.cols <= 0 || w.cols % kQK != 0 || !w.data)
+    return 0;
+  return (w.rows + kPackRows - 1) / kPackRows * packed_q8_0x16_group_bytes(w.cols);
+}
+
+WeightView pack_weights(const WeightView& w, void* dst) {
+  const int64_t bytes = packed_weight_bytes(w);
+  if (bytes == 0) return w;
+  const int64_t nb = w.cols / kQK, stride = packed_q8_0x16_group_bytes(w.cols);
+  auto* out = static_cast<uint8_t*>(dst);
+  std::memset(out, 0, static_cast<size_t>(bytes));  // padding rows: scale 0
+  for (int64_t r = 0; r < (w.rows + kPackRows - 1) / kPackRows * kPackRows; ++r) {
+    uint8_t* g = out + (r / kPackRows) * stride;
+    auto* scales = reinterpret_cast<uint16_t*>(g + nb * kPackBlockBytes);
+    const int64_t j = r % kPackRows;
+    const auto* src = r < w.rows ? reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w.data) + r * w.row_stride_bytes)
+                                 : nullptr;
+    for (int64_t b = 0; b < nb; ++b) {
+      scales[b * kPackRows + j] = src ? src[b].d : 0;
+      for (int c = 0; c < kQK; ++c)
+        g[b * kPackBlockBytes + (c / 4) * 64 + j * 4 + c % 4] = static_cast<uint8_t>((src ? src[b].qs[c] : 0) ^ 0x80);
+    }
+  }
+  WeightView v = w;
+  v.data = dst;
+  v.row_stride_bytes = stride;
+  v.layout = WeightLayout::q8_0x16;
+  return v;
+}
+
+int64_t weight_bytes(const WeightView& w) { return w.rows * dtype_row_bytes(w.type, w.cols); }
+
 void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Executor* ex) {
   if (!shape_ok(w, n_x_rows)) return;
   RowsFn fn = nullptr;
-  if (matmul_supports(w.type)) {
+  int64_t unit = kRowUnit;
+  if (w.layout == WeightLayout::q8_0x16) {
+    unit = kPackedRowUnit;
+    // Below AVX-512 (a capped level) the scalar path unpacks row by row.
+    if (active_simd() == Simd::avx512) fn = &q8_0x16_rows_avx512;
+  } else if (matmul_supports(w.type)) {
     switch (active_simd()) {
       case Simd::avx512: fn = rows_fn_avx512(w.type); break;
       case Simd::avx2: fn = rows_fn_avx2(w.type); break;
@@ -234,14 +293,12 @@ void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Exe
 
   thread_local std::vector<unsigned char> storage;
   const MatmulArgs a = prepare(w, x, y, n_x_rows, storage);
-  const int64_t units = (w.rows + kRowUnit - 1) / kRowUnit;
+  const int64_t units = (w.rows + unit - 1) / unit;
   if (!ex || ex->threads() <= 1 || units == 1) {
     fn(a, 0, w.rows);
     return;
   }
-  ex->parallel_for(units, [&](int64_t b, int64_t e) {
-    fn(a, b * kRowUnit, std::min(e * kRowUnit, w.rows));
-  });
+  ex->parallel_for(units, [&](int64_t b, int64_t e) { fn(a, b * unit, std::min(e * unit, w.rows)); });
 }
 
 void matmul_ref(const WeightView& w, const float* x, float* y, int64_t n_x_rows) {

@@ -245,6 +245,74 @@ struct KernelQ8_0 {
   }
 };
 
+// Q8_0 weights packed as WeightLayout::q8_0x16 x Q8_0 activations. Lane j
+// of every register belongs to weight row j of a group of 16, so one dpbusd
+// (u8 weights + 128, times 4 activation bytes broadcast to all lanes) adds 4
+// products to each of 16 rows; 8 of them cover a block. Per block and lane:
+//   acc += float(sum (w + 128) x - 128 sum x) * (d_w * d_x)
+// one convert, one multiply and one FMA per 8 dpbusd, and the lanes are the
+// outputs (no horizontal sums). The integer sum is exact, so every tile shape
+// gives the same bits.
+#ifndef ATELIER_PACK_AHEAD
+#define ATELIER_PACK_AHEAD 4096
+#endif
+struct KernelQ8_0x16 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK;
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m512i* q[NG];
+    const uint16_t* sc[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m512i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      sc[g] = reinterpret_cast<const uint16_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kPackBlockBytes);
+    }
+    const ActQ8_0* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    __m512 acc[NM][NG];
+    zero(acc);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i is[NM][NG];
+      for (int m = 0; m < NM; ++m) {
+        const __m512i bias = _mm512_set1_epi32(-128 * x[m][b].sum);
+        for (int g = 0; g < NG; ++g) is[m][g] = bias;
+      }
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) {
+          _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ATELIER_PACK_AHEAD, kHint);
+          const __m512i wv = _mm512_load_si512(q[g] + 8 * b + k);
+#pragma GCC unroll 8
+          for (int m = 0; m < NM; ++m) {
+            int32_t xv;
+            std::memcpy(&xv, x[m][b].qs + 4 * k, 4);
+            is[m][g] = _mm512_dpbusd_epi32(is[m][g], wv, _mm512_set1_epi32(xv));
+          }
+        }
+      }
+      for (int g = 0; g < NG; ++g) {
+        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[g] + kPackRows * b)));
+        for (int m = 0; m < NM; ++m)
+          acc[m][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m][g]), _mm512_mul_ps(dw, _mm512_set1_ps(x[m][b].d)), acc[m][g]);
+      }
+    }
+    for (int m = 0; m < NM; ++m) {
+      float* y = a.y + (m0 + m) * a.w->rows;
+      for (int g = 0; g < NG; ++g) {
+        const int64_t r = (g0 + g) * kPackRows;
+        if (r + kPackRows <= a.w->rows) {
+          _mm512_storeu_ps(y + r, acc[m][g]);
+        } else {  // the padded last group: plain stores (see store_rows)
+          alignas(64) float t[kPackRows];
+          _mm512_store_ps(t, acc[m][g]);
+          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+        }
+      }
+    }
+  }
+};
+
 // Q4_0 weights x Q8_0 activations, two blocks per step: unsigned nibbles
 // times x, minus 8 * sum(x).
 struct KernelQ4_0 : ExpandQ8_0<1> {
@@ -518,6 +586,21 @@ void q8_0_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using Narrow = TileDriver<KernelQ8_0, 4, 4, 8, 4, 4>;
   if (a.w->cols > 1024) TallTileDriver<KernelQ8_0, 16, 4, Narrow>::run(a, r0, r1);
   else TallTileDriver<KernelQ8_0, 16, 1, Narrow>::run(a, r0, r1);
+}
+
+#ifndef ATELIER_PACK_M
+#define ATELIER_PACK_M 4
+#define ATELIER_PACK_G 3
+#define ATELIER_PACK_NARROW 4, 4, 4
+#endif
+
+// Packed Q8_0: tiles of activation rows x groups of 16 weight rows; per
+// (m, group) an integer and a float accumulator. Generation (1-3 rows) takes
+// 4 groups: more independent dpbusd chains for the memory-bound case.
+void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using namespace avx512;
+  using Driver = TileDriver<KernelQ8_0x16, ATELIER_PACK_M, ATELIER_PACK_G, ATELIER_PACK_NARROW>;
+  Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
 // Tile shapes: activation rows x weight rows, sized to the 32 zmm registers.

@@ -34,10 +34,15 @@ using RowsFn = void (*)(const MatmulArgs&, int64_t r0, int64_t r1);
 RowsFn rows_fn_scalar(DType t);
 RowsFn rows_fn_avx2(DType t);
 RowsFn rows_fn_avx512(DType t);
+// The AVX-512 tile for WeightLayout::q8_0x16 (r0, r1 multiples of kPackRows,
+// r1 may also be w->rows).
+void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.
 constexpr int64_t kRowUnit = 24;
+// The same for packed weights: three groups of 16 rows (the tile's width).
+constexpr int64_t kPackedRowUnit = 48;
 
 // Kernels may re-lay out the activations once per driver call (e.g. the
 // broadcast scales and offsets of the integer dots): `expand_row_bytes(a)`

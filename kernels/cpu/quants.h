@@ -77,6 +77,17 @@ static inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t
 // compute-bound batched case). GGML's Q8_K activations, used for the K-quants,
 // make the same trade: one scale per 256 values.
 constexpr int kActGroupQ8_0 = 8;
+
+// WeightLayout::q8_0x16 (kernels.h): per group of kPackRows rows, nb blocks
+// of 16 x 32 quants (block b, column 4k + i of row j at byte
+// 512 b + 64 k + 4 j + i, stored as q + 128), then nb x 16 fp16 scales
+// (row j of block b at 16 b + j); the group's stride rounded up to 64 bytes.
+constexpr int kPackRows = 16;
+constexpr int64_t kPackBlockBytes = kPackRows * kQK;  // 512
+inline int64_t packed_q8_0x16_group_bytes(int64_t cols) {
+  const int64_t nb = cols / kQK;
+  return (nb * (kPackBlockBytes + 2 * kPackRows) + 63) / 64 * 64;
+}
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, BlockQ8_K* y, int64_t n);
 

@@ -45,14 +45,23 @@ const std::vector<uint8_t>& weights(DType t, int64_t rows, int64_t cols) {
   return w;
 }
 
-void run_matmul(benchmark::State& state, DType t, int64_t rows, int64_t cols, int64_t m_rows, int threads) {
+// pack: the weights re-laid out as the engine does at load (pack_weights),
+// where this CPU has a packed layout for the type.
+void run_matmul(benchmark::State& state, DType t, int64_t rows, int64_t cols, int64_t m_rows, int threads,
+                bool pack = false) {
   const int64_t row_bytes = dtype_row_bytes(t, cols);
   const auto& w = weights(t, rows, cols);
   std::mt19937 rng(2);
   std::normal_distribution<float> dist(0.0f, 0.05f);
   std::vector<float> x(static_cast<size_t>(m_rows * cols)), y(static_cast<size_t>(m_rows * rows));
   for (auto& f : x) f = dist(rng);
-  const WeightView view{t, w.data(), rows, cols, row_bytes};
+  WeightView view{t, w.data(), rows, cols, row_bytes};
+  std::vector<uint8_t> packed;
+  if (pack) {
+    if (packed_weight_bytes(view) == 0) return state.SkipWithError("no packed layout for this type at this SIMD level");
+    packed.resize(static_cast<size_t>(packed_weight_bytes(view)) + 64);
+    view = pack_weights(view, packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64);
+  }
   Pool pool(threads);
   for (auto _ : state) {
     matmul(view, x.data(), y.data(), m_rows, &pool);
@@ -60,7 +69,7 @@ void run_matmul(benchmark::State& state, DType t, int64_t rows, int64_t cols, in
   }
   state.SetBytesProcessed(state.iterations() * row_bytes * rows);
   state.SetItemsProcessed(state.iterations() * rows * cols * m_rows);
-  state.SetLabel(std::string(dtype_name(t)) + " " + std::string(simd_level()));
+  state.SetLabel(std::string(dtype_name(t)) + (pack ? " packed " : " ") + std::string(simd_level()));
 }
 
 void bm_matmul(benchmark::State& state, DType t) {
@@ -69,6 +78,10 @@ void bm_matmul(benchmark::State& state, DType t) {
 
 void bm_llama(benchmark::State& state, DType t) {
   run_matmul(state, t, state.range(2), state.range(3), state.range(0), static_cast<int>(state.range(1)));
+}
+
+void bm_llama_packed(benchmark::State& state, DType t) {
+  run_matmul(state, t, state.range(2), state.range(3), state.range(0), static_cast<int>(state.range(1)), true);
 }
 
 void args(benchmark::internal::Benchmark* b) {
@@ -98,6 +111,7 @@ BENCHMARK_CAPTURE(bm_llama, F32, DType::F32)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, F16, DType::F16)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, BF16, DType::BF16)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q8_0, DType::Q8_0)->Apply(llama_args);
+BENCHMARK_CAPTURE(bm_llama_packed, Q8_0, DType::Q8_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_0, DType::Q4_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_K, DType::Q4_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q6_K, DType::Q6_K)->Apply(llama_args);

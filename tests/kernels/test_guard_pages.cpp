@@ -65,6 +65,19 @@ TEST(GuardPages, MatmulStaysInsideItsBuffers) {
           matmul(view, x.data(), ref.data(), batch);
           EXPECT_EQ(guarded_copy_back(y), ref) << level << " " << dtype_name(t) << " rows " << rows << " batch " << batch;
         }
+        // The packed layout (a multiple of 64 bytes: the guarded copy starts 64-byte aligned).
+        if (const int64_t packed_bytes = packed_weight_bytes(view); packed_bytes > 0) {
+          Guarded<uint8_t> pw(static_cast<size_t>(packed_bytes));
+          const WeightView packed = pack_weights(view, pw.data());
+          for (int64_t batch : {1, 3, 4, 5, 16, 17}) {
+            Guarded<float> x(random_floats(batch * cols, 6));
+            Guarded<float> y(static_cast<size_t>(batch * rows));
+            std::vector<float> ref(static_cast<size_t>(batch * rows));
+            matmul(packed, x.data(), y.data(), batch, batch % 2 ? &ex : nullptr);
+            matmul(packed, x.data(), ref.data(), batch);
+            EXPECT_EQ(guarded_copy_back(y), ref) << level << " packed rows " << rows << " batch " << batch;
+          }
+        }
       }
     }
   }

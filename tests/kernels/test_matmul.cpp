@@ -208,6 +208,79 @@ TEST(Matmul, HonoursRowStride) {
   }
 }
 
+// Q8_0 weights re-laid out by pack_weights (AVX-512 only): the same products
+// as the GGML layout within float rounding at every SIMD level (the lower
+// levels unpack row by row), matmul_ref reads both layouts to the same bits,
+// and the packed tile is batch-, thread- and tile-invariant, including the
+// zero-padded last group of 16 rows.
+struct Packed {
+  std::vector<uint8_t> buf;
+  WeightView view;
+};
+Packed pack(const Weights& w) {
+  Packed p;
+  const int64_t bytes = packed_weight_bytes(w.view());
+  p.buf.resize(static_cast<size_t>(bytes + 64));
+  p.view = pack_weights(w.view(), p.buf.data() + (64 - reinterpret_cast<uintptr_t>(p.buf.data()) % 64) % 64);
+  return p;
+}
+
+TEST(Matmul, PackedQ8_0MatchesReference) {
+  if (packed_weight_bytes(make_weights(DType::Q8_0, 16, 32, 1).view()) == 0) GTEST_SKIP() << "no packed layout at " << simd_level();
+  EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q4_0, 16, 32, 1).view()), 0);
+  uint32_t seed = 500;
+  for (int64_t rows : {1, 15, 16, 17, 47, 49, 250}) {
+    for (int64_t cols : {32, 96, 256, 2816}) {
+      const Weights w = make_weights(DType::Q8_0, rows, cols, ++seed);
+      const Packed p = pack(w);
+      ASSERT_EQ(p.view.layout, WeightLayout::q8_0x16);
+      EXPECT_EQ(weight_bytes(p.view), weight_bytes(w.view()));
+      for (int64_t m_rows : {1, 2, 3, 4, 5, 8, 16, 17, 33}) {
+        const auto x = random_floats(m_rows * cols, ++seed);
+        std::vector<float> ref(static_cast<size_t>(m_rows * rows)), ref_packed(ref.size());
+        matmul_ref(w.view(), x.data(), ref.data(), m_rows);
+        matmul_ref(p.view, x.data(), ref_packed.data(), m_rows);
+        ASSERT_EQ(0, std::memcmp(ref.data(), ref_packed.data(), ref.size() * sizeof(float)))
+            << "matmul_ref of the packed view, rows " << rows << " cols " << cols;
+        const Truth tr = truth(w, x, m_rows);
+        for (const auto& level : available_levels()) {
+          ScopedSimd simd(level);
+          std::vector<float> y(ref.size(), NAN);
+          TestExecutor ex(2);
+          matmul(p.view, x.data(), y.data(), m_rows, &ex);
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_LE(std::fabs(y[i] - ref[i]), kFloatTol * tr.scale[i] + 1e-30)
+                << level << " packed rows " << rows << " cols " << cols << " m " << m_rows << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, PackedQ8_0BatchThreadAndTileInvariant) {
+  if (packed_weight_bytes(make_weights(DType::Q8_0, 16, 32, 1).view()) == 0) GTEST_SKIP() << "no packed layout at " << simd_level();
+  const int64_t total = 41;
+  for (int64_t rows : {1, 7, 16, 33, 100, 250}) {
+    for (int64_t cols : {32, 256, 768}) {
+      const Weights w = make_weights(DType::Q8_0, rows, cols, 900 + static_cast<uint32_t>(rows + cols));
+      const Packed p = pack(w);
+      const auto x = random_floats(total * cols, 13);
+      std::vector<float> single(static_cast<size_t>(total * rows));
+      for (int64_t m = 0; m < total; ++m) matmul(p.view, x.data() + m * cols, single.data() + m * rows, 1);
+      for (int64_t batch = 1; batch <= total; ++batch) {
+        for (int threads = 1; threads <= 3; ++threads) {
+          const int64_t start = (batch * 5 + threads) % (total - batch + 1);
+          std::vector<float> y(static_cast<size_t>(batch * rows));
+          TestExecutor ex(threads);
+          matmul(p.view, x.data() + start * cols, y.data(), batch, &ex);
+          ASSERT_EQ(0, std::memcmp(y.data(), single.data() + start * rows, y.size() * sizeof(float)))
+              << "packed rows " << rows << " cols " << cols << " batch " << batch << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
 // Types without a kernel still multiply correctly (decoded on the fly).
 TEST(Matmul, UnsupportedTypesFallBack) {
   const Weights w = make_weights(DType::Q5_K, 9, 512, 21);

@@ -51,6 +51,18 @@ class GgufLoader {
     return f_.find_tensor(name) ? vector(name, n) : std::vector<float>{};
   }
 
+  // The copy of v that this CPU's matmul is fastest with (kernels::pack_weights),
+  // or v itself when there is none. Done once at load: the packed Q8_0 tile
+  // on AVX-512 is about 3x faster than the GGML layout's for batched decoding.
+  WeightView packed(const WeightView& v) {
+    const int64_t bytes = kernels::packed_weight_bytes(v);
+    if (bytes == 0) return v;
+    auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes + 64));
+    void* aligned = buf->data() + (64 - reinterpret_cast<uintptr_t>(buf->data()) % 64) % 64;
+    w_.owned.push_back(buf);
+    return kernels::pack_weights(v, aligned);
+  }
+
   std::string type_summary() const {
     std::string s;
     for (const auto& [name, n] : type_counts_) s += (s.empty() ? "" : ", ") + name + " (" + std::to_string(n) + ")";
@@ -163,6 +175,10 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
     L.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, d);
   }
   w.weight_types = ld.type_summary();
+  // The embedding table stays as stored (rows are looked up, not multiplied).
+  w.output = ld.packed(w.output);
+  for (LlamaLayer& L : w.layers)
+    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = ld.packed(*m);
   return w;
 }
 

@@ -52,11 +52,10 @@ struct LlamaWeights {
   std::string format;            // "gguf" or "llama2c"
   std::string weight_types;      // summary for ModelInfo
   int64_t n_params = 0;
-  int64_t matrix_bytes = 0;      // bytes read per generated token
   // Owners of the memory the views point into.
   std::shared_ptr<formats::GgufFile> gguf;
   std::shared_ptr<formats::MappedFile> map;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // matrices converted at load
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // matrices converted or packed at load
 };
 
 // Throw atelier::Error (Unsupported architecture, missing tensors, shape mismatches).

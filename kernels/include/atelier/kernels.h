@@ -55,6 +55,16 @@ class Executor {
 // ATELIER_SIMD=scalar|avx2|avx512 in the environment caps it (for tests and comparisons).
 std::string_view simd_level();
 
+// How a weight matrix's bytes are laid out.
+//   rows:    GGML's layout, W[row][col] row after row, row_stride_bytes apart.
+//   q8_0x16: Q8_0 re-laid out by pack_weights for the AVX-512 VNNI tile: per
+//            group of 16 rows (the last one padded with zero rows), each
+//            block's 16 x 32 quants interleaved 4 bytes per row (one 512-bit
+//            register holds 4 columns of all 16 rows) and stored as q + 128,
+//            then the group's fp16 scales; row_stride_bytes is the stride of
+//            one group.
+enum class WeightLayout : uint8_t { rows, q8_0x16 };
+
 // A weight matrix: `rows` rows of `cols` elements of type `type`, each row
 // `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
 struct WeightView {
@@ -63,7 +73,23 @@ struct WeightView {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride_bytes = 0;
+  WeightLayout layout = WeightLayout::rows;
 };
+
+// Re-laying out weights once at load for this CPU's fastest tile (today:
+// Q8_0 on AVX-512 with VNNI, where the packed tile does one multiply-add
+// instruction per 64 products instead of three, and needs no horizontal sums).
+// packed_weight_bytes: bytes of the packed copy of w, or 0 when w is best used
+// as it is (other types, other SIMD levels). pack_weights writes it to dst
+// (64-byte aligned) and returns its view, which every matmul entry accepts
+// (at a lower SIMD level through the scalar path). Products with the packed
+// view are batch- and thread-invariant like any other, but not bit-identical
+// to the unpacked view's: pack at load, then use only the packed view.
+int64_t packed_weight_bytes(const WeightView& w);
+WeightView pack_weights(const WeightView& w, void* dst);
+// Bytes of w's own elements as GGML stores them (rows x the row's blocks),
+// whatever its layout: the size a model reports.
+int64_t weight_bytes(const WeightView& w);
 
 // y[m][r] = sum_c x[m][c] * W[r][c]  for m < n_x_rows, r < W.rows.
 // x: n_x_rows rows of W.cols floats (contiguous); y: n_x_rows rows of W.rows floats.
