@@ -279,7 +279,7 @@ void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Exe
   RowsFn fn = nullptr;
   int64_t unit = kRowUnit;
   if (w.layout == WeightLayout::q8_0x16) {
-    unit = kPackedRowUnit;
+    unit = n_x_rows < 4 ? kPackedNarrowRowUnit : kPackedRowUnit;
     // Below AVX-512 (a capped level) the scalar path unpacks row by row.
     if (active_simd() == Simd::avx512) fn = &q8_0x16_rows_avx512;
   } else if (matmul_supports(w.type)) {

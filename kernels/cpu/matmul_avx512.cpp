@@ -253,9 +253,18 @@ struct KernelQ8_0 {
 // one convert, one multiply and one FMA per 8 dpbusd, and the lanes are the
 // outputs (no horizontal sums). The integer sum is exact, so every tile shape
 // gives the same bits.
-#ifndef ATELIER_PACK_AHEAD
-#define ATELIER_PACK_AHEAD 4096
+#ifndef ATELIER_PACK_M
+#define ATELIER_PACK_M 4
+#define ATELIER_PACK_G 3
+#define ATELIER_PACK_NARROW 4, 4, 4
 #endif
+constexpr int kPackM = ATELIER_PACK_M, kPackG = ATELIER_PACK_G;
+
+// Prefetch of the packed weights: a tile of kPackG groups is read once per
+// tile of kPackM activation rows ("pass"), from DRAM the first time and from
+// L2 after. Each pass prefetches its share of the NEXT tile's lines (block b
+// in pass b % passes), so the DRAM stream keeps running during the L2 passes
+// instead of only in the first one.
 struct KernelQ8_0x16 {
   template <int NM, int NG>
   static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
@@ -271,7 +280,12 @@ struct KernelQ8_0x16 {
     for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
     __m512 acc[NM][NG];
     zero(acc);
+    const int64_t passes = (a.m_rows + kPackM - 1) / kPackM, pass = m0 / kPackM;
+    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile, same offset
     for (int64_t b = 0; b < nb; ++b) {
+      if (b % passes == pass)
+        for (int g = 0; g < NG; ++g)
+          for (int k = 0; k < 8; ++k) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ahead, kHint);
       __m512i is[NM][NG];
       for (int m = 0; m < NM; ++m) {
         const __m512i bias = _mm512_set1_epi32(-128 * x[m][b].sum);
@@ -281,7 +295,6 @@ struct KernelQ8_0x16 {
       for (int k = 0; k < 8; ++k) {
 #pragma GCC unroll 4
         for (int g = 0; g < NG; ++g) {
-          _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ATELIER_PACK_AHEAD, kHint);
           const __m512i wv = _mm512_load_si512(q[g] + 8 * b + k);
 #pragma GCC unroll 8
           for (int m = 0; m < NM; ++m) {
@@ -588,18 +601,12 @@ void q8_0_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   else TallTileDriver<KernelQ8_0, 16, 1, Narrow>::run(a, r0, r1);
 }
 
-#ifndef ATELIER_PACK_M
-#define ATELIER_PACK_M 4
-#define ATELIER_PACK_G 3
-#define ATELIER_PACK_NARROW 4, 4, 4
-#endif
-
 // Packed Q8_0: tiles of activation rows x groups of 16 weight rows; per
 // (m, group) an integer and a float accumulator. Generation (1-3 rows) takes
 // 4 groups: more independent dpbusd chains for the memory-bound case.
 void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ8_0x16, ATELIER_PACK_M, ATELIER_PACK_G, ATELIER_PACK_NARROW>;
+  using Driver = TileDriver<KernelQ8_0x16, kPackM, kPackG, ATELIER_PACK_NARROW>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 

@@ -41,8 +41,9 @@ void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.
 constexpr int64_t kRowUnit = 24;
-// The same for packed weights: three groups of 16 rows (the tile's width).
-constexpr int64_t kPackedRowUnit = 48;
+// The same for packed weights: a tile's width of groups of 16 rows, 3 for
+// batches of 4 rows or more, 4 for generation (1-3 rows).
+constexpr int64_t kPackedRowUnit = 48, kPackedNarrowRowUnit = 64;
 
 // Kernels may re-lay out the activations once per driver call (e.g. the
 // broadcast scales and offsets of the integer dots): `expand_row_bytes(a)`

@@ -4,6 +4,7 @@
 
 #include <atelier/kernels.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -31,13 +32,17 @@ class ThreadPool final : public kernels::Executor {
 
   int n_threads_;
   std::vector<std::thread> workers_;
+  // A new job is published by bumping generation_ (under mu_, so sleepers
+  // cannot miss it); pending_ counts the workers still on it. Both are
+  // atomics so that workers and the caller can spin on them briefly before
+  // sleeping on the condition variables.
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace atelier
