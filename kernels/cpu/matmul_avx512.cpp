@@ -248,17 +248,15 @@ struct KernelQ8_0 {
 // Q8_0 weights packed as WeightLayout::q8_0x16 x Q8_0 activations. Lane j
 // of every register belongs to weight row j of a group of 16, so one dpbusd
 // (u8 weights + 128, times 4 activation bytes broadcast to all lanes) adds 4
-// products to each of 16 rows; 8 of them cover a block. Per block and lane:
-//   acc += float(sum (w + 128) x - 128 sum x) * (d_w * d_x)
-// one convert, one multiply and one FMA per 8 dpbusd, and the lanes are the
-// outputs (no horizontal sums). The integer sum is exact, so every tile shape
-// gives the same bits.
-#ifndef ATELIER_PACK_M
-#define ATELIER_PACK_M 4
-#define ATELIER_PACK_G 3
-#define ATELIER_PACK_NARROW 4, 4, 4
-#endif
-constexpr int kPackM = ATELIER_PACK_M, kPackG = ATELIER_PACK_G;
+// products to each of 16 rows; 8 of them cover a block. Per lane:
+//   t   += float(sum (w + 128) x - 128 sum x) * d_w    per block
+//   acc += t * d_x                                     per group of 8 blocks
+// (the activations share one scale per group, quants.h): one convert and
+// one FMA per 8 dpbusd, and the lanes are the outputs (no horizontal sums).
+// The integer sum is exact, so every tile shape gives the same bits.
+// Tile: 4 activation rows x 3 groups (12 integer, 12 + 12 float
+// accumulators); 6 x 2 and 4 x 4 measured the same or slower.
+constexpr int kPackM = 4, kPackG = 3;
 
 // Prefetch of the packed weights: a tile of kPackG groups is read once per
 // tile of kPackM activation rows ("pass"), from DRAM the first time and from
@@ -282,32 +280,41 @@ struct KernelQ8_0x16 {
     zero(acc);
     const int64_t passes = (a.m_rows + kPackM - 1) / kPackM, pass = m0 / kPackM;
     const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile, same offset
-    for (int64_t b = 0; b < nb; ++b) {
-      if (b % passes == pass)
-        for (int g = 0; g < NG; ++g)
-          for (int k = 0; k < 8; ++k) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ahead, kHint);
-      __m512i is[NM][NG];
-      for (int m = 0; m < NM; ++m) {
-        const __m512i bias = _mm512_set1_epi32(-128 * x[m][b].sum);
-        for (int g = 0; g < NG; ++g) is[m][g] = bias;
-      }
+    for (int64_t b0 = 0; b0 < nb; b0 += kActGroupQ8_0) {
+      // One activation scale per group of blocks (quants.h): the blocks'
+      // weight-scaled sums are added first, then scaled by it once.
+      __m512 t[NM][NG];
+      zero(t);
+      for (int64_t b = b0; b < b0 + kActGroupQ8_0 && b < nb; ++b) {
+        if (b % passes == pass)
+          for (int g = 0; g < NG; ++g)
+            for (int k = 0; k < 8; ++k) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ahead, kHint);
+        __m512i is[NM][NG];
+        for (int m = 0; m < NM; ++m) {
+          const __m512i bias = _mm512_set1_epi32(-128 * x[m][b].sum);
+          for (int g = 0; g < NG; ++g) is[m][g] = bias;
+        }
 #pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) {
+        for (int k = 0; k < 8; ++k) {
 #pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) {
-          const __m512i wv = _mm512_load_si512(q[g] + 8 * b + k);
+          for (int g = 0; g < NG; ++g) {
+            const __m512i wv = _mm512_load_si512(q[g] + 8 * b + k);
 #pragma GCC unroll 8
-          for (int m = 0; m < NM; ++m) {
-            int32_t xv;
-            std::memcpy(&xv, x[m][b].qs + 4 * k, 4);
-            is[m][g] = _mm512_dpbusd_epi32(is[m][g], wv, _mm512_set1_epi32(xv));
+            for (int m = 0; m < NM; ++m) {
+              int32_t xv;
+              std::memcpy(&xv, x[m][b].qs + 4 * k, 4);
+              is[m][g] = _mm512_dpbusd_epi32(is[m][g], wv, _mm512_set1_epi32(xv));
+            }
           }
         }
+        for (int g = 0; g < NG; ++g) {
+          const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[g] + kPackRows * b)));
+          for (int m = 0; m < NM; ++m) t[m][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m][g]), dw, t[m][g]);
+        }
       }
-      for (int g = 0; g < NG; ++g) {
-        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[g] + kPackRows * b)));
-        for (int m = 0; m < NM; ++m)
-          acc[m][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m][g]), _mm512_mul_ps(dw, _mm512_set1_ps(x[m][b].d)), acc[m][g]);
+      for (int m = 0; m < NM; ++m) {
+        const __m512 dx = _mm512_set1_ps(x[m][b0].d);
+        for (int g = 0; g < NG; ++g) acc[m][g] = _mm512_fmadd_ps(t[m][g], dx, acc[m][g]);
       }
     }
     for (int m = 0; m < NM; ++m) {
@@ -606,7 +613,7 @@ void q8_0_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // 4 groups: more independent dpbusd chains for the memory-bound case.
 void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ8_0x16, kPackM, kPackG, ATELIER_PACK_NARROW>;
+  using Driver = TileDriver<KernelQ8_0x16, kPackM, kPackG, 4, 4, 4>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
