@@ -34,7 +34,8 @@ int run_bench_text(const BenchTextOptions& o) {
   if (!res.ok()) return fail(res.status());
   const TextBenchResult& r = res.value();
   const double bw_frac = r.limits.mem_bandwidth_gb_per_s > 0 ? r.gen_bandwidth_gb_per_s / r.limits.mem_bandwidth_gb_per_s : 0;
-  const double fl_frac = r.limits.peak_gflop_per_s > 0 ? r.prompt_gflop_per_s / r.limits.peak_gflop_per_s : 0;
+  const double peak = r.integer_matmul ? r.limits.peak_int8_gop_per_s : r.limits.peak_gflop_per_s;
+  const double fl_frac = peak > 0 ? r.prompt_gflop_per_s / peak : 0;
   if (o.json) {
     print_json_line({{"model", r.model.path},
                      {"n_params", r.model.n_params},
@@ -53,16 +54,20 @@ int run_bench_text(const BenchTextOptions& o) {
                      {"prompt_gflop_per_s", r.prompt_gflop_per_s},
                      {"mem_bandwidth_gb_per_s", r.limits.mem_bandwidth_gb_per_s},
                      {"peak_gflop_per_s", r.limits.peak_gflop_per_s},
+                     {"peak_int8_gop_per_s", r.limits.peak_int8_gop_per_s},
+                     {"integer_matmul", r.integer_matmul},
                      {"gen_bandwidth_fraction", bw_frac},
                      {"prompt_flop_fraction", fl_frac}});
     return 0;
   }
   std::printf("model    %s\n         %s, %.1fM params, %s; %.1f MB of weights read per token\n", r.model.path.c_str(),
               r.model.architecture.c_str(), r.model.n_params / 1e6, r.model.weight_types.c_str(), r.model.weight_bytes / 1e6);
-  std::printf("machine  %d threads, %s; memory bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s (measured now)\n",
-              r.limits.threads, r.limits.simd.c_str(), r.limits.mem_bandwidth_gb_per_s, r.limits.peak_gflop_per_s);
-  std::printf("prompt   %4d tokens: %9.1f ± %.1f tokens/s  %7.1f GFLOP/s = %5.1f %% of peak\n", r.prompt_tokens,
-              r.prompt_tokens_per_s.mean, r.prompt_tokens_per_s.sd, r.prompt_gflop_per_s, 100 * fl_frac);
+  std::printf("machine  %d threads, %s; memory bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s, int8 dot %.1f GOP/s (measured now)\n",
+              r.limits.threads, r.limits.simd.c_str(), r.limits.mem_bandwidth_gb_per_s, r.limits.peak_gflop_per_s,
+              r.limits.peak_int8_gop_per_s);
+  std::printf("prompt   %4d tokens: %9.1f ± %.1f tokens/s  %7.1f G%s/s = %5.1f %% of the %s peak\n", r.prompt_tokens,
+              r.prompt_tokens_per_s.mean, r.prompt_tokens_per_s.sd, r.prompt_gflop_per_s, r.integer_matmul ? "OP" : "FLOP",
+              100 * fl_frac, r.integer_matmul ? "int8 dot" : "FMA");
   std::printf("generate %4d tokens: %9.1f ± %.1f tokens/s  %7.2f GB/s    = %5.1f %% of bandwidth\n", r.gen_tokens,
               r.gen_tokens_per_s.mean, r.gen_tokens_per_s.sd, r.gen_bandwidth_gb_per_s, 100 * bw_frac);
   std::printf("(%d repetitions after one warm-up)\n", r.reps);

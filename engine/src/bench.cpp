@@ -36,6 +36,7 @@ MachineLimits measure_machine_limits(int threads) {
   m.simd = std::string(kernels::simd_level());
   m.mem_bandwidth_gb_per_s = kernels::measure_memory_bandwidth_gb_per_s(&pool);
   m.peak_gflop_per_s = kernels::measure_peak_gflop_per_s(&pool);
+  m.peak_int8_gop_per_s = kernels::measure_peak_int8_gop_per_s(&pool);
   return m;
 }
 
@@ -94,6 +95,10 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
     for (const auto& L : m.weights.layers)
       for (const auto* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matmul_params += w->rows * w->cols;
     r.prompt_gflop_per_s = 2.0 * static_cast<double>(matmul_params) * r.prompt_tokens_per_s.mean / 1e9;
+    if (!m.weights.layers.empty()) {
+      const kernels::DType t = m.weights.layers.front().w_up.type;
+      r.integer_matmul = t != kernels::DType::F32 && t != kernels::DType::F16 && t != kernels::DType::BF16;
+    }
     return r;
   });
 }

@@ -139,10 +139,11 @@ TEST(Cli, SynthThenGenerateAndBench) {
   ASSERT_EQ(b.code, 0) << b.err;
   auto j = nlohmann::json::parse(b.out);
   for (const char* key : {"prompt_tokens_per_s", "gen_tokens_per_s", "gen_bandwidth_gb_per_s", "mem_bandwidth_gb_per_s",
-                          "peak_gflop_per_s"}) {
+                          "peak_gflop_per_s", "peak_int8_gop_per_s"}) {
     ASSERT_TRUE(j.contains(key)) << key;
     EXPECT_GT(j[key].get<double>(), 0.0) << key;
   }
+  EXPECT_TRUE(j["integer_matmul"].get<bool>()) << "a q8_0 model's prompt rate compares with the int8 dot peak";
   // Same seed, same bytes: the synthetic model is deterministic.
   const std::string again = path + ".2";
   ASSERT_EQ(run({"models", "synth", "--params", "260K", "--type", "q8_0", "--seed", "3", "-o", again}).code, 0);

@@ -475,6 +475,7 @@ Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& s
 struct MachineLimits {
   double mem_bandwidth_gb_per_s = 0;  // streaming read, all threads
   double peak_gflop_per_s = 0;        // fp32 FMA at the active SIMD level, all threads
+  double peak_int8_gop_per_s = 0;     // int8 dot instruction (VNNI dpbusd on avx512), all threads
   int threads = 0;
   std::string simd;                   // "avx512", "avx2", "scalar"
 };
@@ -498,6 +499,10 @@ struct TextBenchResult {
   MeanSd prompt_tokens_per_s, gen_tokens_per_s;
   double gen_bandwidth_gb_per_s = 0;  // weight bytes per token x tokens/s
   double prompt_gflop_per_s = 0;      // 2 x params x prompt tokens/s
+  // The layers' matmuls run on int8 dot instructions (quantized weights):
+  // prompt_gflop_per_s then compares with limits.peak_int8_gop_per_s, not
+  // the fp32 FMA peak.
+  bool integer_matmul = false;
 };
 Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& options);
 

@@ -156,6 +156,11 @@ void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 double measure_memory_bandwidth_gb_per_s(Executor* ex = nullptr, int64_t bytes = int64_t{512} << 20);
 // Peak fp32 FMA throughput at the active SIMD level, GFLOP/s (2 flops per FMA lane).
 double measure_peak_gflop_per_s(Executor* ex = nullptr);
+// Peak int8 dot-product throughput of the integer matmul tiles' instruction
+// at the active SIMD level (AVX-512 VNNI dpbusd; AVX2 maddubs + madd + add),
+// in GOP/s (2 ops per multiply-add), all threads; the scalar level has no
+// int8 instruction and reports its FMA peak.
+double measure_peak_int8_gop_per_s(Executor* ex = nullptr);
 
 // ---- image-model ops (f32 activations, NCHW) --------------------------------
 // Each has a plain reference (`*_ref`: simple loops, sums in double, one
