@@ -2,7 +2,9 @@
 // kernels (one dot per (m, r), also used by matmul_ref).
 #include <atelier/kernels.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "matmul_internal.h"
@@ -274,8 +276,10 @@ WeightView pack_weights(const WeightView& w, void* dst) {
 
 int64_t weight_bytes(const WeightView& w) { return w.rows * dtype_row_bytes(w.type, w.cols); }
 
-void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Executor* ex) {
-  if (!shape_ok(w, n_x_rows)) return;
+namespace {
+
+// The tile function and the thread unit (weight rows) for w at this level.
+std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
   RowsFn fn = nullptr;
   int64_t unit = kRowUnit;
   if (w.layout == WeightLayout::q8_0x16) {
@@ -290,15 +294,45 @@ void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Exe
     }
   }
   if (!fn) fn = rows_fn_scalar(w.type);
+  return {fn, unit};
+}
 
+}  // namespace
+
+void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Executor* ex) {
+  const WeightView* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_many(ws, ys, 1, x, n_x_rows, ex);
+}
+
+void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t n_x_rows, Executor* ex) {
+  for (int i = 1; i < count; ++i)
+    if (w[i]->type != w[0]->type || w[i]->cols != w[0]->cols || w[i]->layout != w[0]->layout) {
+      for (int j = 0; j < count; ++j) matmul_many(&w[j], &y[j], 1, x, n_x_rows, ex);
+      return;
+    }
+  if (count <= 0) return;
+  for (int i = 0; i < count; ++i)
+    if (!shape_ok(*w[i], n_x_rows)) return;
+  const auto [fn, unit] = rows_fn(*w[0], n_x_rows);
   thread_local std::vector<unsigned char> storage;
-  const MatmulArgs a = prepare(w, x, y, n_x_rows, storage);
-  const int64_t units = (w.rows + unit - 1) / unit;
-  if (!ex || ex->threads() <= 1 || units == 1) {
-    fn(a, 0, w.rows);
-    return;
-  }
-  ex->parallel_for(units, [&](int64_t b, int64_t e) { fn(a, b * unit, std::min(e * unit, w.rows)); });
+  const MatmulArgs a = prepare(*w[0], x, y[0], n_x_rows, storage);  // one quantization for all
+  // Matrix i's rows are units [first[i], first[i + 1]) of the joint range.
+  std::vector<int64_t> first(static_cast<size_t>(count) + 1, 0);
+  for (int i = 0; i < count; ++i) first[i + 1] = first[i] + (w[i]->rows + unit - 1) / unit;
+  auto run = [&](int64_t b, int64_t e) {
+    for (int i = 0; i < count; ++i) {
+      const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
+      if (lo >= hi) continue;
+      MatmulArgs ai = a;
+      ai.w = w[i];
+      ai.y = y[i];
+      fn(ai, (lo - first[i]) * unit, std::min((hi - first[i]) * unit, w[i]->rows));
+    }
+  };
+  const int64_t units = first[count];
+  if (!ex || ex->threads() <= 1 || units == 1) return run(0, units);
+  ex->parallel_for(units, run);
 }
 
 void matmul_ref(const WeightView& w, const float* x, float* y, int64_t n_x_rows) {

@@ -281,6 +281,60 @@ TEST(Matmul, PackedQ8_0BatchThreadAndTileInvariant) {
   }
 }
 
+// matmul_many gives each matrix's matmul bits, for matrices of different
+// heights sharing one activation quantization and one split over the
+// threads, packed or not, and falls back to one call each when the types
+// differ.
+TEST(Matmul, ManyEqualsOneByOne) {
+  for (DType t : {DType::F32, DType::Q8_0, DType::Q4_K}) {
+    const int64_t cols = 512;
+    std::vector<Weights> ws;
+    for (int64_t rows : {100, 33, 7}) ws.push_back(make_weights(t, rows, cols, 70 + static_cast<uint32_t>(rows)));
+    std::vector<Packed> packed;
+    for (const auto& w : ws)
+      if (packed_weight_bytes(w.view()) > 0) packed.push_back(pack(w));
+    std::vector<std::vector<WeightView>> sets{{ws[0].view(), ws[1].view(), ws[2].view()}};
+    if (packed.size() == 3) sets.push_back({packed[0].view, packed[1].view, packed[2].view});
+    for (const auto& views : sets) {
+      for (int64_t m_rows : {1, 3, 16, 17}) {
+        const auto x = random_floats(m_rows * cols, 5);
+        for (const auto& level : available_levels()) {
+          ScopedSimd simd(level);
+          for (int threads : {1, 2, 3}) {
+            TestExecutor ex(threads);
+            std::vector<std::vector<float>> one(3), many(3);
+            const WeightView* w[3];
+            float* y[3];
+            for (int i = 0; i < 3; ++i) {
+              one[i].assign(static_cast<size_t>(m_rows * views[i].rows), NAN);
+              many[i].assign(one[i].size(), NAN);
+              matmul(views[i], x.data(), one[i].data(), m_rows, &ex);
+              w[i] = &views[i];
+              y[i] = many[i].data();
+            }
+            matmul_many(w, y, 3, x.data(), m_rows, &ex);
+            for (int i = 0; i < 3; ++i)
+              ASSERT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)))
+                  << level << " " << dtype_name(t) << " matrix " << i << " m " << m_rows << " threads " << threads;
+          }
+        }
+      }
+    }
+  }
+  // Mixed types: one matmul each.
+  const Weights a = make_weights(DType::Q8_0, 9, 256, 1), b = make_weights(DType::Q6_K, 5, 256, 2);
+  const auto x = random_floats(2 * 256, 3);
+  std::vector<float> ya(18), yb(10), ra(18), rb(10);
+  const WeightView va = a.view(), vb = b.view();
+  const WeightView* w[] = {&va, &vb};
+  float* y[] = {ya.data(), yb.data()};
+  matmul_many(w, y, 2, x.data(), 2);
+  matmul(va, x.data(), ra.data(), 2);
+  matmul(vb, x.data(), rb.data(), 2);
+  EXPECT_EQ(ya, ra);
+  EXPECT_EQ(yb, rb);
+}
+
 // Types without a kernel still multiply correctly (decoded on the fly).
 TEST(Matmul, UnsupportedTypesFallBack) {
   const Weights w = make_weights(DType::Q5_K, 9, 512, 21);

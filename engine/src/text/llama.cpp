@@ -267,11 +267,9 @@ void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
   // sequence's cache, and each head's arithmetic depends only on that row and
   // head, so the result is the same whatever else is in the step and however
   // the tasks are split. A task walks each run of cached positions once for
-  // all its heads: a run's K and V rows (all heads of a position are
-  // contiguous) come from memory once and stay in L1 from head to head. One
-  // task per (row, head) instead streamed 128 bytes out of every 1.5 KB per
-  // position, and a 16-row decode step spent a third of its time here.
-  // Heads are split only as far as the threads need (generation: one row).
+  // all its heads, so a run's K and V rows (all heads of a position are
+  // contiguous) are fetched once and reused from cache head to head. Heads are split only as far as the threads need (generation: one
+  // row, one head per task).
   const int threads = ex_ ? ex_->threads() : 1;
   const int span = std::clamp(hp.n_head * rows / (4 * threads), 1, hp.n_head);
   const int chunks = (hp.n_head + span - 1) / span;
@@ -386,9 +384,11 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
     for (int r = 0; r < rows; ++r) kernels::rms_norm(x_.data() + r * d, L.attn_norm.data(), xn_.data() + r * d, d, hp.rms_eps);
-    kernels::matmul(L.wq, xn_.data(), q_.data(), rows, ex_);
-    kernels::matmul(L.wk, xn_.data(), k_.data(), rows, ex_);
-    kernels::matmul(L.wv, xn_.data(), v_.data(), rows, ex_);
+    {
+      const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
+      float* y[] = {q_.data(), k_.data(), v_.data()};
+      kernels::matmul_many(w, y, 3, xn_.data(), rows, ex_);
+    }
     add_bias(q_.data(), L.bq, qd);
     add_bias(k_.data(), L.bk, kvd);
     add_bias(v_.data(), L.bv, kvd);
@@ -411,8 +411,11 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     add_rows(x_.data(), tmp_.data(), rows * d);
 
     for (int r = 0; r < rows; ++r) kernels::rms_norm(x_.data() + r * d, L.ffn_norm.data(), xn_.data() + r * d, d, hp.rms_eps);
-    kernels::matmul(L.w_gate, xn_.data(), gate_.data(), rows, ex_);
-    kernels::matmul(L.w_up, xn_.data(), up_.data(), rows, ex_);
+    {
+      const WeightView* w[] = {&L.w_gate, &L.w_up};
+      float* y[] = {gate_.data(), up_.data()};
+      kernels::matmul_many(w, y, 2, xn_.data(), rows, ex_);
+    }
     kernels::swiglu(gate_.data(), up_.data(), gate_.data(), int64_t{rows} * hp.n_ff);
     kernels::matmul(L.w_down, gate_.data(), tmp_.data(), rows, ex_);
     add_rows(x_.data(), tmp_.data(), rows * d);

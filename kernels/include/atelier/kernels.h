@@ -97,6 +97,12 @@ int64_t weight_bytes(const WeightView& w);
 // Batch-invariant: row m of y is bit-identical whatever n_x_rows is and
 // however the work is split over threads.
 void matmul(const WeightView& w, const float* x, float* y, int64_t n_x_rows, Executor* ex = nullptr);
+// The products of one x with several matrices (a layer's Q, K and V; gate
+// and up): bit for bit one matmul per matrix, y[i] = x W[i]^T, but when the
+// matrices share type, width and layout the activations are quantized once
+// and all the matrices' rows are split over the threads in one pass.
+void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t n_x_rows,
+                 Executor* ex = nullptr);
 // Plain scalar reference with the same contract (same activation
 // quantization, simple loops).
 void matmul_ref(const WeightView& w, const float* x, float* y, int64_t n_x_rows);
