@@ -1,5 +1,8 @@
 #include "text/llama.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -54,13 +57,25 @@ class GgufLoader {
   // The copy of v that this CPU's matmul is fastest with (kernels::pack_weights),
   // or v itself when there is none. Done once at load: the packed Q8_0 tile
   // on AVX-512 is about 3x faster than the GGML layout's for batched decoding.
-  WeightView packed(const WeightView& v) {
+  // With release_source the file's pages of v, no longer read, leave this
+  // process's mapping, so the model is not resident twice (they stay in the
+  // page cache; a later read would fault them back in from the file).
+  WeightView packed(const WeightView& v, bool release_source) {
     const int64_t bytes = kernels::packed_weight_bytes(v);
     if (bytes == 0) return v;
     auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes + 64));
     void* aligned = buf->data() + (64 - reinterpret_cast<uintptr_t>(buf->data()) % 64) % 64;
+    // Only the file's pages: a matrix converted at load lives in `owned`.
+    const bool from_file = std::none_of(w_.owned.begin(), w_.owned.end(), [&](const auto& o) { return o->data() == v.data; });
     w_.owned.push_back(buf);
-    return kernels::pack_weights(v, aligned);
+    const WeightView p = kernels::pack_weights(v, aligned);
+    if (release_source && from_file) {
+      const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+      const auto begin = reinterpret_cast<uintptr_t>(v.data), end = begin + static_cast<uintptr_t>(v.rows * v.row_stride_bytes);
+      const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages of v only
+      if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    }
+    return p;
   }
 
   std::string type_summary() const {
@@ -176,9 +191,9 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
   }
   w.weight_types = ld.type_summary();
   // The embedding table stays as stored (rows are looked up, not multiplied).
-  w.output = ld.packed(w.output);
+  w.output = ld.packed(w.output, w.output.data != w.tok_embd.data);  // a tied table is still read for embeddings
   for (LlamaLayer& L : w.layers)
-    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = ld.packed(*m);
+    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = ld.packed(*m, true);
   return w;
 }
 
