@@ -155,7 +155,7 @@ void unpack_q8_0x16_row(const WeightView& w, int64_t r, BlockQ8_0* out) {
   for (int64_t b = 0; b < nb; ++b) {
     out[b].d = scales[b * kPackRows + j];
     for (int c = 0; c < kQK; ++c)
-      out[b].qs[c] = static_cast<int8_t>(g[b * kPackBlockBytes + (c / 4) * 64 + j * 4 + c % 4] ^ 0x80);
+      out[b].qs[c] = static_cast<int8_t>(g[packed_q8_0x16_quant_offset(b, j, c)] ^ 0x80);
   }
 }
 
@@ -254,8 +254,11 @@ WeightView pack_weights(const WeightView& w, void* dst) {
   if (bytes == 0) return w;
   const int64_t nb = w.cols / kQK, stride = packed_q8_0x16_group_bytes(w.cols);
   auto* out = static_cast<uint8_t*>(dst);
-  std::memset(out, 0, static_cast<size_t>(bytes));  // padding rows: scale 0
-  for (int64_t r = 0; r < (w.rows + kPackRows - 1) / kPackRows * kPackRows; ++r) {
+  const int64_t groups = bytes / stride, used = nb * (kPackBlockBytes + 2 * kPackRows);
+  // Every byte but each group's tail is written below (padding rows as scale
+  // 0 and quants 0); the tail is zeroed so the copy is fully defined.
+  for (int64_t gi = 0; gi < groups; ++gi) std::memset(out + gi * stride + used, 0, static_cast<size_t>(stride - used));
+  for (int64_t r = 0; r < groups * kPackRows; ++r) {
     uint8_t* g = out + (r / kPackRows) * stride;
     auto* scales = reinterpret_cast<uint16_t*>(g + nb * kPackBlockBytes);
     const int64_t j = r % kPackRows;
@@ -264,7 +267,7 @@ WeightView pack_weights(const WeightView& w, void* dst) {
     for (int64_t b = 0; b < nb; ++b) {
       scales[b * kPackRows + j] = src ? src[b].d : 0;
       for (int c = 0; c < kQK; ++c)
-        g[b * kPackBlockBytes + (c / 4) * 64 + j * 4 + c % 4] = static_cast<uint8_t>((src ? src[b].qs[c] : 0) ^ 0x80);
+        g[packed_q8_0x16_quant_offset(b, j, c)] = static_cast<uint8_t>((src ? src[b].qs[c] : 0) ^ 0x80);
     }
   }
   WeightView v = w;

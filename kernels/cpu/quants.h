@@ -88,6 +88,10 @@ inline int64_t packed_q8_0x16_group_bytes(int64_t cols) {
   const int64_t nb = cols / kQK;
   return (nb * (kPackBlockBytes + 2 * kPackRows) + 63) / 64 * 64;
 }
+// Byte of quant c of block b of row j (within its group) in a group's quants.
+inline int64_t packed_q8_0x16_quant_offset(int64_t b, int64_t j, int c) {
+  return b * kPackBlockBytes + (c / 4) * 64 + j * 4 + c % 4;
+}
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, BlockQ8_K* y, int64_t n);
 

@@ -136,31 +136,35 @@ double measure_memory_bandwidth_gb_per_s(Executor* ex, int64_t bytes) {
   return best;
 }
 
-double measure_peak_gflop_per_s(Executor* ex) {
-  const std::string_view level = simd_level();
-  const int lanes = level == "avx512" ? 16 : level == "avx2" ? 8 : 1;
-  const int64_t iters = level == "scalar" ? 2'000'000 : 4'000'000;
+namespace {
+// Best of 3 runs of loop() once per thread, in giga-operations per second;
+// loop() performs ops_per_loop operations and returns a value kept alive so
+// the compiler cannot drop the work.
+double best_gops(Executor* ex, double ops_per_loop, const std::function<double()>& loop) {
   const int threads = ex ? ex->threads() : 1;
-  std::vector<float> sinks(static_cast<size_t>(threads), 0);
+  std::vector<double> sinks(static_cast<size_t>(threads), 0);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     auto t0 = Clock::now();
     run(ex, threads, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        float r = level == "avx512" ? fma_loop_avx512(iters)
-                  : level == "avx2" ? fma_loop_avx2(iters)
-                                    : fma_loop_scalar(iters);
-        sinks[static_cast<size_t>(t)] = r;
-      }
+      for (int64_t t = b; t < e; ++t) sinks[static_cast<size_t>(t)] = loop();
     });
-    double s = seconds_since(t0);
-    double flops = 2.0 * lanes * kChains * static_cast<double>(iters) * threads;
-    best = std::max(best, flops / s / 1e9);
+    best = std::max(best, ops_per_loop * threads / seconds_since(t0) / 1e9);
   }
-  volatile float keep = 0;
-  for (float v : sinks) keep = keep + v;
+  volatile double keep = 0;
+  for (double v : sinks) keep = keep + v;
   (void)keep;
   return best;
+}
+}  // namespace
+
+double measure_peak_gflop_per_s(Executor* ex) {
+  const std::string_view level = simd_level();
+  const int lanes = level == "avx512" ? 16 : level == "avx2" ? 8 : 1;
+  const int64_t iters = level == "scalar" ? 2'000'000 : 4'000'000;
+  return best_gops(ex, 2.0 * lanes * kChains * static_cast<double>(iters), [&]() -> double {
+    return level == "avx512" ? fma_loop_avx512(iters) : level == "avx2" ? fma_loop_avx2(iters) : fma_loop_scalar(iters);
+  });
 }
 
 double measure_peak_int8_gop_per_s(Executor* ex) {
@@ -168,23 +172,9 @@ double measure_peak_int8_gop_per_s(Executor* ex) {
   if (level == "scalar") return measure_peak_gflop_per_s(ex);
   const int macs = level == "avx512" ? 64 : 32;  // per instruction (group)
   const int64_t iters = 4'000'000;
-  const int threads = ex ? ex->threads() : 1;
-  std::vector<int> sinks(static_cast<size_t>(threads), 0);
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    auto t0 = Clock::now();
-    run(ex, threads, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
-        sinks[static_cast<size_t>(t)] = level == "avx512" ? dot_loop_avx512(iters) : dot_loop_avx2(iters);
-    });
-    double s = seconds_since(t0);
-    double ops = 2.0 * macs * kChains * static_cast<double>(iters) * threads;
-    best = std::max(best, ops / s / 1e9);
-  }
-  volatile int keep = 0;
-  for (int v : sinks) keep = keep + v;
-  (void)keep;
-  return best;
+  return best_gops(ex, 2.0 * macs * kChains * static_cast<double>(iters), [&]() -> double {
+    return level == "avx512" ? dot_loop_avx512(iters) : dot_loop_avx2(iters);
+  });
 }
 
 }  // namespace atelier::kernels

@@ -283,8 +283,9 @@ void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
   // head, so the result is the same whatever else is in the step and however
   // the tasks are split. A task walks each run of cached positions once for
   // all its heads, so a run's K and V rows (all heads of a position are
-  // contiguous) are fetched once and reused from cache head to head. Heads are split only as far as the threads need (generation: one
-  // row, one head per task).
+  // contiguous) are fetched once and reused from cache head to head. Heads
+  // are split only as far as the threads need (generation: one row, one head
+  // per task).
   const int threads = ex_ ? ex_->threads() : 1;
   const int span = std::clamp(hp.n_head * rows / (4 * threads), 1, hp.n_head);
   const int chunks = (hp.n_head + span - 1) / span;
