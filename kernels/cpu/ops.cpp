@@ -133,6 +133,24 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * fp16_to_f32(x[i]);
 }
 
+namespace {
+// One head at a time through a one-head run-of-rows op (the scalar and AVX2
+// levels): scores or sums of head h from KV head h / group.
+template <class T, class Fn>
+void dots_per_head(const T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q, float* scores,
+                   int64_t scores_stride, Fn rows_dot) {
+  for (int h = hs.h0; h < hs.h1; ++h)
+    rows_dot(rows + (h / hs.group) * hs.head_dim, stride, n_rows, q + h * hs.head_dim, hs.head_dim,
+             scores + (h - hs.h0) * scores_stride);
+}
+template <class T, class Fn>
+void axpys_per_head(const float* a, int64_t a_stride, const T* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y, Fn rows_axpy) {
+  for (int h = hs.h0; h < hs.h1; ++h)
+    rows_axpy(a + (h - hs.h0) * a_stride, rows + (h / hs.group) * hs.head_dim, stride, n_rows, y + h * hs.head_dim,
+              hs.head_dim);
+}
+
 void dot_f32_rows_ref(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* a = rows + r * stride;
@@ -141,7 +159,6 @@ void dot_f32_rows_ref(const float* rows, int64_t stride, int64_t n_rows, const f
     out[r] = s;
   }
 }
-
 void dot_f16_rows_ref(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint16_t* a = rows + r * stride;
@@ -150,39 +167,59 @@ void dot_f16_rows_ref(const uint16_t* rows, int64_t stride, int64_t n_rows, cons
     out[r] = s;
   }
 }
-
 void axpy_f32_rows_ref(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t i = 0; i < n; ++i) y[i] += a[r] * rows[r * stride + i];
 }
-
 void axpy_f16_rows_ref(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t i = 0; i < n; ++i) y[i] += a[r] * fp16_to_f32(rows[r * stride + i]);
 }
+}  // namespace
 
-void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
-  if (use_avx512()) return cpu::avx512::dot_f32_rows(rows, stride, n_rows, x, n, out);
-  if (use_avx2()) return cpu::avx2::dot_f32_rows(rows, stride, n_rows, x, n, out);
-  dot_f32_rows_ref(rows, stride, n_rows, x, n, out);
+void dot_f32_heads_ref(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                       float* scores, int64_t scores_stride) {
+  dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, dot_f32_rows_ref);
+}
+void dot_f16_heads_ref(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                       float* scores, int64_t scores_stride) {
+  dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, dot_f16_rows_ref);
+}
+void axpy_f32_heads_ref(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
+                        const AttnHeads& hs, float* y) {
+  axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, axpy_f32_rows_ref);
+}
+void axpy_f16_heads_ref(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
+                        const AttnHeads& hs, float* y) {
+  axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, axpy_f16_rows_ref);
 }
 
-void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
-  if (use_avx512()) return cpu::avx512::dot_f16_rows(rows, stride, n_rows, x, n, out);
-  if (use_avx2()) return cpu::avx2::dot_f16_rows(rows, stride, n_rows, x, n, out);
-  dot_f16_rows_ref(rows, stride, n_rows, x, n, out);
+void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride) {
+  if (use_avx512()) return cpu::avx512::dot_f32_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
+  if (use_avx2()) return dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, cpu::avx2::dot_f32_rows);
+  dot_f32_heads_ref(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
 
-void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
-  if (use_avx512()) return cpu::avx512::axpy_f32_rows(a, rows, stride, n_rows, y, n);
-  if (use_avx2()) return cpu::avx2::axpy_f32_rows(a, rows, stride, n_rows, y, n);
-  axpy_f32_rows_ref(a, rows, stride, n_rows, y, n);
+void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride) {
+  if (use_avx512()) return cpu::avx512::dot_f16_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
+  if (use_avx2()) return dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, cpu::avx2::dot_f16_rows);
+  dot_f16_heads_ref(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
 
-void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
-  if (use_avx512()) return cpu::avx512::axpy_f16_rows(a, rows, stride, n_rows, y, n);
-  if (use_avx2()) return cpu::avx2::axpy_f16_rows(a, rows, stride, n_rows, y, n);
-  axpy_f16_rows_ref(a, rows, stride, n_rows, y, n);
+void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y) {
+  if (use_avx512()) return cpu::avx512::axpy_f32_heads(a, a_stride, rows, stride, n_rows, hs, y);
+  if (use_avx2()) return axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_f32_rows);
+  axpy_f32_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
+}
+
+void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y) {
+  if (use_avx512()) return cpu::avx512::axpy_f16_heads(a, a_stride, rows, stride, n_rows, hs, y);
+  if (use_avx2()) return axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_f16_rows);
+  axpy_f16_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
 }
 
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {

@@ -1,18 +1,25 @@
-// AVX-512 runs of rows: the attention's score dots and value sums over
-// contiguous cached positions (dot_*_rows, axpy_*_rows).
+// AVX-512 attention runs: the score dots and value sums over contiguous
+// cached positions (dot_*_heads, axpy_*_heads).
 //
-// Dots: 8 positions at a time, each with its own 16-lane accumulator (one FMA
-// per 16 elements, in element order) summed by one fixed tree per position
-// (reduce8). A position's result therefore depends only on its own row and x,
-// never on how many positions the run has or where the run starts: the paged
-// and the contiguous KV caches give the same scores. At head size 64 this is
-// about twice the AVX2 one-row dot (one horizontal sum per 8 positions instead
-// of one per position).
+// Dots: 8 (position, head) pairs at a time, each with its own 16-lane
+// accumulator (one FMA per 16 elements, in element order) summed by one fixed
+// tree per pair (reduce8). A pair's result therefore depends only on its own
+// row and query, never on how many positions or heads the run has or where it
+// starts: the paged and the contiguous KV caches give the same scores, and so
+// does any split of the heads. At head size 64 this is about twice the AVX2
+// one-row dot (one horizontal sum per 8 pairs instead of one per pair).
 //
 // Sums: one FMA per position per element in position order, exactly as the
 // AVX2 and scalar code do, so results are bit-identical to them; the wider
 // registers only halve the instruction count.
+//
+// Several heads are walked position by position (every head of a cached row,
+// then the next row): the run streams through once in address order, which
+// the hardware prefetchers follow; head by head, each pass would stride
+// through the rows, taking a sliver of each.
 #include <immintrin.h>
+
+#include <atelier/kernels.h>
 
 #include "ops_internal.h"
 
@@ -100,21 +107,90 @@ AI void axpy_rows(const float* a, const typename L::T* rows, int64_t stride, int
   }
 }
 
+// Position by position, every head: (position, head) pairs in address order,
+// 8 at a time through dot_rows' per-pair arithmetic (its FMA chain and lane
+// tree), so each pair's score is the one a one-head run gives.
+template <class L>
+AI void dot_heads(const typename L::T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                  float* scores, int64_t scores_stride) {
+  if (hs.h1 - hs.h0 == 1)
+    return dot_rows<L>(rows + (hs.h0 / hs.group) * hs.head_dim, stride, n_rows, q + hs.h0 * hs.head_dim,
+                       hs.head_dim, scores);
+  const int64_t n = hs.head_dim, full = n / 16 * 16;
+  const __mmask16 tm = tail16(n - full);
+  int64_t r = 0;
+  int h = hs.h0;
+  while (r < n_rows) {
+    const typename L::T* p[8];
+    const float* x[8];
+    float* o[8];
+    int cnt = 0;
+    for (; cnt < 8 && r < n_rows; ++cnt) {
+      p[cnt] = rows + r * stride + (h / hs.group) * n;
+      x[cnt] = q + h * n;
+      o[cnt] = scores + (h - hs.h0) * scores_stride + r;
+      if (++h == hs.h1) h = hs.h0, ++r;
+    }
+    for (int j = cnt; j < 8; ++j) p[j] = p[0], x[j] = x[0];  // dummies repeat the first pair
+    __m512 acc[8];
+    for (auto& v : acc) v = _mm512_setzero_ps();
+    for (int64_t i = 0; i < full; i += 16) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(L::load(p[j] + i), _mm512_loadu_ps(x[j] + i), acc[j]);
+    }
+    if (tm) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        acc[j] = _mm512_fmadd_ps(L::load(p[j] + full, tm), _mm512_maskz_loadu_ps(tm, x[j] + full), acc[j]);
+    }
+    alignas(32) float s[8];
+    _mm256_store_ps(s, reduce8(acc));
+    for (int j = 0; j < cnt; ++j) *o[j] = s[j];
+  }
+}
+
+// Position by position, every head, y in memory (a head's 64 floats per
+// position come from L1); per element the same FMA sequence as axpy_rows.
+template <class L>
+AI void axpy_heads(const float* a, int64_t a_stride, const typename L::T* rows, int64_t stride, int64_t n_rows,
+                   const AttnHeads& hs, float* y) {
+  const int64_t n = hs.head_dim;
+  if (hs.h1 - hs.h0 == 1)
+    return axpy_rows<L>(a, rows + (hs.h0 / hs.group) * n, stride, n_rows, y + hs.h0 * n, n);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int h = hs.h0; h < hs.h1; ++h) {
+      const __m512 va = _mm512_set1_ps(a[(h - hs.h0) * a_stride + r]);
+      const typename L::T* p = rows + r * stride + (h / hs.group) * n;
+      float* yh = y + h * n;
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(yh + i, _mm512_fmadd_ps(va, L::load(p + i), _mm512_loadu_ps(yh + i)));
+      if (i < n) {
+        const __mmask16 m = tail16(n - i);
+        _mm512_mask_storeu_ps(yh + i, m, _mm512_fmadd_ps(va, L::load(p + i, m), _mm512_maskz_loadu_ps(m, yh + i)));
+      }
+    }
+  }
+}
+
 #undef AI
 
 }  // namespace
 
-void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
-  dot_rows<F32>(rows, stride, n_rows, x, n, out);
+void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride) {
+  dot_heads<F32>(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
-void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
-  dot_rows<F16>(rows, stride, n_rows, x, n, out);
+void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride) {
+  dot_heads<F16>(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
-void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
-  axpy_rows<F32>(a, rows, stride, n_rows, y, n);
+void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y) {
+  axpy_heads<F32>(a, a_stride, rows, stride, n_rows, hs, y);
 }
-void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
-  axpy_rows<F16>(a, rows, stride, n_rows, y, n);
+void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y) {
+  axpy_heads<F16>(a, a_stride, rows, stride, n_rows, hs, y);
 }
 
 }  // namespace atelier::kernels::cpu::avx512

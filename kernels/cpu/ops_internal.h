@@ -3,6 +3,10 @@
 
 #include <cstdint>
 
+namespace atelier::kernels {
+struct AttnHeads;
+}
+
 namespace atelier::kernels::cpu::avx2 {
 
 void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps);
@@ -25,11 +29,16 @@ void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 
 }  // namespace atelier::kernels::cpu::avx2
 
-// AVX-512 runs of rows (ops_avx512.cpp): the dots are per position exactly as
-// the AVX2 ones are not (a different lane tree), the sums bit-identical.
+// AVX-512 attention runs (ops_avx512.cpp): all heads of one position at a
+// time. The dots are per position exactly as the AVX2 ones are not (a
+// different lane tree); the sums are bit-identical to AVX2's.
 namespace atelier::kernels::cpu::avx512 {
-void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
-void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
-void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
-void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride);
+void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride);
+void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y);
+void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
+                    const AttnHeads& hs, float* y);
 }  // namespace atelier::kernels::cpu::avx512

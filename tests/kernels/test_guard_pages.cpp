@@ -87,18 +87,26 @@ TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
     for (int64_t n : {1, 7, 8, 15, 16, 17, 40, 64, 65}) {
-      for (int64_t rows : {1, 3, 8, 9}) {
-        Guarded<float> f(random_floats(rows * n, 1));
-        std::vector<uint16_t> hv(static_cast<size_t>(rows * n));
-        for (size_t i = 0; i < hv.size(); ++i) hv[i] = f32_to_fp16(f.data()[i]);
-        Guarded<uint16_t> h(hv);
-        Guarded<float> x(random_floats(n, 2)), a(random_floats(rows, 3));
-        Guarded<float> out(static_cast<size_t>(rows)), y(static_cast<size_t>(n));
-        dot_f32_rows(f.data(), n, rows, x.data(), n, out.data());
-        dot_f16_rows(h.data(), n, rows, x.data(), n, out.data());
-        std::memset(y.data(), 0, static_cast<size_t>(n) * sizeof(float));
-        axpy_f32_rows(a.data(), f.data(), n, rows, y.data(), n);
-        axpy_f16_rows(a.data(), h.data(), n, rows, y.data(), n);
+      // One head, and three query heads over one KV head (the last head's
+      // reads end at the guard page).
+      for (int n_head : {1, 3}) {
+        for (int64_t rows : {1, 3, 8, 9}) {
+          AttnHeads hs;
+          hs.h1 = n_head;
+          hs.group = n_head;
+          hs.head_dim = n;
+          Guarded<float> f(random_floats(rows * n, 1));
+          std::vector<uint16_t> hv(static_cast<size_t>(rows * n));
+          for (size_t i = 0; i < hv.size(); ++i) hv[i] = f32_to_fp16(f.data()[i]);
+          Guarded<uint16_t> h(hv);
+          Guarded<float> x(random_floats(n_head * n, 2)), a(random_floats(n_head * rows, 3));
+          Guarded<float> out(static_cast<size_t>(n_head * rows)), y(static_cast<size_t>(n_head * n));
+          dot_f32_heads(f.data(), n, rows, hs, x.data(), out.data(), rows);
+          dot_f16_heads(h.data(), n, rows, hs, x.data(), out.data(), rows);
+          std::memset(y.data(), 0, static_cast<size_t>(n_head * n) * sizeof(float));
+          axpy_f32_heads(a.data(), rows, f.data(), n, rows, hs, y.data());
+          axpy_f16_heads(a.data(), rows, h.data(), n, rows, hs, y.data());
+        }
       }
       Guarded<float> x(random_floats(n, 4)), g(random_floats(n, 5)), o(static_cast<size_t>(n));
       rms_norm(x.data(), g.data(), o.data(), n, 1e-5f);

@@ -173,60 +173,87 @@ TEST(Ops, HalfRowsMatchScalarConversion) {
 }
 
 
-// The run-of-rows attention ops give each row the bits it gets in a run of
-// its own (so how the KV cache splits positions into runs never matters), for
-// any run length, stride and width (tails included). The sums equal the
-// one-row axpy bit for bit at every level; the dots are within rounding of
-// the one-row dot (AVX-512 sums lanes in another order); at the scalar level
-// everything equals its *_ref.
-TEST(Ops, RowRunsMatchOneRowCalls) {
+// The attention run ops give each (row, head) the bits it gets in a run of
+// one row and one head (so how the KV cache splits positions into runs, and
+// the heads into tasks, never matters), for any run length, stride, head
+// size (tails included), head range and grouped-query layout. The sums equal
+// the one-row axpy bit for bit at every level; the dots are within rounding
+// of the one-row dot (AVX-512 sums lanes in another order); at the scalar
+// level everything equals its *_ref.
+TEST(Ops, AttentionRunsMatchOneRowOneHeadCalls) {
+  struct Shape {
+    int n_head, n_head_kv, h0, h1;
+  };
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
-    for (int64_t n : {1, 7, 8, 31, 64, 65, 128, 200}) {
-      const int64_t stride = n + 5, n_rows = 37;
-      const auto f = random_floats(stride * n_rows, 3);
-      std::vector<uint16_t> h(f.size());
-      for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_fp16(f[i]);
-      const auto x = random_floats(n, 4);
-      const auto a = random_floats(n_rows, 5);
-      for (int64_t len : {int64_t{1}, int64_t{2}, int64_t{9}, n_rows}) {
-        std::vector<float> d32(len), d16(len), y32 = random_floats(n, 6), y16 = y32;
-        std::vector<float> e32 = y32, e16 = y32;
-        dot_f32_rows(f.data(), stride, len, x.data(), n, d32.data());
-        dot_f16_rows(h.data(), stride, len, x.data(), n, d16.data());
-        axpy_f32_rows(a.data(), f.data(), stride, len, y32.data(), n);
-        axpy_f16_rows(a.data(), h.data(), stride, len, y16.data(), n);
-        for (int64_t r = 0; r < len; ++r) {
-          float s32 = 0, s16 = 0;
-          dot_f32_rows(f.data() + r * stride, stride, 1, x.data(), n, &s32);
-          dot_f16_rows(h.data() + r * stride, stride, 1, x.data(), n, &s16);
-          ASSERT_EQ(0, std::memcmp(&s32, &d32[r], 4)) << level << " n " << n << " row " << r;
-          ASSERT_EQ(0, std::memcmp(&s16, &d16[r], 4)) << level << " n " << n << " row " << r;
-          const float o32 = dot_f32(f.data() + r * stride, x.data(), n);
-          const float o16 = dot_f16_f32(h.data() + r * stride, x.data(), n);
-          double mag = 0;
-          for (int64_t i = 0; i < n; ++i) mag += std::fabs(double(f[r * stride + i]) * x[i]);
-          ASSERT_NEAR(o32, d32[r], 1e-6 * mag + 1e-30) << level << " n " << n << " row " << r;
-          ASSERT_NEAR(o16, d16[r], 1e-6 * mag + 1e-30) << level << " n " << n << " row " << r;
-          if (level != "avx512") {
-            ASSERT_EQ(0, std::memcmp(&o32, &d32[r], 4)) << level << " n " << n << " row " << r;
-            ASSERT_EQ(0, std::memcmp(&o16, &d16[r], 4)) << level << " n " << n << " row " << r;
+    for (int64_t hd : {1, 7, 8, 31, 64, 65, 128}) {
+      for (const Shape& sh : {Shape{1, 1, 0, 1}, Shape{12, 12, 0, 12}, Shape{12, 12, 5, 11}, Shape{8, 2, 0, 8},
+                              Shape{8, 2, 3, 7}, Shape{9, 3, 1, 9}}) {
+        AttnHeads hs;
+        hs.h0 = sh.h0;
+        hs.h1 = sh.h1;
+        hs.group = sh.n_head / sh.n_head_kv;
+        hs.head_dim = hd;
+        const int nh = sh.h1 - sh.h0;
+        const int64_t stride = sh.n_head_kv * hd + 5, n_rows = 37;
+        const auto f = random_floats(stride * n_rows, 3);
+        std::vector<uint16_t> h(f.size());
+        for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_fp16(f[i]);
+        const auto q = random_floats(sh.n_head * hd, 4);
+        const int64_t a_stride = n_rows + 3;
+        const auto a = random_floats(nh * a_stride, 5);
+        for (int64_t len : {int64_t{1}, int64_t{2}, int64_t{9}, n_rows}) {
+          const int64_t ss = len + 2;
+          std::vector<float> d32(nh * ss, -1.0f), d16 = d32;
+          std::vector<float> y32 = random_floats(sh.n_head * hd, 6), y16 = y32, e32 = y32, e16 = y32;
+          dot_f32_heads(f.data(), stride, len, hs, q.data(), d32.data(), ss);
+          dot_f16_heads(h.data(), stride, len, hs, q.data(), d16.data(), ss);
+          axpy_f32_heads(a.data(), a_stride, f.data(), stride, len, hs, y32.data());
+          axpy_f16_heads(a.data(), a_stride, h.data(), stride, len, hs, y16.data());
+          for (int hh = sh.h0; hh < sh.h1; ++hh) {
+            const int64_t kv = (hh / hs.group) * hd, k = hh - sh.h0;
+            const float* x = q.data() + hh * hd;
+            AttnHeads one;
+            one.h0 = hh;
+            one.h1 = hh + 1;
+            one.group = hs.group;
+            one.head_dim = hd;
+            for (int64_t r = 0; r < len; ++r) {
+              const float got32 = d32[k * ss + r], got16 = d16[k * ss + r];
+              float s32 = 0, s16 = 0;
+              dot_f32_heads(f.data() + r * stride, stride, 1, one, q.data(), &s32, 1);
+              dot_f16_heads(h.data() + r * stride, stride, 1, one, q.data(), &s16, 1);
+              ASSERT_EQ(0, std::memcmp(&s32, &got32, 4)) << level << " hd " << hd << " head " << hh << " row " << r;
+              ASSERT_EQ(0, std::memcmp(&s16, &got16, 4)) << level << " hd " << hd << " head " << hh << " row " << r;
+              const float o32 = dot_f32(f.data() + r * stride + kv, x, hd);
+              const float o16 = dot_f16_f32(h.data() + r * stride + kv, x, hd);
+              double mag = 0;
+              for (int64_t i = 0; i < hd; ++i) mag += std::fabs(double(f[r * stride + kv + i]) * x[i]);
+              ASSERT_NEAR(o32, got32, 1e-6 * mag + 1e-30) << level << " hd " << hd << " row " << r;
+              ASSERT_NEAR(o16, got16, 1e-6 * mag + 1e-30) << level << " hd " << hd << " row " << r;
+              if (level != "avx512") {
+                ASSERT_EQ(0, std::memcmp(&o32, &got32, 4)) << level << " hd " << hd << " row " << r;
+                ASSERT_EQ(0, std::memcmp(&o16, &got16, 4)) << level << " hd " << hd << " row " << r;
+              }
+              axpy_f32(a[k * a_stride + r], f.data() + r * stride + kv, e32.data() + hh * hd, hd);
+              axpy_f16(a[k * a_stride + r], h.data() + r * stride + kv, e16.data() + hh * hd, hd);
+            }
+            // Padding between the heads' score rows stays untouched.
+            for (int64_t r = len; r < ss; ++r) ASSERT_EQ(d32[k * ss + r], -1.0f) << level;
           }
-          axpy_f32(a[r], f.data() + r * stride, e32.data(), n);
-          axpy_f16(a[r], h.data() + r * stride, e16.data(), n);
-        }
-        ASSERT_EQ(0, std::memcmp(e32.data(), y32.data(), n * 4)) << level << " n " << n << " len " << len;
-        ASSERT_EQ(0, std::memcmp(e16.data(), y16.data(), n * 4)) << level << " n " << n << " len " << len;
-        if (level == "scalar") {
-          std::vector<float> r32(len), r16(len), ry32 = random_floats(n, 6), ry16 = ry32;
-          dot_f32_rows_ref(f.data(), stride, len, x.data(), n, r32.data());
-          dot_f16_rows_ref(h.data(), stride, len, x.data(), n, r16.data());
-          axpy_f32_rows_ref(a.data(), f.data(), stride, len, ry32.data(), n);
-          axpy_f16_rows_ref(a.data(), h.data(), stride, len, ry16.data(), n);
-          ASSERT_EQ(0, std::memcmp(r32.data(), d32.data(), len * 4));
-          ASSERT_EQ(0, std::memcmp(r16.data(), d16.data(), len * 4));
-          ASSERT_EQ(0, std::memcmp(ry32.data(), y32.data(), n * 4));
-          ASSERT_EQ(0, std::memcmp(ry16.data(), y16.data(), n * 4));
+          ASSERT_EQ(0, std::memcmp(e32.data(), y32.data(), y32.size() * 4)) << level << " hd " << hd << " len " << len;
+          ASSERT_EQ(0, std::memcmp(e16.data(), y16.data(), y16.size() * 4)) << level << " hd " << hd << " len " << len;
+          if (level == "scalar") {
+            std::vector<float> r32(nh * ss, -1.0f), r16 = r32, ry32 = random_floats(sh.n_head * hd, 6), ry16 = ry32;
+            dot_f32_heads_ref(f.data(), stride, len, hs, q.data(), r32.data(), ss);
+            dot_f16_heads_ref(h.data(), stride, len, hs, q.data(), r16.data(), ss);
+            axpy_f32_heads_ref(a.data(), a_stride, f.data(), stride, len, hs, ry32.data());
+            axpy_f16_heads_ref(a.data(), a_stride, h.data(), stride, len, hs, ry16.data());
+            ASSERT_EQ(0, std::memcmp(r32.data(), d32.data(), r32.size() * 4));
+            ASSERT_EQ(0, std::memcmp(r16.data(), d16.data(), r16.size() * 4));
+            ASSERT_EQ(0, std::memcmp(ry32.data(), y32.data(), ry32.size() * 4));
+            ASSERT_EQ(0, std::memcmp(ry16.data(), y16.data(), ry16.size() * 4));
+          }
         }
       }
     }

@@ -282,10 +282,9 @@ void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
   // sequence's cache, and each head's arithmetic depends only on that row and
   // head, so the result is the same whatever else is in the step and however
   // the tasks are split. A task walks each run of cached positions once for
-  // all its heads, so a run's K and V rows (all heads of a position are
-  // contiguous) are fetched once and reused from cache head to head. Heads
-  // are split only as far as the threads need (generation: one row, one head
-  // per task).
+  // all its heads, position by position (the *_heads ops), so the run's K and
+  // V rows stream through in address order. Heads are split only as far as
+  // the threads need (generation: one row, one head per task).
   const int threads = ex_ ? ex_->threads() : 1;
   const int span = std::clamp(hp.n_head * rows / (4 * threads), 1, hp.n_head);
   const int chunks = (hp.n_head + span - 1) / span;
@@ -304,16 +303,19 @@ void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
       // rest of a block for a PagedSeq). Each position's dot is the one-row
       // dot, and the V accumulation is one FMA per position in position order,
       // so the result does not depend on how the positions are grouped.
+      kernels::AttnHeads heads;
+      heads.h0 = h0;
+      heads.h1 = h1;
+      heads.group = group;
+      heads.head_dim = hd;
       for (int p = 0; p < len;) {
         const KvSeq::Run run = cache.run(layer, p);
         const int n = std::min(run.n, len - p);
-        for (int h = h0; h < h1; ++h) {
-          const int kvh = h / group;
-          float* s = head_scores(h) + p;
-          if (f16) kernels::dot_f16_rows(static_cast<const uint16_t*>(run.k) + kvh * hd, run.stride, n, q + h * hd, hd, s);
-          else kernels::dot_f32_rows(static_cast<const float*>(run.k) + kvh * hd, run.stride, n, q + h * hd, hd, s);
-          for (int j = 0; j < n; ++j) s[j] = scale * s[j];
-        }
+        float* s = scores.data() + p;
+        if (f16) kernels::dot_f16_heads(static_cast<const uint16_t*>(run.k), run.stride, n, heads, q, s, len);
+        else kernels::dot_f32_heads(static_cast<const float*>(run.k), run.stride, n, heads, q, s, len);
+        for (int h = h0; h < h1; ++h)
+          for (int j = 0; j < n; ++j) s[(h - h0) * len + j] *= scale;
         p += n;
       }
       for (int h = h0; h < h1; ++h) {
@@ -323,12 +325,9 @@ void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
       for (int p = 0; p < len;) {
         const KvSeq::Run run = cache.run(layer, p);
         const int n = std::min(run.n, len - p);
-        for (int h = h0; h < h1; ++h) {
-          const int kvh = h / group;
-          const float* a = head_scores(h) + p;
-          if (f16) kernels::axpy_f16_rows(a, static_cast<const uint16_t*>(run.v) + kvh * hd, run.stride, n, out + h * hd, hd);
-          else kernels::axpy_f32_rows(a, static_cast<const float*>(run.v) + kvh * hd, run.stride, n, out + h * hd, hd);
-        }
+        const float* a = scores.data() + p;
+        if (f16) kernels::axpy_f16_heads(a, len, static_cast<const uint16_t*>(run.v), run.stride, n, heads, out);
+        else kernels::axpy_f32_heads(a, len, static_cast<const float*>(run.v), run.stride, n, heads, out);
         p += n;
       }
     }

@@ -138,20 +138,38 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 // The same with one operand stored as fp16 (an F16 KV cache).
 float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
-// A run of n_rows rows of n elements, stride_elems apart (contiguous cached
-// positions of an attention head). Row by row exactly what the one-row calls
-// give: out[r] = dot_*(rows + r * stride_elems, x, n), bit for bit, whatever
-// n_rows is; and y[i] += a[r] * rows[r][i] for r = 0, 1, ... in order, each
-// step rounded as axpy_* rounds it.
-void dot_f32_rows(const float* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
-void dot_f16_rows(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
-void axpy_f32_rows(const float* a, const float* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
-void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
+// Attention over a run of n_rows cached positions (contiguous rows of a KV
+// cache), stride_elems apart; a row holds every KV head, head_dim elements
+// each. Query heads h0 <= h < h1 read KV head h / group (grouped-query
+// attention). Per head, and per row, exactly the arithmetic of a run of one
+// row and one head, bit for bit, whatever n_rows, h0 and h1 are (so how the
+// cache splits positions into runs, and the heads into tasks, never matters):
+//   scores[(h - h0) * scores_stride + r] = dot_*(row r's head h / group, q + h * head_dim)
+//   y[h * head_dim + i] += a[(h - h0) * a_stride + r] * row r's head h / group [i],
+//     for r = 0, 1, ... in order, each step rounded as axpy_* rounds it.
+// The AVX-512 level walks the run position by position for all the heads, so
+// each cached row streams through once, in address order.
+struct AttnHeads {
+  int h0 = 0, h1 = 1, group = 1;
+  int64_t head_dim = 0;
+};
+void dot_f32_heads(const float* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
+                   float* scores, int64_t scores_stride);
+void dot_f16_heads(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
+                   float* scores, int64_t scores_stride);
+void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride_elems, int64_t n_rows,
+                    const AttnHeads& heads, float* y);
+void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride_elems, int64_t n_rows,
+                    const AttnHeads& heads, float* y);
 // Plain loops of the scalar one-row ops (the scalar level's arithmetic).
-void dot_f32_rows_ref(const float* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
-void dot_f16_rows_ref(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const float* x, int64_t n, float* out);
-void axpy_f32_rows_ref(const float* a, const float* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
-void axpy_f16_rows_ref(const float* a, const uint16_t* rows, int64_t stride_elems, int64_t n_rows, float* y, int64_t n);
+void dot_f32_heads_ref(const float* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
+                       float* scores, int64_t scores_stride);
+void dot_f16_heads_ref(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads,
+                       const float* q, float* scores, int64_t scores_stride);
+void axpy_f32_heads_ref(const float* a, int64_t a_stride, const float* rows, int64_t stride_elems, int64_t n_rows,
+                        const AttnHeads& heads, float* y);
+void axpy_f16_heads_ref(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride_elems, int64_t n_rows,
+                        const AttnHeads& heads, float* y);
 // fp16 <-> f32 arrays.
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
 void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
