@@ -3,6 +3,7 @@
 // except the attention's runs of rows, which have AVX-512 variants.
 #include <atelier/kernels.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -102,11 +103,33 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
 
 void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
           float freq_scale, bool neox, const float* freq_factors) {
-  // One table of angles for all heads: the trigonometry dominates otherwise.
-  thread_local std::vector<float> cs;
-  cs.resize(static_cast<size_t>(rot_dim));
-  rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, cs.data(), cs.data() + rot_dim / 2);
-  rope_apply(x, n_heads, head_dim, rot_dim, neox, cs.data(), cs.data() + rot_dim / 2);
+  // One table of angles for all heads, and kept for the next calls at the
+  // same position (a forward pass ropes Q and K of every layer at each row's
+  // position: 2 x layers tables per row otherwise, ~1.5 % of a batched step).
+  // The key holds the factors' values, not their address.
+  struct Table {
+    int64_t pos = -1, rot_dim = 0;
+    float base = 0, scale = 0;
+    bool has_factors = false;
+    std::vector<float> factors, cs;
+  };
+  thread_local Table cache[8];
+  Table& t = cache[pos & 7];
+  const size_t half = static_cast<size_t>(rot_dim / 2);
+  const bool hit = t.pos == pos && t.rot_dim == rot_dim && t.base == freq_base && t.scale == freq_scale &&
+                   t.has_factors == (freq_factors != nullptr) &&
+                   (!freq_factors || std::equal(t.factors.begin(), t.factors.end(), freq_factors));
+  if (!hit) {
+    t.pos = pos;
+    t.rot_dim = rot_dim;
+    t.base = freq_base;
+    t.scale = freq_scale;
+    t.has_factors = freq_factors != nullptr;
+    t.factors.assign(freq_factors, freq_factors ? freq_factors + half : freq_factors);
+    t.cs.resize(2 * half);
+    rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, t.cs.data(), t.cs.data() + half);
+  }
+  rope_apply(x, n_heads, head_dim, rot_dim, neox, t.cs.data(), t.cs.data() + half);
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {

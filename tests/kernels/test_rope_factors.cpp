@@ -41,3 +41,44 @@ TEST(RopeFactors, OnesChangeNothing) {
   rope(b.data(), 2, 32, 32, 77, 500000.0f, 1.0f, true, ones);
   EXPECT_EQ(a, b);
 }
+
+// rope keeps recent angle tables per position; every call must still use its
+// own parameters. Each call below differs from the one before it in one
+// parameter only: the position (also one sharing a table slot), the base, the
+// scale, the rotary width, factors or none, and factors rewritten in place at
+// the same address.
+TEST(RopeFactors, KeptTablesFollowEveryParameter) {
+  struct Call {
+    int64_t pos, rot;
+    float base, scale;
+    bool with_factors;
+    float factor0;
+  };
+  const Call c0{3, 32, 10000.0f, 1.0f, true, 1.0f};
+  std::vector<Call> calls{c0};
+  auto vary = [&](auto change) {
+    Call c = c0;
+    change(c);
+    calls.push_back(c);
+    calls.push_back(c0);
+  };
+  vary([](Call& c) { c.pos = 11; });  // 11 & 7 == 3: the same slot
+  vary([](Call& c) { c.pos = 4; });
+  vary([](Call& c) { c.base = 500000.0f; });
+  vary([](Call& c) { c.scale = 0.25f; });
+  vary([](Call& c) { c.rot = 16; });
+  vary([](Call& c) { c.with_factors = false; });
+  vary([](Call& c) { c.factor0 = 3.0f; });
+  std::vector<float> factors(16, 1.0f);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const Call& c = calls[k];
+    factors[0] = c.factor0;
+    std::vector<float> got(64), want;
+    for (size_t i = 0; i < got.size(); ++i) got[i] = std::cos(0.3f * static_cast<float>(i));
+    want = got;
+    const float* f = c.with_factors ? factors.data() : nullptr;
+    rope(got.data(), 2, 32, c.rot, c.pos, c.base, c.scale, false, f);
+    rope_ref(want.data(), 2, 32, c.rot, c.pos, c.base, c.scale, false, f);
+    ASSERT_EQ(got, want) << "call " << k;
+  }
+}

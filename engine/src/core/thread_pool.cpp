@@ -30,13 +30,19 @@ bool spin_until(Pred&& pred) {
   }
 }
 
-// One contiguous chunk per thread. Chunks taken in turn from a shared
-// counter (several per thread) were tried: generation got ~10 % slower (each
-// thread's weight stream kept restarting) with no clear gain at 16 rows.
-void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int index, int parts) {
-  const int64_t begin = n * index / parts, end = n * (index + 1) / parts;
-  if (begin < end) fn(begin, end);
+// A share's unclaimed units [front, back) in one word, so that its owner
+// (from the front) and a thief (from the back) claim batches by one
+// compare-and-swap each.
+constexpr uint64_t pack(int64_t front, int64_t back) {
+  return static_cast<uint64_t>(front) | (static_cast<uint64_t>(back) << 32);
 }
+constexpr int64_t front_of(uint64_t v) { return static_cast<int64_t>(v & 0xFFFFFFFFu); }
+constexpr int64_t back_of(uint64_t v) { return static_cast<int64_t>(v >> 32); }
+
+// Batches per share (at most; they shrink towards its end): a thread that
+// loses its core mid-share holds up at most one batch; the rest is taken over
+// by the others.
+constexpr int64_t kBatchesPerShare = 4;
 
 }  // namespace
 
@@ -45,7 +51,8 @@ int ThreadPool::hardware_threads() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
-ThreadPool::ThreadPool(int threads) : n_threads_(threads > 0 ? threads : hardware_threads()) {
+ThreadPool::ThreadPool(int threads)
+    : n_threads_(threads > 0 ? threads : hardware_threads()), shares_(new Share[static_cast<size_t>(n_threads_)]) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -64,21 +71,58 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
+  if (n > 0x7FFFFFFF) {  // beyond a packed share: halve the range instead
+    const int64_t half = n / 2;
+    parallel_for(half, fn);
+    parallel_for(n - half, [&](int64_t b, int64_t e) { fn(half + b, half + e); });
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
-    job_n_ = n;
+    batch_ = std::max<int64_t>(1, (n / n_threads_ + kBatchesPerShare - 1) / kBatchesPerShare);
+    for (int t = 0; t < n_threads_; ++t)
+      shares_[t].range.store(pack(n * t / n_threads_, n * (t + 1) / n_threads_), std::memory_order_relaxed);
     pending_.store(n_threads_ - 1, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();  // no system call when every worker is spinning
-  run_chunk(fn, n, 0, n_threads_);
+  run_share(0);
   auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
   if (!spin_until(done)) {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, done);
   }
   job_ = nullptr;
+}
+
+// The thread's own share front to back in batches (one contiguous stream, as
+// a static split gives), then the other shares' leftovers from their backs.
+// Every unit runs exactly once; which thread runs it never changes a result
+// (the kernels' loops are split-invariant).
+void ThreadPool::run_share(int index) {
+  const std::function<void(int64_t, int64_t)>& fn = *job_;
+  auto claim = [&](int t, bool from_front, int64_t& b, int64_t& e) {
+    std::atomic<uint64_t>& r = shares_[t].range;
+    uint64_t v = r.load(std::memory_order_acquire);
+    for (;;) {
+      const int64_t f = front_of(v), bk = back_of(v);
+      if (f >= bk) return false;
+      // Halving towards the end (guided): the last batches are small, so
+      // the threads finish together.
+      const int64_t k = std::min(batch_, std::max<int64_t>(1, (bk - f) / 2));
+      const uint64_t next = from_front ? pack(f + k, bk) : pack(f, bk - k);
+      if (r.compare_exchange_weak(v, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        b = from_front ? f : bk - k;
+        e = from_front ? f + k : bk;
+        return true;
+      }
+    }
+  };
+  int64_t b = 0, e = 0;
+  while (claim(index, true, b, e)) fn(b, e);
+  for (int s = 1; s < n_threads_; ++s)
+    while (claim((index + s) % n_threads_, false, b, e)) fn(b, e);
 }
 
 void ThreadPool::worker(int index) {
@@ -93,7 +137,7 @@ void ThreadPool::worker(int index) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    run_chunk(*job_, job_n_, index, n_threads_);
+    run_share(index);
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);  // the caller may be between its check and its wait
       done_cv_.notify_one();

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -21,14 +22,17 @@ class ThreadPool final : public kernels::Executor {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int threads() const override { return n_threads_; }
-  // Splits [0, n) into at most threads() contiguous chunks. Not re-entrant:
-  // one parallel_for at a time per pool.
+  // Gives each thread a contiguous share of [0, n), run front to back in a
+  // few batches; a thread done with its share takes batches from the back of
+  // the others' (so a thread that loses its core to another process does not
+  // hold up the loop). Not re-entrant: one parallel_for at a time per pool.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) override;
 
   static int hardware_threads();
 
  private:
   void worker(int index);
+  void run_share(int index);
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -39,7 +43,11 @@ class ThreadPool final : public kernels::Executor {
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0;
+  int64_t batch_ = 1;
+  struct alignas(64) Share {
+    std::atomic<uint64_t> range{0};  // unclaimed [front, back), packed
+  };
+  std::unique_ptr<Share[]> shares_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
