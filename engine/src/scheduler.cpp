@@ -219,7 +219,16 @@ void Scheduler::run() {
       known_.insert(id);
     }
     std::erase_if(waiting_, [](const auto& s) { return s->done; });
-    if (woken || now - last_poll_ms_ >= config_.poll_ms) {
+    // This process's submissions, cancels and pauses wake the loop; another
+    // process's show in the database's data version, checked every poll_ms.
+    // Re-reading the queue only then keeps a ~0.1-0.4 ms query out of the
+    // decode steps (one in every ~20 at 16 sequences).
+    bool poll = woken;
+    if (!poll && now - last_poll_ms_ >= config_.poll_ms) {
+      last_poll_ms_ = now;
+      poll = db_.changed_elsewhere();
+    }
+    if (poll) {
       const size_t before = waiting_.size();
       refresh_queue(now);
       for (size_t i = before; i < waiting_.size(); ++i) arrivals.push_back(Clock::now());

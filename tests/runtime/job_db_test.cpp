@@ -523,6 +523,25 @@ TEST(JobDb, PauseFlagIsPersistentAndSharedBetweenConnections) {
   EXPECT_TRUE(JobDb::open(t.db())->paused());
 }
 
+// changed_elsewhere() reports commits by other connections only: a runner
+// re-reads the queue when another process changed it, not after its own writes.
+TEST(JobDb, ChangedElsewhereSeesOnlyOtherConnections) {
+  TempDir t;
+  auto runner = JobDb::open(t.db());
+  auto other = JobDb::open(t.db());
+  EXPECT_TRUE(runner->changed_elsewhere());  // first call: nothing seen yet
+  EXPECT_FALSE(runner->changed_elsewhere());
+  runner->insert("{}", 0, false, 0, 1);
+  runner->set_paused(true);
+  EXPECT_FALSE(runner->changed_elsewhere()) << "its own writes";
+  other->insert("{}", 0, false, 0, 2);
+  EXPECT_TRUE(runner->changed_elsewhere());
+  EXPECT_FALSE(runner->changed_elsewhere());
+  other->set_paused(false);
+  EXPECT_TRUE(runner->changed_elsewhere());
+  EXPECT_FALSE(other->changed_elsewhere() && other->changed_elsewhere());
+}
+
 // ---- migrations ----------------------------------------------------------
 
 namespace {

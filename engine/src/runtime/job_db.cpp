@@ -306,6 +306,15 @@ void JobDb::set_paused(bool paused) {
   meta_set("queue_paused", paused ? "1" : "0");
 }
 
+bool JobDb::changed_elsewhere() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, path_, "PRAGMA data_version");
+  const int64_t v = s.step() ? s.col_i64(0) : -1;
+  const bool changed = v != data_version_ || v < 0;
+  data_version_ = v;
+  return changed;
+}
+
 bool JobDb::paused() const {
   std::lock_guard lock(mu_);
   return meta_get("queue_paused") == "1";

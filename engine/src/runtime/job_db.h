@@ -121,6 +121,12 @@ class JobDb {
   // Cancels every queued job (finished_ms = system clock); returns how many.
   int clear_queued();
 
+  // True when another connection (another process) has committed a change
+  // since the last call (true on the first). SQLite's data_version: a cheap
+  // read, so a runner can poll for other processes' jobs without re-reading
+  // the queue every time.
+  bool changed_elsewhere();
+
   // Persistent queue pause flag (meta table); false on a new database.
   void set_paused(bool paused);
   bool paused() const;
@@ -133,6 +139,7 @@ class JobDb {
 
   std::string path_;
   sqlite3* db_ = nullptr;
+  int64_t data_version_ = -1;  // last PRAGMA data_version seen by changed_elsewhere()
   mutable std::mutex mu_;
 };
 
