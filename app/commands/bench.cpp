@@ -86,27 +86,47 @@ int run_bench_serve(const BenchServeOptions& o) {
   if (!res.ok()) return fail(res.status());
   const auto& levels = res.value();
   const double single = levels.front().tokens_per_s;
+  auto figures = [](const ServeBenchRound& r) {
+    return nlohmann::json{{"tokens_per_s", r.tokens_per_s},
+                          {"seconds", r.seconds},
+                          {"mean_batch", r.mean_batch},
+                          {"ttft_ms_p50", r.time_to_first_token_ms.p50},
+                          {"ttft_ms_p99", r.time_to_first_token_ms.p99},
+                          {"itl_ms_p50", r.inter_token_ms.p50},
+                          {"itl_ms_p99", r.inter_token_ms.p99}};
+  };
+  auto p99_range = [](const ServeBenchLevel& l) {
+    double lo = 1e300, hi = 0;
+    for (const auto& r : l.rounds) lo = std::min(lo, r.inter_token_ms.p99), hi = std::max(hi, r.inter_token_ms.p99);
+    return std::make_pair(lo, hi);
+  };
   if (o.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& l : levels)
-      arr.push_back({{"concurrency", l.concurrency},
-                     {"tokens_per_s", l.tokens_per_s},
-                     {"speedup_vs_first_level", single > 0 ? l.tokens_per_s / single : 0},
-                     {"seconds", l.seconds},
-                     {"mean_batch", l.mean_batch},
-                     {"ttft_ms_p50", l.time_to_first_token_ms.p50},
-                     {"ttft_ms_p99", l.time_to_first_token_ms.p99},
-                     {"itl_ms_p50", l.inter_token_ms.p50},
-                     {"itl_ms_p99", l.inter_token_ms.p99}});
-    print_json_line({{"model", o.model}, {"prompt_tokens", o.bench.prompt_tokens}, {"gen_tokens", o.bench.gen_tokens}, {"levels", arr}});
+    for (const auto& l : levels) {
+      nlohmann::json j = figures(l);
+      j["concurrency"] = l.concurrency;
+      j["speedup_vs_first_level"] = single > 0 ? l.tokens_per_s / single : 0;
+      j["rounds"] = nlohmann::json::array();
+      for (const auto& r : l.rounds) j["rounds"].push_back(figures(r));
+      arr.push_back(j);
+    }
+    print_json_line({{"model", o.model},
+                     {"prompt_tokens", o.bench.prompt_tokens},
+                     {"gen_tokens", o.bench.gen_tokens},
+                     {"rounds", o.bench.rounds},
+                     {"levels", arr}});
     return 0;
   }
-  std::printf("model %s, %d prompt tokens and %d new tokens per request\n", o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens);
-  std::printf("%11s %11s %8s %10s %18s %18s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms", "ITL p50/p99 ms");
-  for (const auto& l : levels)
-    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f\n", l.concurrency, l.tokens_per_s,
+  std::printf("model %s, %d prompt tokens and %d new tokens per request; each figure the median of %d rounds\n",
+              o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens, o.bench.rounds);
+  std::printf("%11s %11s %8s %10s %18s %18s %16s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms",
+              "ITL p50/p99 ms", "ITL p99 rounds");
+  for (const auto& l : levels) {
+    const auto [lo, hi] = p99_range(l);
+    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f %7.1f - %-7.1f\n", l.concurrency, l.tokens_per_s,
                 single > 0 ? l.tokens_per_s / single : 0, l.mean_batch, l.time_to_first_token_ms.p50,
-                l.time_to_first_token_ms.p99, l.inter_token_ms.p50, l.inter_token_ms.p99);
+                l.time_to_first_token_ms.p99, l.inter_token_ms.p50, l.inter_token_ms.p99, lo, hi);
+  }
   return 0;
 }
 }  // namespace
@@ -197,6 +217,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   serve->add_option("--prefill-tokens", so->bench.prefill_tokens_per_step, "Prompt tokens prefilled per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  serve->add_option("--rounds", so->bench.rounds, "Runs of each level; figures are the medians over them")->check(CLI::Range(1, 1000))->capture_default_str();
   serve->add_flag("--json", so->json, "Print one JSON object");
   serve->callback([so, &exit_code] { exit_code = run_bench_serve(*so); });
 }

@@ -108,8 +108,9 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
 namespace atelier {
 
 Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& o) {
-  if (o.concurrency.empty() || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.max_batch < 1)
-    return Status::error(StatusCode::InvalidArgument, "bench serve needs concurrency levels, prompt and generated tokens >= 1");
+  if (o.concurrency.empty() || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.max_batch < 1 || o.rounds < 1)
+    return Status::error(StatusCode::InvalidArgument,
+                         "bench serve needs concurrency levels, and prompt tokens, generated tokens and rounds >= 1");
   for (int c : o.concurrency)
     if (c < 1 || c > 4096) return Status::error(StatusCode::InvalidArgument, "concurrency levels must be between 1 and 4096");
   auto vocab = Vocabulary::open(model_path);
@@ -156,30 +157,52 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   if (auto id = e.submit(make_request(0, 4)); !id.ok()) return id.status();
   e.wait_idle(24 * 3600 * 1000);
   std::vector<ServeBenchLevel> levels;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  int seed = 0;
   for (int c : o.concurrency) {
-    e.pause();  // queue the whole level first: the requests arrive "at once"
-    e.reset_metrics();
-    std::vector<TextRequest> reqs;
-    for (int i = 0; i < c; ++i) reqs.push_back(make_request(i + 1, o.gen_tokens));
-    if (auto ids = e.submit_many(reqs); !ids.ok()) return ids.status();
-    const auto t0 = std::chrono::steady_clock::now();
-    e.resume();
-    e.wait_idle(24 * 3600 * 1000);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const EngineMetrics m = e.metrics();
-    if (m.failed > 0) return Status::error(StatusCode::Internal, "bench serve: a request failed at concurrency " + std::to_string(c));
     ServeBenchLevel lv;
     lv.concurrency = c;
-    lv.seconds = seconds;
-    lv.tokens_per_s = static_cast<double>(c) * o.gen_tokens / seconds;
-    lv.time_to_first_token_ms = m.time_to_first_token_ms;
-    lv.inter_token_ms = m.inter_token_ms;
-    int64_t steps = 0, seqs = 0;
-    for (size_t k = 1; k < m.batch_size_histogram.size(); ++k) {
-      steps += m.batch_size_histogram[k];
-      seqs += static_cast<int64_t>(k) * m.batch_size_histogram[k];
+    for (int round = 0; round < o.rounds; ++round) {
+      e.pause();  // queue the whole round first: the requests arrive "at once"
+      e.reset_metrics();
+      std::vector<TextRequest> reqs;
+      for (int i = 0; i < c; ++i) reqs.push_back(make_request(++seed, o.gen_tokens));
+      if (auto ids = e.submit_many(reqs); !ids.ok()) return ids.status();
+      const auto t0 = std::chrono::steady_clock::now();
+      e.resume();
+      e.wait_idle(24 * 3600 * 1000);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const EngineMetrics m = e.metrics();
+      if (m.failed > 0) return Status::error(StatusCode::Internal, "bench serve: a request failed at concurrency " + std::to_string(c));
+      ServeBenchRound r;
+      r.seconds = seconds;
+      r.tokens_per_s = static_cast<double>(c) * o.gen_tokens / seconds;
+      r.time_to_first_token_ms = m.time_to_first_token_ms;
+      r.inter_token_ms = m.inter_token_ms;
+      int64_t steps = 0, seqs = 0;
+      for (size_t k = 1; k < m.batch_size_histogram.size(); ++k) {
+        steps += m.batch_size_histogram[k];
+        seqs += static_cast<int64_t>(k) * m.batch_size_histogram[k];
+      }
+      r.mean_batch = steps ? static_cast<double>(seqs) / static_cast<double>(steps) : 0;
+      lv.rounds.push_back(r);
     }
-    lv.mean_batch = steps ? static_cast<double>(seqs) / static_cast<double>(steps) : 0;
+    auto med = [&](auto field) {
+      std::vector<double> v;
+      for (const ServeBenchRound& r : lv.rounds) v.push_back(field(r));
+      return median(v);
+    };
+    lv.seconds = med([](const ServeBenchRound& r) { return r.seconds; });
+    lv.tokens_per_s = med([](const ServeBenchRound& r) { return r.tokens_per_s; });
+    lv.mean_batch = med([](const ServeBenchRound& r) { return r.mean_batch; });
+    lv.time_to_first_token_ms.p50 = med([](const ServeBenchRound& r) { return r.time_to_first_token_ms.p50; });
+    lv.time_to_first_token_ms.p99 = med([](const ServeBenchRound& r) { return r.time_to_first_token_ms.p99; });
+    lv.inter_token_ms.p50 = med([](const ServeBenchRound& r) { return r.inter_token_ms.p50; });
+    lv.inter_token_ms.p99 = med([](const ServeBenchRound& r) { return r.inter_token_ms.p99; });
     levels.push_back(lv);
   }
   opened.value().reset();

@@ -2,6 +2,8 @@
 // script or a user would run it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "cli/cli_util.h"
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
@@ -144,6 +146,23 @@ TEST(Cli, SynthThenGenerateAndBench) {
     EXPECT_GT(j[key].get<double>(), 0.0) << key;
   }
   EXPECT_TRUE(j["integer_matmul"].get<bool>()) << "a q8_0 model's prompt rate compares with the int8 dot peak";
+  // bench serve: every level's figures are the medians of its rounds.
+  CliRun sv = run({"bench", "serve", "-m", path, "--concurrency", "1,3", "-p", "8", "-n", "6", "--rounds", "3", "--json"});
+  ASSERT_EQ(sv.code, 0) << sv.err;
+  auto js = nlohmann::json::parse(sv.out);
+  ASSERT_EQ(js["rounds"].get<int>(), 3);
+  ASSERT_EQ(js["levels"].size(), 2u);
+  for (const auto& level : js["levels"]) {
+    ASSERT_EQ(level["rounds"].size(), 3u);
+    for (const char* key : {"tokens_per_s", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "mean_batch"}) {
+      std::vector<double> v;
+      for (const auto& r : level["rounds"]) v.push_back(r[key].get<double>());
+      std::sort(v.begin(), v.end());
+      EXPECT_EQ(level[key].get<double>(), v[1]) << key;
+    }
+    for (const auto& r : level["rounds"]) EXPECT_EQ(r["mean_batch"].get<double>(), level["concurrency"].get<double>());
+  }
+  EXPECT_EQ(run({"bench", "serve", "-m", path, "--rounds", "0"}).code != 0, true);
   // Same seed, same bytes: the synthetic model is deterministic.
   const std::string again = path + ".2";
   ASSERT_EQ(run({"models", "synth", "--params", "260K", "--type", "q8_0", "--seed", "3", "-o", again}).code, 0);

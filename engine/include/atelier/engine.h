@@ -518,14 +518,24 @@ struct ServeBenchOptions {
   int gen_tokens = 64;     // per request (end-of-sequence ignored)
   int threads = 0;
   int max_batch = 32;
+  // Each level is run this many times, its requests arriving together each
+  // time; a level's figures are the medians over its rounds. One round of 64
+  // tokens holds 63 inter-token gaps per stream, so its P99 is nearly its
+  // largest gap, and one slow moment of a shared machine moves it.
+  int rounds = 3;
 };
 
-struct ServeBenchLevel {
-  int concurrency = 0;
+struct ServeBenchRound {
   double tokens_per_s = 0;  // generated tokens / wall time, all requests
   double seconds = 0;
   Percentiles time_to_first_token_ms, inter_token_ms;
   double mean_batch = 0;    // mean sequences decoded per step
+};
+
+// The medians over the level's rounds, and each round.
+struct ServeBenchLevel : ServeBenchRound {
+  int concurrency = 0;
+  std::vector<ServeBenchRound> rounds;
 };
 
 Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& options);
