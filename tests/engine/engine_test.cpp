@@ -167,6 +167,39 @@ TEST(Engine, HigherPriorityStartsFirst) {
   EXPECT_EQ(started, (std::vector<JobId>{i, h, b, a}));
 }
 
+// Another process's changes reach the runner through the database alone (it
+// is not woken for them): a client (execute = false, its own connection)
+// queues jobs, pauses and resumes the queue and cancels a queued job, and the
+// runner acts on each within a few poll periods.
+TEST(Engine, RunnerPicksUpAnotherProcesssQueueChanges) {
+  TempDir dir("client");
+  EngineConfig rc = config(dir.path);
+  rc.poll_ms = 20;
+  auto runner = std::move(Engine::open(rc).value());
+  EngineConfig cc = config(dir.path);
+  cc.execute = false;
+  auto client = std::move(Engine::open(cc).value());
+  auto state_of = [&](JobId id) { return runner->job(id).value().state; };
+  auto wait_for = [&](JobId id, JobState want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (state_of(id) != want && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return state_of(id);
+  };
+  const JobId first = client->submit(request(1, 4)).value();
+  EXPECT_EQ(wait_for(first, JobState::Completed), JobState::Completed);
+  EXPECT_EQ(runner->job(first).value().text, TextModel::open(kModel).value()->generate(request(1, 4)).value().text);
+  client->pause();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // five poll periods
+  const JobId held = client->submit(request(2, 4)).value(), dropped = client->submit(request(3, 4)).value();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(state_of(held), JobState::Queued) << "the queue is paused";
+  ASSERT_TRUE(client->cancel(dropped).ok());
+  client->resume();
+  EXPECT_EQ(wait_for(held, JobState::Completed), JobState::Completed);
+  EXPECT_EQ(state_of(dropped), JobState::Cancelled);
+}
+
 TEST(Engine, SharedPrefixBlocksLeaveOutputsUnchanged) {
   TempDir dir("prefix");
   EngineConfig c = config(dir.path);
