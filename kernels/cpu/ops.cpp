@@ -245,6 +245,19 @@ void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int6
   axpy_f16_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
 }
 
+int64_t indices_at_least_ref(const float* x, int64_t n, float bound, int32_t* idx) {
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] >= bound) idx[k++] = static_cast<int32_t>(i);
+  return k;
+}
+
+int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx) {
+  if (use_avx512()) return cpu::avx512::indices_at_least(x, n, bound, idx);
+  if (use_avx2()) return cpu::avx2::indices_at_least(x, n, bound, idx);
+  return indices_at_least_ref(x, n, bound, idx);
+}
+
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
   if (use_avx2()) return cpu::avx2::f32_to_fp16_row(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_fp16(x[i]);

@@ -223,6 +223,25 @@ void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t
   axpy_rows<RowsF16>(a, rows, stride, n_rows, y, n);
 }
 
+// ---- top-k candidate scan ---------------------------------------------------
+
+// 8 compares a step; the indices of a step's hits come from its mask (rare
+// once a sampler's bound has risen, so most steps write nothing).
+int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx) {
+  const __m256 b = _mm256_set1_ps(bound);
+  int64_t k = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_GE_OQ)));
+    while (m) {
+      idx[k++] = static_cast<int32_t>(i + __builtin_ctz(m));
+      m &= m - 1;
+    }
+  }
+  for (; i < n; ++i)
+    if (x[i] >= bound) idx[k++] = static_cast<int32_t>(i);
+  return k;
+}
+
 // ---- activation quantizers --------------------------------------------------
 
 namespace {

@@ -210,6 +210,27 @@ AI void axpy_heads(const float* a, int64_t a_stride, const typename L::T* rows, 
 
 }  // namespace
 
+// 16 compares a step, the hits' indices compressed out of a lane-index vector.
+int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx) {
+  const __m512 b = _mm512_set1_ps(bound);
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t k = 0, i = 0;
+  for (; i + 16 <= n; i += 16, lanes = _mm512_add_epi32(lanes, step)) {
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), b, _CMP_GE_OQ);
+    if (!m) continue;
+    _mm512_mask_compressstoreu_epi32(idx + k, m, lanes);
+    k += __builtin_popcount(m);
+  }
+  if (i < n) {
+    const __mmask16 t = tail16(n - i);
+    const __mmask16 m = _mm512_mask_cmp_ps_mask(t, _mm512_maskz_loadu_ps(t, x + i), b, _CMP_GE_OQ);
+    _mm512_mask_compressstoreu_epi32(idx + k, m, lanes);
+    k += __builtin_popcount(m);
+  }
+  return k;
+}
+
 void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride) {
   dot_heads<F32>(rows, stride, n_rows, hs, q, scores, scores_stride);

@@ -26,6 +26,7 @@ void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t
 void quantize_act_q8_0(const float* x, void* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, void* y, int64_t n);
 void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
 
 }  // namespace atelier::kernels::cpu::avx2
 
@@ -33,6 +34,7 @@ void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 // time. The dots are per position exactly as the AVX2 ones are not (a
 // different lane tree); the sums are bit-identical to AVX2's.
 namespace atelier::kernels::cpu::avx512 {
+int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
 void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride);
 void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,

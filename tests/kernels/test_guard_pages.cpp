@@ -108,6 +108,11 @@ TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
           axpy_f16_heads(a.data(), rows, h.data(), n, rows, hs, y.data());
         }
       }
+      {
+        Guarded<float> xs(random_floats(n, 6));
+        Guarded<int32_t> idx(static_cast<size_t>(n));
+        indices_at_least(xs.data(), n, -1e30f, idx.data());  // every index: idx filled to its end
+      }
       Guarded<float> x(random_floats(n, 4)), g(random_floats(n, 5)), o(static_cast<size_t>(n));
       rms_norm(x.data(), g.data(), o.data(), n, 1e-5f);
       softmax(o.data(), n);

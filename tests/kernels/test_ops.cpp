@@ -2,6 +2,8 @@
 // values worked out by hand.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <cstring>
 
@@ -255,6 +257,26 @@ TEST(Ops, AttentionRunsMatchOneRowOneHeadCalls) {
             ASSERT_EQ(0, std::memcmp(ry16.data(), y16.data(), ry16.size() * 4));
           }
         }
+      }
+    }
+  }
+}
+
+// The candidate scan returns exactly the plain loop's indices at every level,
+// for any length (tails included) and bound, NaNs never selected.
+TEST(Ops, IndicesAtLeastMatchThePlainLoop) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t n : {0, 1, 7, 8, 15, 16, 17, 31, 33, 256, 1000}) {
+      auto x = random_floats(std::max<int64_t>(n, 1), 9);
+      for (int64_t i = 0; i < n; i += 13) x[static_cast<size_t>(i)] = std::nanf("");
+      for (float bound : {-std::numeric_limits<float>::infinity(), -0.5f, 0.0f, 0.9f, 2.0f}) {
+        std::vector<int32_t> got(static_cast<size_t>(n) + 1, -1), want(static_cast<size_t>(n) + 1, -1);
+        const int64_t k = indices_at_least(x.data(), n, bound, got.data());
+        const int64_t kr = indices_at_least_ref(x.data(), n, bound, want.data());
+        ASSERT_EQ(k, kr) << level << " n " << n << " bound " << bound;
+        ASSERT_EQ(got, want) << level << " n " << n << " bound " << bound;
+        for (int64_t j = 0; j < k; ++j) ASSERT_GE(x[static_cast<size_t>(got[static_cast<size_t>(j)])], bound);
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "text/sampler.h"
 
+#include <atelier/kernels.h>
+
 #include <algorithm>
 #include <limits>
 #include <chrono>
@@ -80,10 +82,18 @@ int32_t Sampler::sample(float* logits, int n_vocab) {
     // bound is the k-th largest of what was kept so far, so every token of
     // the true top k (ties included) is kept, and a vocabulary of 32k-150k
     // is reduced to a few times k before the exact selection below.
+    // The scan goes a chunk at a time through kernels::indices_at_least
+    // (SIMD compares), the bound tightened between chunks.
+    constexpr int32_t kChunk = 256;
+    hits_.resize(kChunk);
     float bound = -std::numeric_limits<float>::infinity();
-    for (int32_t i = 0; i < n_vocab; ++i) {
-      if (!(logits[i] >= bound)) continue;
-      cand_.push_back({i, logits[i], 0.0f});
+    for (int32_t off = 0; off < n_vocab; off += kChunk) {
+      const int32_t len = std::min(kChunk, n_vocab - off);
+      const int64_t found = kernels::indices_at_least(logits + off, len, bound, hits_.data());
+      for (int64_t j = 0; j < found; ++j) {
+        const int32_t i = off + hits_[static_cast<size_t>(j)];
+        cand_.push_back({i, logits[i], 0.0f});
+      }
       if (cand_.size() >= 4 * k) {
         std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k - 1), cand_.end(), by_logit);
         bound = cand_[k - 1].logit;

@@ -35,6 +35,7 @@ class Sampler {
     float p;
   };
   std::vector<Candidate> cand_;
+  std::vector<int32_t> hits_;  // one chunk's candidate indices
 };
 
 }  // namespace atelier::text

@@ -170,6 +170,10 @@ void axpy_f32_heads_ref(const float* a, int64_t a_stride, const float* rows, int
                         const AttnHeads& heads, float* y);
 void axpy_f16_heads_ref(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride_elems, int64_t n_rows,
                         const AttnHeads& heads, float* y);
+// The indices i < n with x[i] >= bound (never a NaN), ascending, into idx
+// (room for n); returns how many. A sampler's scan for top-k candidates.
+int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
+int64_t indices_at_least_ref(const float* x, int64_t n, float bound, int32_t* idx);
 // fp16 <-> f32 arrays.
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
 void fp16_to_f32_row(const uint16_t* x, float* y, int64_t n);
