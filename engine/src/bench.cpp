@@ -157,11 +157,6 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   if (auto id = e.submit(make_request(0, 4)); !id.ok()) return id.status();
   e.wait_idle(24 * 3600 * 1000);
   std::vector<ServeBenchLevel> levels;
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   int seed = 0;
   for (int c : o.concurrency) {
     ServeBenchLevel lv;
@@ -191,18 +186,19 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
       r.mean_batch = steps ? static_cast<double>(seqs) / static_cast<double>(steps) : 0;
       lv.rounds.push_back(r);
     }
-    auto med = [&](auto field) {
+    // Each figure of the level: the median of that figure over its rounds.
+    auto median = [&](auto&& field) {
       std::vector<double> v;
       for (const ServeBenchRound& r : lv.rounds) v.push_back(field(r));
-      return median(v);
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     };
-    lv.seconds = med([](const ServeBenchRound& r) { return r.seconds; });
-    lv.tokens_per_s = med([](const ServeBenchRound& r) { return r.tokens_per_s; });
-    lv.mean_batch = med([](const ServeBenchRound& r) { return r.mean_batch; });
-    lv.time_to_first_token_ms.p50 = med([](const ServeBenchRound& r) { return r.time_to_first_token_ms.p50; });
-    lv.time_to_first_token_ms.p99 = med([](const ServeBenchRound& r) { return r.time_to_first_token_ms.p99; });
-    lv.inter_token_ms.p50 = med([](const ServeBenchRound& r) { return r.inter_token_ms.p50; });
-    lv.inter_token_ms.p99 = med([](const ServeBenchRound& r) { return r.inter_token_ms.p99; });
+    for (double ServeBenchRound::*f : {&ServeBenchRound::seconds, &ServeBenchRound::tokens_per_s, &ServeBenchRound::mean_batch})
+      lv.*f = median([f](const ServeBenchRound& r) { return r.*f; });
+    for (Percentiles ServeBenchRound::*f : {&ServeBenchRound::time_to_first_token_ms, &ServeBenchRound::inter_token_ms})
+      for (double Percentiles::*q : {&Percentiles::p50, &Percentiles::p99})
+        (lv.*f).*q = median([f, q](const ServeBenchRound& r) { return (r.*f).*q; });
     levels.push_back(lv);
   }
   opened.value().reset();

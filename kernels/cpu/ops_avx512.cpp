@@ -109,21 +109,17 @@ AI void axpy_rows(const float* a, const typename L::T* rows, int64_t stride, int
 
 // Position by position, every head: (position, head) pairs in address order,
 // 8 at a time through dot_rows' per-pair arithmetic (its FMA chain and lane
-// tree), so each pair's score is the one a one-head run gives. KC is the head
-// size in 16-lane chunks when known at compile time (0: any size): at these
-// few bytes per pair the loop overhead of a run-time size cost a third.
-template <class L, int KC>
-AI void dot_heads_k(const typename L::T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
-                    float* scores, int64_t scores_stride) {
-  const int64_t n = KC ? KC * 16 : hs.head_dim, full = n / 16 * 16;
-  const __mmask16 tm = KC ? 0 : tail16(n - full);
-  // The pair walk (r, h) carries h's KV head and place in its group along,
-  // so no division per pair.
-  const int kv0 = hs.h0 / hs.group, g0 = hs.h0 % hs.group;
+// tree), so each pair's score is the one a one-head run gives.
+template <class L>
+AI void dot_heads(const typename L::T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                  float* scores, int64_t scores_stride) {
+  const int64_t n = hs.head_dim, full = n / 16 * 16;
+  if (hs.h1 - hs.h0 == 1) return dot_rows<L>(rows + (hs.h0 / hs.group) * n, stride, n_rows, q + hs.h0 * n, n, scores);
+  const __mmask16 tm = tail16(n - full);
   constexpr int64_t kPrefetchRows = 2;
   const int64_t row_bytes = ((hs.h1 - 1) / hs.group + 1) * n * static_cast<int64_t>(sizeof(typename L::T));
   int64_t r = 0;
-  int h = hs.h0, kv = kv0, g = g0;
+  int h = hs.h0;
   while (r < n_rows) {
     const typename L::T* p[8];
     const float* x[8];
@@ -132,16 +128,15 @@ AI void dot_heads_k(const typename L::T* rows, int64_t stride, int64_t n_rows, c
     for (; cnt < 8 && r < n_rows; ++cnt) {
       if (h == hs.h0 && r + kPrefetchRows < n_rows) {
         // A row's first pair: fetch the row kPrefetchRows on (every line of
-        // it). In place, the score pass read ~15 % faster with this; the
-        // value pass gained nothing (its y round trips hide the loads).
+        // it). In place, the score pass read 8-20 % faster with this; the
+        // value pass measured no gain from the same.
         const char* ahead = reinterpret_cast<const char*>(rows + (r + kPrefetchRows) * stride);
         for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
       }
-      p[cnt] = rows + r * stride + kv * n;
+      p[cnt] = rows + r * stride + (h / hs.group) * n;
       x[cnt] = q + h * n;
       o[cnt] = scores + (h - hs.h0) * scores_stride + r;
-      if (++g == hs.group) g = 0, ++kv;
-      if (++h == hs.h1) h = hs.h0, kv = kv0, g = g0, ++r;
+      if (++h == hs.h1) h = hs.h0, ++r;
     }
     for (int j = cnt; j < 8; ++j) p[j] = p[0], x[j] = x[0];  // dummies repeat the first pair
     __m512 acc[8];
@@ -150,7 +145,7 @@ AI void dot_heads_k(const typename L::T* rows, int64_t stride, int64_t n_rows, c
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(L::load(p[j] + i), _mm512_loadu_ps(x[j] + i), acc[j]);
     }
-    if (!KC && tm) {
+    if (tm) {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j)
         acc[j] = _mm512_fmadd_ps(L::load(p[j] + full, tm), _mm512_maskz_loadu_ps(tm, x[j] + full), acc[j]);
@@ -161,49 +156,26 @@ AI void dot_heads_k(const typename L::T* rows, int64_t stride, int64_t n_rows, c
   }
 }
 
-template <class L>
-AI void dot_heads(const typename L::T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
-                  float* scores, int64_t scores_stride) {
-  if (hs.h1 - hs.h0 == 1)
-    return dot_rows<L>(rows + (hs.h0 / hs.group) * hs.head_dim, stride, n_rows, q + hs.h0 * hs.head_dim,
-                       hs.head_dim, scores);
-  if (hs.head_dim == 64) return dot_heads_k<L, 4>(rows, stride, n_rows, hs, q, scores, scores_stride);
-  if (hs.head_dim == 128) return dot_heads_k<L, 8>(rows, stride, n_rows, hs, q, scores, scores_stride);
-  dot_heads_k<L, 0>(rows, stride, n_rows, hs, q, scores, scores_stride);
-}
-
 // Position by position, every head, y in memory (a head's floats per position
 // come from L1); per element the same FMA sequence as axpy_rows.
-template <class L, int KC>
-AI void axpy_heads_k(const float* a, int64_t a_stride, const typename L::T* rows, int64_t stride, int64_t n_rows,
-                     const AttnHeads& hs, float* y) {
-  const int64_t n = KC ? KC * 16 : hs.head_dim;
-  const int kv0 = hs.h0 / hs.group, g0 = hs.h0 % hs.group;
+template <class L>
+AI void axpy_heads(const float* a, int64_t a_stride, const typename L::T* rows, int64_t stride, int64_t n_rows,
+                   const AttnHeads& hs, float* y) {
+  const int64_t n = hs.head_dim;
+  if (hs.h1 - hs.h0 == 1) return axpy_rows<L>(a, rows + (hs.h0 / hs.group) * n, stride, n_rows, y + hs.h0 * n, n);
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int h = hs.h0, kv = kv0, g = g0; h < hs.h1; ++h, g = g + 1 == hs.group ? (++kv, 0) : g + 1) {
+    for (int h = hs.h0; h < hs.h1; ++h) {
       const __m512 va = _mm512_set1_ps(a[(h - hs.h0) * a_stride + r]);
-      const typename L::T* p = rows + r * stride + kv * n;
+      const typename L::T* p = rows + r * stride + (h / hs.group) * n;
       float* yh = y + h * n;
       int64_t i = 0;
-#pragma GCC unroll 8
       for (; i + 16 <= n; i += 16) _mm512_storeu_ps(yh + i, _mm512_fmadd_ps(va, L::load(p + i), _mm512_loadu_ps(yh + i)));
-      if (!KC && i < n) {
+      if (i < n) {
         const __mmask16 m = tail16(n - i);
         _mm512_mask_storeu_ps(yh + i, m, _mm512_fmadd_ps(va, L::load(p + i, m), _mm512_maskz_loadu_ps(m, yh + i)));
       }
     }
   }
-}
-
-template <class L>
-AI void axpy_heads(const float* a, int64_t a_stride, const typename L::T* rows, int64_t stride, int64_t n_rows,
-                   const AttnHeads& hs, float* y) {
-  const int64_t n = hs.head_dim;
-  if (hs.h1 - hs.h0 == 1)
-    return axpy_rows<L>(a, rows + (hs.h0 / hs.group) * n, stride, n_rows, y + hs.h0 * n, n);
-  if (n == 64) return axpy_heads_k<L, 4>(a, a_stride, rows, stride, n_rows, hs, y);
-  if (n == 128) return axpy_heads_k<L, 8>(a, a_stride, rows, stride, n_rows, hs, y);
-  axpy_heads_k<L, 0>(a, a_stride, rows, stride, n_rows, hs, y);
 }
 
 #undef AI
