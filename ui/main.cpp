@@ -1,40 +1,42 @@
-// atelier-studio: the desktop window. Model folders come from the command
-// line, else $ATELIER_HOME/models and the XDG data dir, plus the fixtures.
+// atelier-studio: the desktop window. The data dir (queue, conversations,
+// model store) is $ATELIER_HOME or the engine's default; model folders from
+// the command line add loose files to the pickers.
 #include <QApplication>
 #include <QCommandLineParser>
 #include <QDir>
-#include <QStandardPaths>
 #include <QTimer>
 
-#include "main_window.h"
+#include "studio/studio_window.h"
 
 int main(int argc, char** argv) {
   QApplication app(argc, argv);
-  QApplication::setApplicationName(QStringLiteral("atelier"));
+  QApplication::setOrganizationName(QStringLiteral("atelier"));
+  QApplication::setApplicationName(QStringLiteral("studio"));
+  QApplication::setApplicationDisplayName(QStringLiteral("Atelier"));
   QCommandLineParser parser;
-  parser.setApplicationDescription(QStringLiteral("Atelier studio"));
+  parser.setApplicationDescription(QStringLiteral("Atelier studio: write and paint with local models"));
   parser.addHelpOption();
-  parser.addPositionalArgument(QStringLiteral("folders"), QStringLiteral("Folders with model files"));
-  QCommandLineOption screenshot(QStringLiteral("screenshot"), QStringLiteral("Save the window as PNG to FILE and quit"),
+  parser.addPositionalArgument(QStringLiteral("folders"), QStringLiteral("Folders with model files to offer beside the store's models"));
+  QCommandLineOption dataDir(QStringLiteral("data-dir"), QStringLiteral("Queue, conversations and store folder (default: $ATELIER_HOME)"),
+                             QStringLiteral("DIR"));
+  QCommandLineOption screenshot(QStringLiteral("screenshot"), QStringLiteral("Save the window as PNG to FILE after MS milliseconds and quit"),
                                 QStringLiteral("FILE"));
-  parser.addOption(screenshot);
+  QCommandLineOption delay(QStringLiteral("screenshot-delay"), QStringLiteral("Milliseconds before --screenshot (default 1500)"),
+                           QStringLiteral("MS"), QStringLiteral("1500"));
+  QCommandLineOption threads(QStringLiteral("threads"), QStringLiteral("Engine threads (default: one per core)"), QStringLiteral("N"),
+                             QStringLiteral("0"));
+  parser.addOptions({dataDir, screenshot, delay, threads});
   parser.process(app);
 
-  QStringList folders = parser.positionalArguments();
-  if (folders.isEmpty()) {
-    const QString home = qEnvironmentVariable("ATELIER_HOME");
-    folders << (home.isEmpty() ? QStandardPaths::writableLocation(QStandardPaths::GenericDataLocation) + "/atelier"
-                               : home) + "/models";
-    for (const char* sub : {"/text", "/image"}) {
-      const QString fixtures = QStringLiteral(ATELIER_FIXTURES_DIR) + sub;
-      if (QDir(fixtures).exists()) folders << QDir(fixtures).canonicalPath();
-    }
-  }
-  MainWindow window(folders);
+  atelier::ui::StudioOptions options;
+  options.dataDir = parser.value(dataDir);
+  options.modelFolders = parser.positionalArguments();
+  options.threads = parser.value(threads).toInt();
+  atelier::ui::StudioWindow window(options);
   window.show();
   if (parser.isSet(screenshot)) {
     const QString file = parser.value(screenshot);
-    QTimer::singleShot(300, &window, [&window, file] {
+    QTimer::singleShot(parser.value(delay).toInt(), &window, [&window, file] {
       window.grab().save(file);
       QApplication::quit();
     });

@@ -1,0 +1,65 @@
+// Shared by the studio's QtTest suites: a private data dir and settings
+// folder per test run, the fixture models, and the CLI for setting them up.
+#pragma once
+
+#include <QDir>
+#include <QProcess>
+#include <QStandardPaths>
+#include <QString>
+#include <QTemporaryDir>
+#include <QtTest>
+
+namespace atelier::uitest {
+
+inline QString fixtures() { return QStringLiteral(ATELIER_FIXTURES_DIR); }
+
+// Runs the `atelier` CLI; returns its exit code (stderr in *err when given).
+inline int runCli(const QStringList& args, QString* err = nullptr, int timeoutMs = 300000) {
+  QProcess p;
+  p.start(QStringLiteral(ATELIER_BINARY), args);
+  if (!p.waitForFinished(timeoutMs)) {
+    p.kill();
+    return -1;
+  }
+  if (err) *err = QString::fromUtf8(p.readAllStandardError());
+  return p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
+}
+
+// A fresh ATELIER_HOME (queue + store) and XDG_CONFIG_HOME (QSettings) for
+// this process, set before anything reads them.
+class TestHome {
+ public:
+  TestHome() {
+    qputenv("ATELIER_HOME", dir_.filePath(QStringLiteral("home")).toUtf8());
+    qputenv("XDG_CONFIG_HOME", dir_.filePath(QStringLiteral("config")).toUtf8());
+    QDir().mkpath(home());
+    QStandardPaths::setTestModeEnabled(false);
+  }
+  QString home() const { return dir_.filePath(QStringLiteral("home")); }
+  QString path(const QString& name) const { return dir_.filePath(name); }
+  // Installs fixture models into this home's store by name (stories260k, quickdraw).
+  bool pull(const QStringList& names) {
+    QString err;
+    const int rc = runCli(QStringList{QStringLiteral("models"), QStringLiteral("pull")} + names +
+                              QStringList{QStringLiteral("--mirror"), fixtures(), QStringLiteral("--store"), home()},
+                          &err);
+    if (rc != 0) qWarning("models pull failed: %s", qPrintable(err));
+    return rc == 0;
+  }
+  // A narrow random SD 1.5-shaped checkpoint (fast at 64x64).
+  QString synthSd() {
+    const QString out = path(QStringLiteral("sd-narrow.safetensors"));
+    if (QFile::exists(out)) return out;
+    QString err;
+    if (runCli({QStringLiteral("models"), QStringLiteral("synth"), QStringLiteral("--arch"), QStringLiteral("sd15"),
+                QStringLiteral("--width-mult"), QStringLiteral("0.1"), QStringLiteral("-o"), out},
+               &err) != 0)
+      qWarning("synth failed: %s", qPrintable(err));
+    return out;
+  }
+
+ private:
+  QTemporaryDir dir_;
+};
+
+}  // namespace atelier::uitest

@@ -1,0 +1,245 @@
+// The Write tab driven as a person would (keys and clicks, offscreen): tokens
+// stream into the view, the notebook continues a document exactly as the
+// reference model does, Stop works in every state, variants are kept, and
+// a conversation is still there after a restart.
+#include <QPushButton>
+#include <QSignalSpy>
+#include <QTextBrowser>
+#include <QtTest>
+
+#include <memory>
+
+#include "common/model_picker.h"
+#include "common/seed_box.h"
+#include "ui/ui_test_util.h"
+#include "write/conversation_store.h"
+#include "write/write_tab.h"
+
+using namespace atelier;
+using namespace atelier::ui;
+
+class WriteTest : public QObject {
+  Q_OBJECT
+
+  std::unique_ptr<uitest::TestHome> home_;
+  std::unique_ptr<bridge::EngineBridge> bridge_;
+  std::unique_ptr<ConversationStore> store_;
+  std::unique_ptr<WriteTab> tab_;
+  QString slowModel_;  // a 15M-parameter synthetic model: slow enough to catch every phase
+
+  template <class T>
+  T* child(const char* name) {
+    T* w = tab_->findChild<T*>(QString::fromLatin1(name));
+    if (!w) qFatal("no widget %s", name);
+    return w;
+  }
+
+  void openTab() {
+    store_ = std::make_unique<ConversationStore>(home_->home());
+    tab_ = std::make_unique<WriteTab>(bridge_.get(), store_.get());
+    tab_->resize(1000, 700);
+    tab_->show();
+    bridge_->scanModels();
+    QTRY_VERIFY_WITH_TIMEOUT(child<ModelPicker>("writeModel")->count() > 0, 20000);
+  }
+
+  void useModel(const QString& ref) {
+    auto* picker = child<ModelPicker>("writeModel");
+    picker->setReference(ref);
+    QTRY_VERIFY_WITH_TIMEOUT(!child<QLabel>("templateNote")->text().startsWith(QStringLiteral("Reading")), 30000);
+  }
+
+  void waitIdle(int ms = 60000) { QTRY_VERIFY_WITH_TIMEOUT(tab_->phase() == WriteTab::Phase::Idle, ms); }
+
+  JobInfo lastJob() {
+    JobInfo out;
+    bridge_->refreshJobs();
+    QTest::qWait(300);
+    const auto jobs = bridge_->jobs();
+    return jobs.isEmpty() ? out : jobs.front();
+  }
+
+ private slots:
+  void initTestCase() {
+    home_ = std::make_unique<uitest::TestHome>();
+    QVERIFY(home_->pull({QStringLiteral("stories260k")}));
+    slowModel_ = home_->path(QStringLiteral("m15.gguf"));
+    QCOMPARE(uitest::runCli({QStringLiteral("models"), QStringLiteral("synth"), QStringLiteral("--params"), QStringLiteral("15M"),
+                             QStringLiteral("--type"), QStringLiteral("q8_0"), QStringLiteral("-o"), slowModel_}),
+             0);
+    bridge::EngineBridge::Options o;
+    o.dataDir = home_->home();
+    o.modelFolders = {home_->path(QString())};  // the synthetic model's folder
+    bridge_ = std::make_unique<bridge::EngineBridge>(o);
+    QSignalSpy opened(bridge_.get(), &bridge::EngineBridge::opened);
+    bridge_->start();
+    QVERIFY(opened.wait(20000));
+    QVERIFY(opened.front().at(0).toBool());
+    QVERIFY(opened.front().at(1).toBool());  // this process runs the queue
+    openTab();
+  }
+
+  // Chat: typed, Ctrl+Enter, tokens arrive one by one into the view.
+  void tokensStreamIntoChat() {
+    useModel(QStringLiteral("stories260k"));
+    QVERIFY(child<QLabel>("templateNote")->text().contains(QStringLiteral("no chat template")));
+    child<QSpinBox>("maxTokens")->setValue(40);
+    auto* view = child<QTextBrowser>("chatView");
+    QVector<int> lengths;
+    connect(bridge_.get(), &bridge::EngineBridge::event, view, [&](const Event& ev) {
+      if (ev.type == EventType::Token) lengths << view->toPlainText().size();
+    });
+    auto* prompt = child<PromptEdit>("prompt");
+    prompt->setFocus();
+    QTest::keyClicks(prompt, QStringLiteral("Tell me a story about a cat"));
+    QTest::keyClick(prompt, Qt::Key_Return, Qt::ControlModifier);
+    QVERIFY(tab_->phase() != WriteTab::Phase::Idle);
+    QVERIFY(prompt->toPlainText().isEmpty());
+    waitIdle();
+    QVERIFY2(lengths.size() >= 10, qPrintable(QString::number(lengths.size())));
+    // The view grew while the tokens came, not only at the end.
+    QVERIFY(std::adjacent_find(lengths.begin(), lengths.end(), std::greater<int>()) == lengths.end());
+    QVERIFY(lengths.back() > lengths.front());
+    const Conversation& c = tab_->conversation();
+    QCOMPARE(c.turns.size(), 2);
+    QCOMPARE(c.turns[0].text(), QStringLiteral("Tell me a story about a cat"));
+    QVERIFY(!c.turns[1].text().isEmpty());
+    QVERIFY(view->toPlainText().contains(c.turns[1].text()));
+    // The job the engine ran was the plain User:/Assistant: format.
+    const JobInfo job = lastJob();
+    QCOMPARE(job.state, JobState::Completed);
+    QVERIFY(QString::fromStdString(job.request.prompt).contains(QStringLiteral("User: Tell me a story about a cat")));
+    QCOMPARE(QString::fromStdString(job.text), c.turns[1].text());
+  }
+
+  // Regenerate keeps the first answer as a variant; < > cycles.
+  void regenerateKeepsVariants() {
+    const QString first = tab_->conversation().turns[1].text();
+    QTest::mouseClick(child<QPushButton>("regenerate"), Qt::LeftButton);
+    waitIdle();
+    const ChatTurn& t = tab_->conversation().turns[1];
+    QCOMPARE(t.variants.size(), 2);
+    QCOMPARE(t.variants[0], first);
+    QCOMPARE(t.current, 1);
+    QVERIFY(child<QTextBrowser>("chatView")->toPlainText().contains(QStringLiteral("2/2")));
+    emit child<QTextBrowser>("chatView")->anchorClicked(QUrl(QStringLiteral("prev:1")));
+    QCOMPARE(tab_->conversation().turns[1].current, 0);
+    QVERIFY(child<QTextBrowser>("chatView")->toPlainText().contains(QStringLiteral("1/2")));
+  }
+
+  // Notebook: greedy continuation of "Once upon a time" is the reference
+  // implementation's golden text (fixtures), byte for byte.
+  void notebookContinuesTheDocument() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("notebook"));
+    child<QDoubleSpinBox>("temperature")->setValue(0);
+    child<QSpinBox>("maxTokens")->setValue(60);
+    auto* doc = child<QPlainTextEdit>("notebook");
+    doc->setFocus();
+    QTest::keyClicks(doc, QStringLiteral("Once upon a time"));
+    QTest::mouseClick(child<QPushButton>("generate"), Qt::LeftButton);
+    waitIdle();
+    QFile golden(uitest::fixtures() + QStringLiteral("/text/golden-once-upon-a-time-greedy.txt"));
+    QVERIFY(golden.open(QIODevice::ReadOnly));
+    QString expected = QString::fromUtf8(golden.readAll());
+    expected.chop(1);  // the file's final newline
+    QCOMPARE(doc->toPlainText(), expected);
+    QCOMPARE(tab_->conversation().document, expected);
+  }
+
+  // Stop in every state: queued, preparing (before the job exists), loading, decoding.
+  void stopWhileQueued() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(slowModel_);
+    child<QSpinBox>("maxTokens")->setValue(400);
+    bridge_->setPaused(true);
+    QTest::qWait(300);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("hello"));
+    tab_->generate();
+    QTRY_COMPARE_WITH_TIMEOUT(tab_->phase(), WriteTab::Phase::Queued, 10000);
+    QTest::keyClick(child<PromptEdit>("prompt"), Qt::Key_Escape);
+    QCOMPARE(tab_->phase(), WriteTab::Phase::Stopping);
+    QCOMPARE(child<QLabel>("writePhase")->text(), QStringLiteral("stopping..."));
+    waitIdle(20000);
+    QCOMPARE(lastJob().state, JobState::Cancelled);
+    bridge_->setPaused(false);
+  }
+
+  void stopWhilePreparing() {
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("hello again"));
+    tab_->generate();
+    QCOMPARE(tab_->phase(), WriteTab::Phase::Preparing);
+    tab_->stop();
+    QCOMPARE(tab_->phase(), WriteTab::Phase::Stopping);
+    waitIdle(20000);
+    const JobInfo j = lastJob();
+    QCOMPARE(j.state, JobState::Cancelled);
+    QCOMPARE(j.stats.new_tokens, 0);
+  }
+
+  void stopWhileLoadingAndDecoding_data() {
+    QTest::addColumn<int>("phase");
+    QTest::newRow("loading") << int(WriteTab::Phase::Loading);
+    QTest::newRow("decoding") << int(WriteTab::Phase::Decoding);
+  }
+  void stopWhileLoadingAndDecoding() {
+    QFETCH(int, phase);
+    bool seen = false;
+    auto c = connect(tab_.get(), &WriteTab::phaseChanged, this, [&](WriteTab::Phase p) {
+      if (int(p) == phase && !seen) {
+        seen = true;
+        tab_->stop();
+      }
+    });
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("and again"));
+    tab_->generate();
+    waitIdle(60000);
+    disconnect(c);
+    QVERIFY(seen);
+    const JobInfo j = lastJob();
+    QCOMPARE(j.state, JobState::Cancelled);
+    QVERIFY(j.stats.new_tokens < 400);
+  }
+
+  // The conversations are in the data dir: a new tab (a restart) shows them.
+  void conversationPersistsAcrossRestart() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(QStringLiteral("stories260k"));
+    child<QSpinBox>("maxTokens")->setValue(20);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("Remember me"));
+    tab_->generate();
+    waitIdle();
+    const Conversation before = tab_->conversation();
+    QCOMPARE(before.turns.size(), 2);
+    tab_.reset();
+    store_.reset();
+    openTab();
+    const Conversation after = tab_->conversation();  // the newest comes first
+    QCOMPARE(after.id, before.id);
+    QCOMPARE(after.title, QStringLiteral("Remember me"));
+    QCOMPARE(after.turns.size(), 2);
+    QCOMPARE(after.turns[1].text(), before.turns[1].text());
+    QVERIFY(child<QTextBrowser>("chatView")->toPlainText().contains(before.turns[1].text()));
+  }
+
+  void savesMarkdown() {
+    const QString path = home_->path(QStringLiteral("chat.md"));
+    QVERIFY(tab_->saveMarkdown(path));
+    QFile f(path);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QString md = QString::fromUtf8(f.readAll());
+    QVERIFY(md.contains(QStringLiteral("**You:** Remember me")));
+    QVERIFY(md.contains(QStringLiteral("**Assistant:** ") + tab_->conversation().turns[1].text()));
+  }
+
+  void cleanupTestCase() {
+    tab_.reset();
+    store_.reset();
+    bridge_.reset();
+  }
+};
+
+QTEST_MAIN(WriteTest)
+#include "write_test.moc"

@@ -1,0 +1,56 @@
+// Conversations of the Write tab, kept in the data dir (SQLite,
+// studio.db): a chat's messages with every regenerated variant, or a
+// notebook's document. Saves run on one background thread, in order, so
+// the UI thread never waits for the disk; loading happens once at start.
+#pragma once
+
+#include <QFuture>
+#include <QString>
+#include <QStringList>
+#include <QThreadPool>
+#include <QVector>
+
+struct sqlite3;
+
+namespace atelier::ui {
+
+struct ChatTurn {
+  QString role;          // "user", "assistant"
+  QStringList variants;  // regenerations keep every answer; edits replace the current one
+  int current = 0;
+  QString text() const { return variants.value(current); }
+};
+
+struct Conversation {
+  qint64 id = 0;         // 0 until first saved
+  QString title;
+  QString mode = QStringLiteral("chat");  // "chat" or "notebook"
+  QString model;
+  QString system;        // chat: the system prompt
+  QString document;      // notebook: the whole text
+  QVector<ChatTurn> turns;
+  qint64 updatedMs = 0;
+};
+
+class ConversationStore {
+ public:
+  // Opens (creating) DIR/studio.db. On failure ok() is false and error() says why.
+  explicit ConversationStore(const QString& dataDir);
+  ~ConversationStore();  // waits for pending saves
+  bool ok() const { return db_ != nullptr; }
+  QString error() const { return error_; }
+
+  QVector<Conversation> loadAll();                 // newest first
+  qint64 allocateId();                             // an id for a new conversation (synchronous, tiny)
+  void save(const Conversation& conversation);     // asynchronous; conversation.id must be set
+  void remove(qint64 id);                          // asynchronous
+  void flush();                                    // waits for pending saves (tests, exit)
+
+ private:
+  void exec(const char* sql);
+  ::sqlite3* db_ = nullptr;
+  QString error_;
+  QThreadPool writer_;
+};
+
+}  // namespace atelier::ui

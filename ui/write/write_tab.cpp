@@ -1,0 +1,750 @@
+#include "write/write_tab.h"
+
+#include <QApplication>
+#include <QClipboard>
+#include <QComboBox>
+#include <QDateTime>
+#include <QDoubleSpinBox>
+#include <QFile>
+#include <QFileDialog>
+#include <QFormLayout>
+#include <QHBoxLayout>
+#include <QInputDialog>
+#include <QKeyEvent>
+#include <QLabel>
+#include <QListWidget>
+#include <QPushButton>
+#include <QScrollArea>
+#include <QSettings>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QStackedWidget>
+#include <QTextBrowser>
+#include <QTextCursor>
+#include <QUrl>
+#include <QVBoxLayout>
+
+#include <map>
+
+#include "common/model_picker.h"
+#include "common/seed_box.h"
+
+namespace atelier::ui {
+
+// ---------------------------------------------------------------- prompt editor
+
+void PromptEdit::remember(const QString& prompt) {
+  if (prompt.trimmed().isEmpty()) return;
+  history_.removeAll(prompt);
+  history_ << prompt;
+  while (history_.size() > 100) history_.removeFirst();
+  cursor_ = static_cast<int>(history_.size());
+}
+
+void PromptEdit::keyPressEvent(QKeyEvent* e) {
+  const bool ctrl = e->modifiers() & Qt::ControlModifier;
+  const bool shift = e->modifiers() & Qt::ShiftModifier;
+  if (ctrl && (e->key() == Qt::Key_Return || e->key() == Qt::Key_Enter)) {
+    if (shift) emit queueRequested();
+    else emit generateRequested();
+    return;
+  }
+  if (e->key() == Qt::Key_Escape) {
+    emit stopRequested();
+    return;
+  }
+  if (ctrl && (e->key() == Qt::Key_Up || e->key() == Qt::Key_Down) && !history_.isEmpty()) {
+    cursor_ = std::clamp(cursor_ + (e->key() == Qt::Key_Up ? -1 : 1), 0, static_cast<int>(history_.size()));
+    setPlainText(cursor_ < history_.size() ? history_[cursor_] : QString());
+    moveCursor(QTextCursor::End);
+    return;
+  }
+  QPlainTextEdit::keyPressEvent(e);
+}
+
+// ---------------------------------------------------------------- helpers
+
+namespace {
+QString roleTitle(const QString& role) {
+  if (role == QLatin1String("user")) return QObject::tr("You");
+  if (role == QLatin1String("assistant")) return QObject::tr("Assistant");
+  return role;
+}
+
+QString htmlText(const QString& text) { return text.toHtmlEscaped().replace('\n', QStringLiteral("<br>")); }
+
+template <class Spin>
+Spin* spin(QWidget* parent, const char* name, const QString& tip) {
+  auto* s = new Spin(parent);
+  s->setObjectName(QString::fromLatin1(name));
+  s->setToolTip(tip);
+  return s;
+}
+
+int contextOf(const ModelInfo& info) {
+  // What the engine gives a sequence: the training context, capped at 4096.
+  return std::min(info.n_ctx_train > 0 ? info.n_ctx_train : 4096, 4096);
+}
+}  // namespace
+
+// ---------------------------------------------------------------- the tab
+
+WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidget* parent)
+    : QWidget(parent), bridge_(bridge), store_(store) {
+  setObjectName(QStringLiteral("writeTab"));
+  auto* splitter = new QSplitter(Qt::Horizontal, this);
+  splitter->setObjectName(QStringLiteral("writeSplitter"));
+  auto* outer = new QHBoxLayout(this);
+  outer->setContentsMargins(4, 4, 4, 4);
+  outer->addWidget(splitter);
+
+  // Left: conversations and parameters.
+  auto* panel = new QWidget;
+  auto* form = new QFormLayout(panel);
+  form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+  mode_ = new QComboBox(panel);
+  mode_->setObjectName(QStringLiteral("writeMode"));
+  mode_->addItem(tr("Chat"), QStringLiteral("chat"));
+  mode_->addItem(tr("Notebook"), QStringLiteral("notebook"));
+  mode_->setToolTip(tr("Chat: a conversation in the model's chat template. Notebook: the model continues your document as it is"));
+  form->addRow(tr("Mode"), mode_);
+  conversationList_ = new QListWidget(panel);
+  conversationList_->setObjectName(QStringLiteral("conversations"));
+  conversationList_->setToolTip(tr("Saved conversations and documents (kept in the data dir)"));
+  conversationList_->setMaximumHeight(140);
+  auto* newButton = new QPushButton(tr("New"), panel);
+  newButton->setObjectName(QStringLiteral("newConversation"));
+  newButton->setToolTip(tr("Start a new conversation or document"));
+  auto* deleteButton = new QPushButton(tr("Delete"), panel);
+  deleteButton->setObjectName(QStringLiteral("deleteConversation"));
+  deleteButton->setToolTip(tr("Delete the selected conversation"));
+  auto* convButtons = new QHBoxLayout;
+  convButtons->addWidget(newButton);
+  convButtons->addWidget(deleteButton);
+  form->addRow(conversationList_);
+  form->addRow(convButtons);
+
+  model_ = new ModelPicker(bridge_, QStringLiteral("text"), panel);
+  model_->setObjectName(QStringLiteral("writeModel"));
+  form->addRow(tr("Model"), model_);
+  templateNote_ = new QLabel(panel);
+  templateNote_->setObjectName(QStringLiteral("templateNote"));
+  templateNote_->setWordWrap(true);
+  form->addRow(templateNote_);
+  system_ = new QPlainTextEdit(panel);
+  system_->setObjectName(QStringLiteral("systemPrompt"));
+  system_->setPlaceholderText(tr("optional"));
+  system_->setToolTip(tr("System prompt: instructions the chat model sees before the conversation"));
+  system_->setMaximumHeight(80);
+  form->addRow(tr("System"), system_);
+  temperature_ = spin<QDoubleSpinBox>(panel, "temperature", tr("Temperature: 0 always picks the likeliest token; higher is more varied"));
+  temperature_->setRange(0, 5);
+  temperature_->setSingleStep(0.05);
+  temperature_->setValue(0.8);
+  form->addRow(tr("Temperature"), temperature_);
+  topK_ = spin<QSpinBox>(panel, "topK", tr("Top-k: sample among the k likeliest tokens (0: off)"));
+  topK_->setRange(0, 1000);
+  topK_->setValue(40);
+  form->addRow(tr("Top-k"), topK_);
+  topP_ = spin<QDoubleSpinBox>(panel, "topP", tr("Top-p: sample among the likeliest tokens that add up to p (1: off)"));
+  topP_->setRange(0, 1);
+  topP_->setSingleStep(0.01);
+  topP_->setValue(0.95);
+  form->addRow(tr("Top-p"), topP_);
+  minP_ = spin<QDoubleSpinBox>(panel, "minP", tr("Min-p: drop tokens less likely than p times the likeliest (0: off)"));
+  minP_->setRange(0, 1);
+  minP_->setSingleStep(0.01);
+  minP_->setValue(0.05);
+  form->addRow(tr("Min-p"), minP_);
+  repeatPenalty_ = spin<QDoubleSpinBox>(panel, "repeatPenalty", tr("Repeat penalty: above 1 discourages repeating recent tokens (1: off)"));
+  repeatPenalty_->setRange(0.5, 2);
+  repeatPenalty_->setSingleStep(0.05);
+  repeatPenalty_->setValue(1.0);
+  form->addRow(tr("Repeat penalty"), repeatPenalty_);
+  maxTokens_ = spin<QSpinBox>(panel, "maxTokens", tr("The most tokens one answer may have"));
+  maxTokens_->setRange(1, 32768);
+  maxTokens_->setValue(256);
+  form->addRow(tr("Max new tokens"), maxTokens_);
+  stops_ = new QPlainTextEdit(panel);
+  stops_->setObjectName(QStringLiteral("stopStrings"));
+  stops_->setToolTip(tr("Stop strings, one per line: generation ends before the first one"));
+  stops_->setMaximumHeight(60);
+  form->addRow(tr("Stop strings"), stops_);
+  seed_ = new SeedBox(panel);
+  form->addRow(tr("Seed"), seed_);
+  auto* scroll = new QScrollArea;
+  scroll->setWidget(panel);
+  scroll->setWidgetResizable(true);
+  scroll->setMinimumWidth(260);
+  splitter->addWidget(scroll);
+
+  // Right: the output, the prompt and the actions.
+  auto* right = new QWidget;
+  auto* col = new QVBoxLayout(right);
+  col->setContentsMargins(0, 0, 0, 0);
+  views_ = new QStackedWidget(right);
+  chatView_ = new QTextBrowser(views_);
+  chatView_->setObjectName(QStringLiteral("chatView"));
+  chatView_->setOpenLinks(false);
+  chatView_->setAccessibleName(tr("Conversation"));
+  connect(chatView_, &QTextBrowser::anchorClicked, this, &WriteTab::onAnchor);
+  notebook_ = new QPlainTextEdit(views_);
+  notebook_->setObjectName(QStringLiteral("notebook"));
+  notebook_->setAccessibleName(tr("Notebook document"));
+  notebook_->setPlaceholderText(tr("Write the beginning of a text; Generate continues it."));
+  views_->addWidget(chatView_);
+  views_->addWidget(notebook_);
+  col->addWidget(views_, 1);
+  prompt_ = new PromptEdit(right);
+  prompt_->setObjectName(QStringLiteral("prompt"));
+  prompt_->setPlaceholderText(tr("Message (Ctrl+Enter generates, Ctrl+Shift+Enter queues, Esc stops, Ctrl+Up/Down: earlier prompts)"));
+  prompt_->setToolTip(prompt_->placeholderText());
+  prompt_->setMaximumHeight(110);
+  col->addWidget(prompt_);
+  auto* buttons = new QHBoxLayout;
+  auto button = [&](const char* name, const QString& text, const QString& tip) {
+    auto* b = new QPushButton(text, right);
+    b->setObjectName(QString::fromLatin1(name));
+    b->setToolTip(tip);
+    buttons->addWidget(b);
+    return b;
+  };
+  generateButton_ = button("generate", tr("Generate"), tr("Generate now (Ctrl+Enter)"));
+  queueButton_ = button("queue", tr("Queue"), tr("Add to the queue behind other jobs (Ctrl+Shift+Enter)"));
+  stopButton_ = button("stop", tr("Stop"), tr("Stop the generation, whatever it is doing (Esc)"));
+  regenerateButton_ = button("regenerate", tr("Regenerate"), tr("A new answer in place of the last one; earlier answers stay as variants"));
+  continueButton_ = button("continue", tr("Continue"), tr("The model goes on writing the last answer (or the document)"));
+  copyButton_ = button("copy", tr("Copy"), tr("Copy the conversation as Markdown"));
+  saveButton_ = button("saveMarkdown", tr("Save .md"), tr("Save the conversation as a Markdown file"));
+  buttons->addStretch(1);
+  phaseLabel_ = new QLabel(right);
+  phaseLabel_->setObjectName(QStringLiteral("writePhase"));
+  buttons->addWidget(phaseLabel_);
+  col->addLayout(buttons);
+  splitter->addWidget(right);
+  splitter->setStretchFactor(1, 1);
+  splitter->setSizes({300, 700});
+
+  connect(prompt_, &PromptEdit::generateRequested, this, &WriteTab::generate);
+  connect(prompt_, &PromptEdit::queueRequested, this, &WriteTab::queue);
+  connect(prompt_, &PromptEdit::stopRequested, this, &WriteTab::stop);
+  connect(generateButton_, &QPushButton::clicked, this, &WriteTab::generate);
+  connect(queueButton_, &QPushButton::clicked, this, &WriteTab::queue);
+  connect(stopButton_, &QPushButton::clicked, this, &WriteTab::stop);
+  connect(regenerateButton_, &QPushButton::clicked, this, &WriteTab::regenerate);
+  connect(continueButton_, &QPushButton::clicked, this, &WriteTab::continueLast);
+  connect(copyButton_, &QPushButton::clicked, this, [this] { QApplication::clipboard()->setText(transcript()); });
+  connect(saveButton_, &QPushButton::clicked, this, [this] {
+    const QString path = QFileDialog::getSaveFileName(this, tr("Save as Markdown"), conv().title + QStringLiteral(".md"),
+                                                      tr("Markdown (*.md)"));
+    if (!path.isEmpty()) saveMarkdown(path);
+  });
+  connect(newButton, &QPushButton::clicked, this, &WriteTab::newConversation);
+  connect(deleteButton, &QPushButton::clicked, this, [this] {
+    if (phase_ != Phase::Idle || conversations_.size() <= 1) return;
+    store_->remove(conv().id);
+    conversations_.remove(current_);
+    current_ = 0;
+    refreshConversationList();
+    selectConversation(0);
+  });
+  connect(conversationList_, &QListWidget::currentRowChanged, this, &WriteTab::selectConversation);
+  connect(mode_, &QComboBox::currentIndexChanged, this, [this] { setMode(mode_->currentData().toString()); });
+  connect(notebook_, &QPlainTextEdit::textChanged, this, [this] {
+    if (phase_ == Phase::Idle && conv().mode == QLatin1String("notebook")) {
+      conv().document = notebook_->toPlainText();
+      persist();
+    }
+  });
+  connect(model_, &ModelPicker::referenceChanged, this, [this](const QString& ref) {
+    info_.reset();
+    infoFor_ = ref;
+    updateTemplateNote();
+    if (!ref.isEmpty()) bridge_->requestModelInfo(ref);
+  });
+  connect(bridge_, &bridge::EngineBridge::modelInfoReady, this,
+          [this](const QString& ref, bool ok, const ModelInfo& info, const QString& error) {
+            if (ref != infoFor_) return;
+            if (ok) {
+              info_ = info;
+            } else {
+              templateNote_->setText(tr("Cannot read this model: %1").arg(error));
+            }
+            updateTemplateNote();
+          });
+  connect(bridge_, &bridge::EngineBridge::event, this, &WriteTab::onEvent);
+
+  // Conversations from the data dir, or a first empty one.
+  if (store_) conversations_ = store_->loadAll();
+  conversations_.erase(std::remove_if(conversations_.begin(), conversations_.end(),
+                                      [](const Conversation& c) { return c.title.isEmpty() && c.turns.isEmpty() && c.document.isEmpty(); }),
+                       conversations_.end());
+  if (conversations_.isEmpty()) {
+    Conversation c;
+    c.id = store_ ? store_->allocateId() : 1;
+    c.title = tr("New conversation");
+    conversations_.push_back(c);
+  }
+  refreshConversationList();
+  selectConversation(0);
+  setPhase(Phase::Idle);
+}
+
+WriteTab::~WriteTab() {
+  if (store_) store_->flush();
+}
+
+void WriteTab::refreshConversationList() {
+  const QSignalBlocker block(conversationList_);
+  conversationList_->clear();
+  for (const Conversation& c : conversations_)
+    conversationList_->addItem((c.mode == QLatin1String("notebook") ? QStringLiteral("\u270E ") : QStringLiteral("\U0001F5E8 ")) + c.title);
+  conversationList_->setCurrentRow(current_);
+}
+
+void WriteTab::selectConversation(int row) {
+  if (row < 0 || row >= conversations_.size()) return;
+  if (phase_ != Phase::Idle && row != current_) {
+    conversationList_->setCurrentRow(current_);
+    emit statusMessage(tr("Stop the generation before switching conversations"));
+    return;
+  }
+  current_ = row;
+  {
+    const QSignalBlocker b1(mode_), b2(system_), b3(notebook_);
+    mode_->setCurrentIndex(conv().mode == QLatin1String("notebook") ? 1 : 0);
+    system_->setPlainText(conv().system);
+    notebook_->setPlainText(conv().document);
+  }
+  views_->setCurrentIndex(conv().mode == QLatin1String("notebook") ? 1 : 0);
+  if (!conv().model.isEmpty()) model_->setReference(conv().model);
+  render();
+}
+
+void WriteTab::newConversation() {
+  if (phase_ != Phase::Idle) return;
+  Conversation c;
+  c.id = store_ ? store_->allocateId() : QDateTime::currentMSecsSinceEpoch();
+  c.mode = mode_->currentData().toString();
+  c.title = c.mode == QLatin1String("notebook") ? tr("New document") : tr("New conversation");
+  c.system = system_->toPlainText();
+  conversations_.prepend(c);
+  current_ = 0;
+  refreshConversationList();
+  selectConversation(0);
+}
+
+void WriteTab::setMode(const QString& mode) {
+  if (phase_ != Phase::Idle) return;
+  const int index = mode == QLatin1String("notebook") ? 1 : 0;
+  if (mode_->currentIndex() != index) {
+    const QSignalBlocker b(mode_);
+    mode_->setCurrentIndex(index);
+  }
+  if (conv().mode != mode) {
+    // A conversation keeps its kind; switching starts a new one of the other kind
+    // unless this one is still empty.
+    if (conv().turns.isEmpty() && conv().document.isEmpty()) {
+      conv().mode = mode;
+      conv().title = mode == QLatin1String("notebook") ? tr("New document") : tr("New conversation");
+      refreshConversationList();
+    } else {
+      newConversation();
+      conv().mode = mode;
+      conv().title = mode == QLatin1String("notebook") ? tr("New document") : tr("New conversation");
+      refreshConversationList();
+    }
+  }
+  views_->setCurrentIndex(index);
+  updateTemplateNote();
+  render();
+}
+
+void WriteTab::updateTemplateNote() {
+  QString note;
+  if (conv().mode == QLatin1String("notebook")) note = tr("Notebook: the model continues the document exactly as written.");
+  else if (!info_) note = model_->reference().isEmpty() ? tr("Install a text model (Models) to start.") : tr("Reading the model...");
+  else if (info_->chat_template.empty())
+    note = tr("This model has no chat template: the conversation is written as plain \"User:\" / \"Assistant:\" lines.");
+  else note = tr("Chat template from the model (%1).").arg(QString::fromStdString(info_->architecture));
+  templateNote_->setText(note);
+  if (info_) contextTokens_ = contextOf(*info_);
+}
+
+// ---------------------------------------------------------------- rendering
+
+void WriteTab::render() {
+  if (conv().mode == QLatin1String("notebook")) {
+    if (notebook_->toPlainText() != conv().document) {
+      const QSignalBlocker b(notebook_);
+      notebook_->setPlainText(conv().document);
+    }
+    return;
+  }
+  QString html = QStringLiteral("<html><body>");
+  if (conv().turns.isEmpty())
+    html += QStringLiteral("<p style='color:gray'>%1</p>").arg(tr("Type a message below and press Ctrl+Enter."));
+  for (int i = 0; i < conv().turns.size(); ++i) {
+    const ChatTurn& t = conv().turns[i];
+    const bool streaming = phase_ != Phase::Idle && i == jobTurn_;
+    html += QStringLiteral("<p style='margin-top:12px'><b>%1</b>").arg(roleTitle(t.role));
+    if (!streaming) {
+      html += QStringLiteral(" &nbsp; <a href='edit:%1'>%2</a> <a href='copy:%1'>%3</a>").arg(i).arg(tr("edit"), tr("copy"));
+      if (t.variants.size() > 1)
+        html += QStringLiteral(" &nbsp; <a href='prev:%1'>&lt;</a> %2/%3 <a href='next:%1'>&gt;</a>")
+                    .arg(i)
+                    .arg(t.current + 1)
+                    .arg(t.variants.size());
+    }
+    html += QStringLiteral("</p><p>%1</p>").arg(htmlText(t.text()));
+  }
+  html += QStringLiteral("</body></html>");
+  chatView_->setHtml(html);
+  chatView_->moveCursor(QTextCursor::End);
+}
+
+void WriteTab::appendStreamText(const QString& text) {
+  if (text.isEmpty()) return;
+  if (conv().mode == QLatin1String("notebook")) {
+    const QSignalBlocker b(notebook_);
+    QTextCursor c(notebook_->document());
+    c.movePosition(QTextCursor::End);
+    c.insertText(text);
+    notebook_->moveCursor(QTextCursor::End);
+    return;
+  }
+  // The streaming answer is the last paragraph of the view.
+  QTextCursor c(chatView_->document());
+  c.movePosition(QTextCursor::End);
+  c.insertText(text);
+  chatView_->moveCursor(QTextCursor::End);
+}
+
+QString WriteTab::transcript() const {
+  const Conversation& c = conversations_[current_];
+  if (c.mode == QLatin1String("notebook")) return c.document;
+  QString md = QStringLiteral("# %1\n\n").arg(c.title);
+  if (!c.system.isEmpty()) md += QStringLiteral("**System:** %1\n\n").arg(c.system);
+  for (const ChatTurn& t : c.turns) md += QStringLiteral("**%1:** %2\n\n").arg(roleTitle(t.role), t.text());
+  return md;
+}
+
+bool WriteTab::saveMarkdown(const QString& path) {
+  QFile f(path);
+  if (!f.open(QIODevice::WriteOnly | QIODevice::Truncate) || f.write(transcript().toUtf8()) < 0 || !f.flush()) {
+    emit statusMessage(tr("Could not save %1: %2").arg(path, f.errorString()));
+    return false;
+  }
+  emit statusMessage(tr("Saved %1").arg(path));
+  return true;
+}
+
+void WriteTab::onAnchor(const QUrl& url) {
+  const QString what = url.scheme();
+  const int i = url.path().toInt();
+  if (i < 0 || i >= conv().turns.size() || phase_ != Phase::Idle) return;
+  ChatTurn& t = conv().turns[i];
+  if (what == QLatin1String("copy")) {
+    QApplication::clipboard()->setText(t.text());
+  } else if (what == QLatin1String("prev") || what == QLatin1String("next")) {
+    t.current = (t.current + (what == QLatin1String("next") ? 1 : -1) + t.variants.size()) % t.variants.size();
+    persist();
+    render();
+  } else if (what == QLatin1String("edit")) {
+    editTurn(i);
+  }
+}
+
+void WriteTab::editTurn(int index) {
+  bool ok = false;
+  const QString text = QInputDialog::getMultiLineText(this, tr("Edit message"), tr("Message"), conv().turns[index].text(), &ok);
+  if (!ok) return;
+  // What follows an edited message no longer answers it.
+  conv().turns.resize(index + 1);
+  conv().turns[index].variants[conv().turns[index].current] = text;
+  persist();
+  render();
+  start(conv().turns[index].role == QLatin1String("user") ? Action::Regenerate : Action::Continue, true);
+}
+
+// ---------------------------------------------------------------- generation
+
+TextRequest WriteTab::baseRequest(bool interactive) {
+  TextRequest r;
+  r.model = model_->reference().toStdString();
+  r.max_new_tokens = maxTokens_->value();
+  r.sampling.temperature = static_cast<float>(temperature_->value());
+  r.sampling.top_k = topK_->value();
+  r.sampling.top_p = static_cast<float>(topP_->value());
+  r.sampling.min_p = static_cast<float>(minP_->value());
+  r.sampling.repeat_penalty = static_cast<float>(repeatPenalty_->value());
+  r.sampling.seed = seed_->takeSeed();
+  for (const QString& s : stops_->toPlainText().split('\n'))
+    if (!s.isEmpty()) r.stop.push_back(s.toStdString());
+  r.interactive = interactive;
+  return r;
+}
+
+void WriteTab::generate() { start(Action::Reply, true); }
+void WriteTab::queue() { start(Action::Reply, false); }
+void WriteTab::regenerate() { start(Action::Regenerate, true); }
+void WriteTab::continueLast() { start(Action::Continue, true); }
+
+void WriteTab::start(Action action, bool interactive) {
+  if (phase_ != Phase::Idle) {
+    emit statusMessage(tr("A generation is running: stop it first (Esc)"));
+    return;
+  }
+  if (model_->reference().isEmpty()) {
+    emit statusMessage(tr("No text model: install one (atelier models pull stories260k) or open a model folder"));
+    return;
+  }
+  const bool notebook = conv().mode == QLatin1String("notebook");
+  const QString typed = prompt_->toPlainText();
+  if (notebook) {
+    action = Action::Notebook;
+    if (!typed.isEmpty()) {
+      conv().document = notebook_->toPlainText() + typed;
+      prompt_->remember(typed);
+      prompt_->clear();
+    } else {
+      conv().document = notebook_->toPlainText();
+    }
+    if (conv().document.isEmpty()) {
+      emit statusMessage(tr("The document is empty: write its beginning first"));
+      return;
+    }
+  } else if (action == Action::Reply) {
+    if (typed.trimmed().isEmpty()) {
+      emit statusMessage(tr("Type a message first"));
+      return;
+    }
+    conv().turns.push_back({QStringLiteral("user"), {typed}, 0});
+    prompt_->remember(typed);
+    prompt_->clear();
+    if (conv().turns.size() == 1) conv().title = typed.simplified().left(40);
+  } else {
+    if (conv().turns.isEmpty()) return;
+    if (action == Action::Regenerate && conv().turns.back().role == QLatin1String("assistant")) {
+      ChatTurn& last = conv().turns.back();
+      last.variants << QString();
+      last.current = static_cast<int>(last.variants.size()) - 1;
+    } else if (action == Action::Continue && conv().turns.back().role != QLatin1String("assistant")) {
+      action = Action::Regenerate;  // nothing to continue: answer the last message
+    }
+  }
+  if (!notebook && (action == Action::Reply || conv().turns.back().role == QLatin1String("user")))
+    conv().turns.push_back({QStringLiteral("assistant"), {QString()}, 0});
+  conv().model = model_->reference();
+  conv().system = system_->toPlainText();
+  jobConversation_ = conv().id;
+  jobTurn_ = notebook ? -1 : static_cast<int>(conv().turns.size()) - 1;
+  streamPrefix_ = notebook ? conv().document : conv().turns.back().text();
+  streamed_.clear();
+  tokens_ = 0;
+  promptTokens_ = 0;
+  stopWanted_ = false;
+  job_ = 0;
+  setPhase(Phase::Preparing);
+  persist();
+  refreshConversationList();
+  render();
+  if (info_) {
+    submitPrepared(action, interactive, *info_);
+    return;
+  }
+  // The model's header (chat template) is still being read: submit when it is.
+  auto* once = new QObject(this);
+  connect(bridge_, &bridge::EngineBridge::modelInfoReady, once,
+          [this, once, action, interactive](const QString& ref, bool ok, const ModelInfo& info, const QString& error) {
+            if (ref != model_->reference()) return;
+            once->deleteLater();
+            if (stopWanted_) return finishJob(QString(), tr("stopped"));
+            if (!ok) return finishJob(QString(), tr("cannot read the model: %1").arg(error));
+            submitPrepared(action, interactive, info);
+          });
+  bridge_->requestModelInfo(model_->reference());
+}
+
+void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& info) {
+  if (stopWanted_) return finishJob(QString(), tr("stopped"));
+  TextRequest r = baseRequest(interactive);
+  contextTokens_ = contextOf(info);
+  if (action == Action::Notebook) {
+    r.prompt = conv().document.toStdString();
+  } else {
+    std::vector<ChatMessage> messages;
+    if (!conv().system.trimmed().isEmpty()) messages.push_back({"system", conv().system.toStdString()});
+    for (int i = 0; i < jobTurn_; ++i) messages.push_back({conv().turns[i].role.toStdString(), conv().turns[i].text().toStdString()});
+    auto rendered = format_chat_prompt(info, messages, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) return finishJob(QString(), tr("chat template error: %1").arg(QString::fromStdString(rendered.status().message)));
+    r.prompt = rendered.value() + streamPrefix_.toStdString();
+    // A template writes its own BOS; do not add a second one.
+    if (!info.bos_token.empty() && r.prompt.rfind(info.bos_token, 0) == 0) r.add_bos = false;
+    if (info.chat_template.empty()) r.stop.push_back("\nUser:");
+  }
+  bridge_->submitText(r, [this](Result<JobId> id) {
+    if (!id.ok()) return finishJob(QString(), QString::fromStdString(id.status().message));
+    job_ = id.value();
+    if (phase_ == Phase::Preparing) setPhase(Phase::Queued);
+    if (stopWanted_) {
+      setPhase(Phase::Stopping);
+      bridge_->cancel(job_);
+    }
+  });
+}
+
+void WriteTab::stop() {
+  switch (phase_) {
+    case Phase::Idle:
+    case Phase::Stopping:
+      return;
+    case Phase::Preparing:
+      // No job id yet: cancel it the moment it exists.
+      stopWanted_ = true;
+      setPhase(Phase::Stopping);
+      return;
+    default:
+      setPhase(Phase::Stopping);
+      bridge_->cancel(job_, [this](Status s) {
+        // Already finished: the terminal event ends the phase.
+        if (!s.ok()) emit statusMessage(QString::fromStdString(s.message));
+      });
+  }
+}
+
+void WriteTab::onEvent(const Event& ev) {
+  if (job_ == 0 || ev.job != job_) return;
+  switch (ev.type) {
+    case EventType::Started:
+      if (phase_ == Phase::Queued) setPhase(Phase::Loading);
+      break;
+    case EventType::Token: {
+      if (phase_ == Phase::Queued || phase_ == Phase::Loading) {
+        setPhase(Phase::Decoding);
+        firstToken_.start();
+      }
+      tokens_ = ev.index + 1;
+      const QString text = QString::fromStdString(ev.text);
+      streamed_ += text;
+      appendStreamText(text);
+      updateStats();
+      break;
+    }
+    case EventType::Completed: {
+      tokens_ = static_cast<int>(ev.result.ids.size());
+      promptTokens_ = static_cast<int>(ev.result.prompt_ids.size());
+      QString note = tr("%1 tokens, %2 tokens/s, stop: %3")
+                         .arg(tokens_)
+                         .arg(ev.result.stats.new_tokens_per_s, 0, 'f', 1)
+                         .arg(QString::fromStdString(ev.result.stats.stop_reason));
+      finishJob(QString::fromStdString(ev.result.text), note);
+      break;
+    }
+    case EventType::Failed:
+      finishJob(streamed_, tr("failed: %1").arg(QString::fromStdString(ev.message)));
+      break;
+    case EventType::Cancelled:
+      finishJob(streamed_, tr("stopped"));
+      break;
+    default:
+      break;
+  }
+}
+
+void WriteTab::finishJob(const QString& finalText, const QString& note) {
+  // The answer belongs to the conversation it was asked in (the user cannot switch meanwhile).
+  for (Conversation& c : conversations_) {
+    if (c.id != jobConversation_) continue;
+    if (c.mode == QLatin1String("notebook")) c.document = streamPrefix_ + finalText;
+    else if (jobTurn_ >= 0 && jobTurn_ < c.turns.size()) {
+      ChatTurn& t = c.turns[jobTurn_];
+      t.variants[t.current] = streamPrefix_ + finalText;
+      // An answer that never started leaves no empty variant behind.
+      if (t.text().isEmpty() && t.variants.size() > 1) {
+        t.variants.removeAt(t.current);
+        t.current = static_cast<int>(t.variants.size()) - 1;
+      }
+    }
+  }
+  job_ = 0;
+  jobTurn_ = -1;
+  setPhase(Phase::Idle);
+  persist();
+  render();
+  updateStats();
+  emit statusMessage(tr("Write: %1").arg(note));
+}
+
+void WriteTab::setPhase(Phase p) {
+  phase_ = p;
+  const bool idle = p == Phase::Idle;
+  generateButton_->setEnabled(idle);
+  queueButton_->setEnabled(idle);
+  regenerateButton_->setEnabled(idle && conv().mode == QLatin1String("chat"));
+  continueButton_->setEnabled(idle);
+  stopButton_->setEnabled(!idle && p != Phase::Stopping);
+  notebook_->setReadOnly(!idle);
+  mode_->setEnabled(idle);
+  static const char* names[] = {"", "preparing...", "queued (or loading the model)...", "reading the prompt...", "writing...", "stopping..."};
+  phaseLabel_->setText(tr(names[static_cast<int>(p)]));
+  emit phaseChanged(p);
+}
+
+void WriteTab::updateStats() {
+  const double seconds = firstToken_.isValid() ? firstToken_.elapsed() / 1000.0 : 0;
+  const double rate = seconds > 0 && tokens_ > 1 ? (tokens_ - 1) / seconds : 0;
+  // Until the result gives the exact count, the prompt is estimated at 4 bytes per token.
+  int prompt = promptTokens_;
+  if (prompt == 0 && phase_ != Phase::Idle) prompt = static_cast<int>(streamPrefix_.toUtf8().size() / 4);
+  QString text = tr("%1 tokens/s · %2 tokens").arg(rate, 0, 'f', 1).arg(tokens_);
+  if (contextTokens_ > 0) text += tr(" · context %1/%2").arg(prompt + tokens_).arg(contextTokens_);
+  emit statsChanged(text);
+}
+
+void WriteTab::persist() {
+  if (store_) store_->save(conv());
+}
+
+void WriteTab::saveSettings(QSettings& s) const {
+  s.beginGroup(QStringLiteral("write"));
+  s.setValue(QStringLiteral("model"), model_->reference());
+  s.setValue(QStringLiteral("temperature"), temperature_->value());
+  s.setValue(QStringLiteral("topK"), topK_->value());
+  s.setValue(QStringLiteral("topP"), topP_->value());
+  s.setValue(QStringLiteral("minP"), minP_->value());
+  s.setValue(QStringLiteral("repeatPenalty"), repeatPenalty_->value());
+  s.setValue(QStringLiteral("maxTokens"), maxTokens_->value());
+  s.setValue(QStringLiteral("stops"), stops_->toPlainText());
+  s.setValue(QStringLiteral("seed"), QString::number(seed_->seed()));
+  s.setValue(QStringLiteral("seedLocked"), seed_->locked());
+  s.setValue(QStringLiteral("history"), prompt_->history());
+  s.setValue(QStringLiteral("conversation"), conversations_[current_].id);
+  s.endGroup();
+}
+
+void WriteTab::loadSettings(QSettings& s) {
+  s.beginGroup(QStringLiteral("write"));
+  if (s.contains(QStringLiteral("model"))) model_->setPreferred(s.value(QStringLiteral("model")).toString());
+  temperature_->setValue(s.value(QStringLiteral("temperature"), temperature_->value()).toDouble());
+  topK_->setValue(s.value(QStringLiteral("topK"), topK_->value()).toInt());
+  topP_->setValue(s.value(QStringLiteral("topP"), topP_->value()).toDouble());
+  minP_->setValue(s.value(QStringLiteral("minP"), minP_->value()).toDouble());
+  repeatPenalty_->setValue(s.value(QStringLiteral("repeatPenalty"), repeatPenalty_->value()).toDouble());
+  maxTokens_->setValue(s.value(QStringLiteral("maxTokens"), maxTokens_->value()).toInt());
+  stops_->setPlainText(s.value(QStringLiteral("stops")).toString());
+  if (s.contains(QStringLiteral("seed"))) {
+    seed_->setSeed(s.value(QStringLiteral("seed")).toString().toULongLong());
+    seed_->setLocked(s.value(QStringLiteral("seedLocked")).toBool());
+  }
+  prompt_->setHistory(s.value(QStringLiteral("history")).toStringList());
+  const qint64 id = s.value(QStringLiteral("conversation")).toLongLong();
+  for (int i = 0; i < conversations_.size(); ++i)
+    if (conversations_[i].id == id) {
+      conversationList_->setCurrentRow(i);
+      selectConversation(i);
+    }
+  s.endGroup();
+}
+
+}  // namespace atelier::ui

@@ -1,0 +1,153 @@
+// The Write workspace: Chat (a conversation rendered with the model's chat
+// template) and Notebook (raw completion that continues the document), a
+// prompt editor, token-by-token output and the sampling parameters.
+#pragma once
+
+#include <QElapsedTimer>
+#include <QPlainTextEdit>
+#include <QPointer>
+#include <QWidget>
+
+#include <memory>
+#include <optional>
+
+#include "bridge/engine_bridge.h"
+#include "write/conversation_store.h"
+
+class QComboBox;
+class QDoubleSpinBox;
+class QLabel;
+class QListWidget;
+class QPushButton;
+class QSettings;
+class QSpinBox;
+class QStackedWidget;
+class QTextBrowser;
+
+namespace atelier::ui {
+
+class ModelPicker;
+class SeedBox;
+
+// The prompt box: Ctrl+Enter generates, Ctrl+Shift+Enter queues, Esc stops,
+// Ctrl+Up/Down walk through earlier prompts.
+class PromptEdit : public QPlainTextEdit {
+  Q_OBJECT
+ public:
+  using QPlainTextEdit::QPlainTextEdit;
+  void remember(const QString& prompt);
+  QStringList history() const { return history_; }
+  void setHistory(const QStringList& h) { history_ = h; cursor_ = static_cast<int>(h.size()); }
+ signals:
+  void generateRequested();
+  void queueRequested();
+  void stopRequested();
+
+ protected:
+  void keyPressEvent(QKeyEvent* event) override;
+
+ private:
+  QStringList history_;
+  int cursor_ = 0;
+};
+
+class WriteTab : public QWidget {
+  Q_OBJECT
+
+ public:
+  // What the current generation is doing, for Stop and the status bar.
+  enum class Phase { Idle, Preparing, Queued, Loading, Decoding, Stopping };
+  Q_ENUM(Phase)
+
+  WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidget* parent = nullptr);
+  ~WriteTab() override;
+
+  Phase phase() const { return phase_; }
+  atelier::JobId currentJob() const { return job_; }
+  QString transcript() const;  // the conversation or document as Markdown
+  const Conversation& conversation() const { return conversations_[current_]; }
+  void saveSettings(QSettings& settings) const;
+  void loadSettings(QSettings& settings);
+
+ public slots:
+  void generate();         // now (interactive)
+  void queue();            // behind other jobs (not interactive)
+  void stop();
+  void regenerate();       // a new variant of the last answer
+  void continueLast();     // the model continues the last answer / the document
+  void newConversation();
+  void setMode(const QString& mode);  // "chat" or "notebook"
+  bool saveMarkdown(const QString& path);
+
+ signals:
+  void statsChanged(const QString& text);   // tokens/s, tokens, context
+  void statusMessage(const QString& text);
+  void phaseChanged(atelier::ui::WriteTab::Phase phase);
+
+ private:
+  enum class Action { Reply, Regenerate, Continue, Notebook };
+  void start(Action action, bool interactive);
+  void submitPrepared(Action action, bool interactive, const atelier::ModelInfo& info);
+  void onEvent(const atelier::Event& event);
+  void finishJob(const QString& finalText, const QString& note);
+  void setPhase(Phase p);
+  void render();  // the whole conversation into the view
+  void appendStreamText(const QString& text);
+  void onAnchor(const QUrl& url);
+  void editTurn(int index);
+  void selectConversation(int row);
+  void refreshConversationList();
+  void persist();
+  void updateStats();
+  void updateTemplateNote();
+  atelier::TextRequest baseRequest(bool interactive);
+  Conversation& conv() { return conversations_[current_]; }
+
+  bridge::EngineBridge* bridge_;
+  ConversationStore* store_;
+  QVector<Conversation> conversations_;
+  int current_ = 0;
+
+  QComboBox* mode_;
+  QListWidget* conversationList_;
+  ModelPicker* model_;
+  QPlainTextEdit* system_;
+  QDoubleSpinBox* temperature_;
+  QSpinBox* topK_;
+  QDoubleSpinBox* topP_;
+  QDoubleSpinBox* minP_;
+  QDoubleSpinBox* repeatPenalty_;
+  QSpinBox* maxTokens_;
+  QPlainTextEdit* stops_;
+  SeedBox* seed_;
+  QLabel* templateNote_;
+  QStackedWidget* views_;
+  QTextBrowser* chatView_;
+  QPlainTextEdit* notebook_;
+  PromptEdit* prompt_;
+  QPushButton* generateButton_;
+  QPushButton* queueButton_;
+  QPushButton* stopButton_;
+  QPushButton* regenerateButton_;
+  QPushButton* continueButton_;
+  QPushButton* copyButton_;
+  QPushButton* saveButton_;
+  QLabel* phaseLabel_;
+
+  // The generation in flight.
+  Phase phase_ = Phase::Idle;
+  atelier::JobId job_ = 0;
+  bool stopWanted_ = false;          // Stop pressed before the job id was known
+  qint64 jobConversation_ = 0;       // the conversation the answer belongs to
+  int jobTurn_ = -1;                 // the assistant turn being written (chat)
+  QString streamPrefix_;             // text the answer continues (Continue)
+  QString streamed_;                 // text received so far
+  int tokens_ = 0;
+  int promptTokens_ = 0;             // estimate until the result says
+  int contextTokens_ = 0;
+  QElapsedTimer firstToken_;
+  std::optional<atelier::ModelInfo> info_;  // of model_->reference()
+  QString infoFor_;
+};
+
+}  // namespace atelier::ui
