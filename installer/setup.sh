@@ -13,6 +13,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # ui
   qt6-base-dev libgl-dev xvfb xauth
+  # the studio end-to-end test: keystrokes and screen captures on Xvfb
+  xdotool imagemagick
 )
 
 missing=()

@@ -397,11 +397,14 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
     if (!l->json) std::printf("%6s  %-9s  %4s  %6s  %-36s  %s\n", "ID", "STATE", "PRIO", "TOKENS", "MODEL VERSION", "PROMPT");
     for (const JobInfo& j : jobs) {
       if (l->json) {
-        print_json_line({{"id", j.id}, {"state", job_state_name(j.state)}, {"priority", j.priority},
-                         {"interactive", j.request.interactive}, {"model", j.request.model}, {"model_version", j.model_version},
-                         {"model_name", j.model_name}, {"prompt", j.request.prompt}, {"created_ms", j.created_ms}, {"started_ms", j.started_ms},
-                         {"finished_ms", j.finished_ms}, {"seed", j.seed}, {"attempts", j.attempts},
-                         {"new_tokens", j.stats.new_tokens}, {"text", j.text}, {"error", j.error}});
+        const bool image = j.kind == "image";
+        print_json_line({{"id", j.id}, {"kind", j.kind}, {"state", job_state_name(j.state)}, {"priority", j.priority},
+                         {"interactive", image ? j.image_request.interactive : j.request.interactive},
+                         {"model", image ? j.image_request.model : j.request.model}, {"model_version", j.model_version},
+                         {"model_name", j.model_name}, {"prompt", image ? j.image_request.prompt : j.request.prompt},
+                         {"created_ms", j.created_ms}, {"started_ms", j.started_ms}, {"finished_ms", j.finished_ms}, {"seed", j.seed},
+                         {"attempts", j.attempts}, {"new_tokens", j.stats.new_tokens}, {"text", j.text}, {"files", j.files},
+                         {"error", j.error}});
       } else {
         std::string model = j.request.model;
         if (j.model_version.rfind("sha256:", 0) == 0) {

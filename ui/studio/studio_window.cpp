@@ -22,6 +22,7 @@
 #include <QStatusBar>
 #include <QStyleFactory>
 #include <QTabWidget>
+#include <QTimer>
 
 #include "gallery/gallery_view.h"
 #include "paint/paint_tab.h"
@@ -127,6 +128,7 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   connect(bridge_, &bridge::EngineBridge::errorOccurred, this, [this](const QString& m) { statusBar()->showMessage(m, 10000); });
 
   buildMenus();
+  setupSnapshots();
   resize(1280, 820);
   defaultState_ = QMainWindow::saveState();
 
@@ -136,7 +138,14 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   setOutputFolder(s.value(QStringLiteral("studio/outputFolder"), QDir(options_.dataDir).filePath(QStringLiteral("outputs"))).toString());
   if (s.contains(QStringLiteral("studio/geometry"))) restoreGeometry(s.value(QStringLiteral("studio/geometry")).toByteArray());
   if (s.contains(QStringLiteral("studio/state"))) restoreState(s.value(QStringLiteral("studio/state")).toByteArray());
+  // Switching workspaces puts the cursor in that workspace's prompt, ready to type.
+  connect(tabs_, &QTabWidget::currentChanged, this, [this] {
+    if (QWidget* prompt = tabs_->currentWidget()->findChild<QWidget*>(
+            tabs_->currentWidget() == write_ ? QStringLiteral("prompt") : QStringLiteral("paintPrompt")))
+      prompt->setFocus();
+  });
   tabs_->setCurrentIndex(s.value(QStringLiteral("studio/tab"), 0).toInt());
+  QTimer::singleShot(0, this, [this] { emit tabs_->currentChanged(tabs_->currentIndex()); });
   write_->loadSettings(s);
   paint_->loadSettings(s);
   bridge_->start();
@@ -176,6 +185,39 @@ void StudioWindow::buildMenus() {
   QMenu* queue = menuBar()->addMenu(tr("&Queue"));
   queue->addAction(tr("&Pause / resume"), this, [this] { bridge_->setPaused(!bridge_->paused()); });
   queue->addAction(tr("&Clear finished..."), queue_, [this] { queue_->clearFinished(true); });
+}
+
+// ATELIER_STUDIO_SHOTS=DIR: the window saves what it shows (Qt's grab) at
+// the moments a review looks at: Write mid-stream, Paint mid-generation with
+// a preview, Paint done with the gallery, and the queue. The end-to-end test
+// and documentation screenshots use it.
+void StudioWindow::setupSnapshots() {
+  const QString dir = qEnvironmentVariable("ATELIER_STUDIO_SHOTS");
+  if (dir.isEmpty()) return;
+  QDir().mkpath(dir);
+  auto shot = [this, dir](const QString& name, QWidget* what) {
+    const QString path = QDir(dir).filePath(name);
+    what->grab().save(path);
+    statusBar()->showMessage(tr("snapshot %1").arg(path), 2000);
+  };
+  connect(bridge_, &bridge::EngineBridge::event, this, [this, shot](const Event& ev) {
+    if (ev.type == EventType::Token && ev.job == write_->currentJob() && ev.index == 12 && !shotWrite_) {
+      shotWrite_ = true;
+      shot(QStringLiteral("write-midstream.png"), this);
+    }
+    if (ev.type == EventType::Preview && ev.image.steps > 2) steppedJobs_.insert(ev.job);
+    if (ev.type == EventType::Preview && ev.image.steps > 2 && ev.image.step == ev.image.steps / 2 && !shotPaint_) {
+      shotPaint_ = true;
+      // After the canvas has painted this preview.
+      QTimer::singleShot(50, this, [this, shot] { shot(QStringLiteral("paint-midgeneration.png"), this); });
+    }
+    if (ev.type == EventType::Completed && steppedJobs_.contains(ev.job)) {
+      QTimer::singleShot(800, this, [this, shot] {
+        shot(QStringLiteral("paint-done.png"), this);
+        shot(QStringLiteral("queue.png"), queueDock_);
+      });
+    }
+  });
 }
 
 void StudioWindow::resetLayout() {

@@ -6,6 +6,7 @@
 
 #include <QByteArray>
 #include <QMainWindow>
+#include <QSet>
 
 #include "bridge/engine_bridge.h"
 
@@ -57,6 +58,7 @@ class StudioWindow : public QMainWindow {
 
  private:
   void buildMenus();
+  void setupSnapshots();
   void showSettings();
   void restoreFromPng(const QString& path);
 
@@ -75,6 +77,8 @@ class StudioWindow : public QMainWindow {
   QByteArray defaultState_;
   QString outputFolder_;
   QString theme_ = QStringLiteral("dark");
+  bool shotWrite_ = false, shotPaint_ = false;
+  QSet<atelier::JobId> steppedJobs_;  // image jobs with denoising steps (snapshots)
 };
 
 }  // namespace atelier::ui

@@ -545,6 +545,7 @@ void WriteTab::start(Action action, bool interactive) {
   promptTokens_ = 0;
   stopWanted_ = false;
   job_ = 0;
+  early_.clear();
   setPhase(Phase::Preparing);
   persist();
   refreshConversationList();
@@ -591,6 +592,10 @@ void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& 
       setPhase(Phase::Stopping);
       bridge_->cancel(job_);
     }
+    // Events of this job that came before its id did.
+    const QVector<Event> early = std::exchange(early_, {});
+    for (const Event& ev : early)
+      if (ev.job == job_) onEvent(ev);
   });
 }
 
@@ -614,6 +619,7 @@ void WriteTab::stop() {
 }
 
 void WriteTab::onEvent(const Event& ev) {
+  if (job_ == 0 && (phase_ == Phase::Preparing || phase_ == Phase::Stopping) && early_.size() < 10000) early_.push_back(ev);
   if (job_ == 0 || ev.job != job_) return;
   switch (ev.type) {
     case EventType::Started:

@@ -138,6 +138,7 @@ class WriteTab : public QWidget {
   Phase phase_ = Phase::Idle;
   atelier::JobId job_ = 0;
   bool stopWanted_ = false;          // Stop pressed before the job id was known
+  QVector<atelier::Event> early_;    // events that came before the job id did
   qint64 jobConversation_ = 0;       // the conversation the answer belongs to
   int jobTurn_ = -1;                 // the assistant turn being written (chat)
   QString streamPrefix_;             // text the answer continues (Continue)
