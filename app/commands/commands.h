@@ -14,5 +14,6 @@ void add_bench_commands(CLI::App& root, int& exit_code);   // bench text
 void add_models_commands(CLI::App& root, int& exit_code);  // models synth, models scan
 void add_queue_commands(CLI::App& root, int& exit_code);   // batch, queue ..., metrics, --headless
 void add_image_commands(CLI::App& root, int& exit_code);   // image
+void add_template_commands(CLI::App& root, int& exit_code);  // template render
 
 }  // namespace atelier::app

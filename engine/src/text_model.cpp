@@ -95,6 +95,7 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
     if (is_gguf(path)) {
       std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
       impl->tokenizer = tok::Tokenizer::from_gguf(*file);
+      impl->info.chat_template = file->get_string("tokenizer.chat_template", "");
       impl->weights = text::load_llama_gguf(file);
     } else if (fs::path(path).extension() == ".bin" || !options.tokenizer_path.empty()) {
       // llama2.c checkpoints have no magic number: the name says so, or a
@@ -125,6 +126,9 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
     info.n_heads = w.hp.n_head;
     info.n_kv_heads = w.hp.n_head_kv;
     info.n_ff = w.hp.n_ff;
+    const auto token_text = [&](int32_t id) { return id >= 0 && id < impl->tokenizer->n_vocab() ? impl->tokenizer->token_text(id) : std::string(); };
+    info.bos_token = token_text(impl->tokenizer->bos_id());
+    info.eos_token = token_text(impl->tokenizer->eos_id());
     info.weight_bytes = kernels::weight_bytes(w.output);
     for (const auto& L : w.layers)
       for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})

@@ -140,9 +140,7 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   if (s.contains(QStringLiteral("studio/state"))) restoreState(s.value(QStringLiteral("studio/state")).toByteArray());
   // Switching workspaces puts the cursor in that workspace's prompt, ready to type.
   connect(tabs_, &QTabWidget::currentChanged, this, [this] {
-    if (QWidget* prompt = tabs_->currentWidget()->findChild<QWidget*>(
-            tabs_->currentWidget() == write_ ? QStringLiteral("prompt") : QStringLiteral("paintPrompt")))
-      prompt->setFocus();
+    if (auto* prompt = tabs_->currentWidget()->findChild<QWidget*>(QStringLiteral("prompt"))) prompt->setFocus();
   });
   tabs_->setCurrentIndex(s.value(QStringLiteral("studio/tab"), 0).toInt());
   QTimer::singleShot(0, this, [this] { emit tabs_->currentChanged(tabs_->currentIndex()); });

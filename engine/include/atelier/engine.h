@@ -145,7 +145,41 @@ struct ModelInfo {
   int64_t n_params = 0;
   int64_t weight_bytes = 0;  // bytes of every matrix read once per generated token
   int n_vocab = 0, n_ctx_train = 0, n_embd = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, n_ff = 0;
+  std::string chat_template;        // GGUF tokenizer.chat_template ("" when the model has none)
+  std::string bos_token, eos_token; // the texts of the BOS and EOS tokens ("" when the vocabulary has none)
 };
+
+// ---------------------------------------------------------------- chat templates
+
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant", ...
+  std::string content;
+};
+
+struct ChatTemplateOptions {
+  bool add_generation_prompt = true;
+  std::string bos_token, eos_token;  // variables the template sees
+  std::vector<std::pair<std::string, std::string>> variables;  // further string variables (NAME=VALUE)
+};
+
+// Renders a Jinja chat template as Hugging Face's apply_chat_template does
+// (trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now,
+// tojson). MESSAGES_JSON: a JSON array of message objects (role, content and
+// whatever else templates read: tool_calls, name ...). InvalidArgument with
+// "chat template error at line N: ..." on a template error or a
+// raise_exception, or when the messages are not a JSON array.
+Result<std::string> render_chat_template(const std::string& template_text, const std::string& messages_json,
+                                         const ChatTemplateOptions& options = {});
+Result<std::string> render_chat_template(const std::string& template_text, const std::vector<ChatMessage>& messages,
+                                         const ChatTemplateOptions& options = {});
+
+// The prompt a chat model continues: its own template (with its BOS/EOS texts)
+// when it has one, else the plain format, one block per message:
+//   "System: <content>\n\n" for system messages, "User: <content>\n" and
+//   "Assistant: <content>\n" for the others, then "Assistant:" when
+//   add_generation_prompt (stop generation at "\nUser:").
+Result<std::string> format_chat_prompt(const ModelInfo& model, const std::vector<ChatMessage>& messages,
+                                       bool add_generation_prompt = true);
 
 class TextModel {
  public:
