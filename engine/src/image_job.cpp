@@ -72,19 +72,40 @@ class SdDiffusion final : public image::DiffusionModel {
 
 // CLIP's vocabulary for an SD model: the request's, the store version's
 // "tokenizer" file, or one beside the model (single file: its folder;
-// diffusers: tokenizer/merges.txt, the same merges as plain text).
+// diffusers: tokenizer/merges.txt, the same merges as plain text); last, the
+// copy installed with the program: share/atelier/clip beside the running
+// binary's bin/ folder, then the build tree's and the install prefix's (set
+// at configure time; see assets/CMakeLists.txt).
 std::string find_clip_vocab(const ImageRequest& r, const ResolvedModel& m, const std::string& model_path) {
   if (!r.tokenizer.empty()) return r.tokenizer;
   if (std::string f = m.file("tokenizer"); !f.empty()) return f;
   namespace fs = std::filesystem;
   const fs::path p(model_path);
-  for (const fs::path& c : {p / "tokenizer" / "merges.txt", p.parent_path() / "bpe_simple_vocab_16e6.txt.gz",
-                            p.parent_path() / "tokenizer" / "merges.txt"}) {
-    std::error_code ec;
+  std::error_code ec;
+  std::vector<fs::path> candidates;
+  if (fs::is_directory(p, ec)) candidates.push_back(p / "tokenizer" / "merges.txt");
+  else candidates = {p.parent_path() / "bpe_simple_vocab_16e6.txt.gz", p.parent_path() / "tokenizer" / "merges.txt"};
+  const fs::path shipped = fs::path("share") / "atelier" / "clip" / "bpe_simple_vocab_16e6.txt.gz";
+  if (const fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec && exe.has_parent_path())
+    candidates.push_back(exe.parent_path().parent_path() / shipped);
+#ifdef ATELIER_BUILD_CLIP_VOCAB
+  candidates.emplace_back(ATELIER_BUILD_CLIP_VOCAB);
+#endif
+#ifdef ATELIER_INSTALL_CLIP_VOCAB
+  candidates.emplace_back(ATELIER_INSTALL_CLIP_VOCAB);
+#endif
+  std::string looked;
+  std::vector<fs::path> seen;
+  for (const fs::path& c : candidates) {
     if (fs::is_regular_file(c, ec)) return c.string();
+    const fs::path n = c.lexically_normal();
+    if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;  // the build tree is beside the binary too
+    seen.push_back(n);
+    looked += "\n  " + n.string();
   }
   throw Error(model_path + ": the Stable Diffusion text encoder needs CLIP's vocabulary (bpe_simple_vocab_16e6.txt.gz); "
-              "pass it with --tokenizer FILE or put it beside the model");
+              "pass it with --tokenizer FILE, put it beside the model, or reinstall Atelier (it ships one). Looked in:" +
+              looked);
 }
 
 image::RgbImage load_resized(const std::string& path, int w, int h) {
