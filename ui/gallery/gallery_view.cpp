@@ -287,6 +287,23 @@ void ImageViewer::keyPressEvent(QKeyEvent* event) {
 
 namespace {
 
+// The list, with a word for the empty gallery.
+class GalleryList : public QListView {
+ public:
+  using QListView::QListView;
+
+ protected:
+  void paintEvent(QPaintEvent* event) override {
+    QListView::paintEvent(event);
+    if (model() && model()->rowCount() > 0) return;
+    QPainter p(viewport());
+    p.setPen(palette().color(QPalette::PlaceholderText));
+    p.drawText(viewport()->rect().adjusted(12, 12, -12, -12), Qt::AlignCenter | Qt::TextWordWrap,
+               QObject::tr("Your pictures appear here, newest first.\n\nClick one to see it at full size; "
+                           "right-click to reuse its parameters or seed."));
+  }
+};
+
 // A thumbnail centred in its cell; the current picture framed in the
 // highlight colour, the one under the mouse in a lighter frame.
 class ThumbnailDelegate : public QStyledItemDelegate {
@@ -361,7 +378,7 @@ GalleryView::GalleryView(QWidget* parent) : QWidget(parent) {
   count_->setPalette(pal);
   count_->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);  // a long folder path must not widen the dock
   v->addWidget(count_);
-  list_ = new QListView(this);
+  list_ = new GalleryList(this);
   list_->setObjectName(QStringLiteral("galleryList"));
   list_->setModel(model_);
   list_->setViewMode(QListView::IconMode);
