@@ -135,3 +135,10 @@ TEST(ChatTemplate, Bounds) {
     EXPECT_FALSE(r.ok()) << bad;
   }
 }
+
+// HF's `generation` block (an extension plain Jinja2 lacks): its body renders.
+TEST(ChatTemplate, GenerationBlock) {
+  auto r = render_jinja("a{% generation %}{{ x }}{% endgeneration %}\nb", ojson{{"x", 1}}, JinjaOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  EXPECT_EQ(r.value(), "a1b");
+}

@@ -2352,7 +2352,12 @@ class Interp {
       int64_t p = pr && pr->is_json() && is_int(pr->j) ? std::clamp<int64_t>(num_i(pr->j), -300, 300) : 0;
       std::string method = me ? to_str(*me) : "common";
       double x = num_d(j), m = std::pow(10.0, static_cast<double>(p));
-      double r = method == "ceil" ? std::ceil(x * m) / m : method == "floor" ? std::floor(x * m) / m : std::round(x * m) / m;
+      if (method == "common" && p >= 0) {
+        char b[400];
+        std::snprintf(b, sizeof b, "%.*f", static_cast<int>(p), x);
+        return Value::of(std::strtod(b, nullptr));
+      }
+      double r = method == "ceil" ? std::ceil(x * m) / m : method == "floor" ? std::floor(x * m) / m : std::nearbyint(x * m) / m;
       return Value::of(r);
     }
     if (f == "first" || f == "last") {
@@ -2476,6 +2481,7 @@ class Interp {
     }
     if (f == "map") {
       json r = json::array();
+      if (!truthy(in)) return Value::of(std::move(r));
       const Value* at = kwarg(kw, "attribute");
       if (at) {
         const Value* def = kwarg(kw, "default");
@@ -2500,6 +2506,7 @@ class Interp {
       std::string tn = a.size() > base ? to_str(a[base]) : "";
       Args targs(a.begin() + static_cast<std::ptrdiff_t>(std::min(a.size(), base + 1)), a.end());
       json r = json::array();
+      if (!truthy(in)) return Value::of(std::move(r));
       for (const auto& e : iterate(in, line)) {
         step(line);
         Value v = e;
