@@ -7,6 +7,7 @@
 #include <QMimeData>
 #include <QPlainTextEdit>
 #include <QSettings>
+#include <QSpinBox>
 #include <QSignalSpy>
 #include <QTabWidget>
 #include <QtTest>

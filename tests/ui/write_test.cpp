@@ -2,7 +2,10 @@
 // stream into the view, the notebook continues a document exactly as the
 // reference model does, Stop works in every state, variants are kept, and
 // a conversation is still there after a restart.
+#include <QDoubleSpinBox>
+#include <QLabel>
 #include <QPushButton>
+#include <QSpinBox>
 #include <QSignalSpy>
 #include <QTextBrowser>
 #include <QtTest>
@@ -86,7 +89,7 @@ class WriteTest : public QObject {
     child<QSpinBox>("maxTokens")->setValue(40);
     auto* view = child<QTextBrowser>("chatView");
     QVector<int> lengths;
-    connect(bridge_.get(), &bridge::EngineBridge::event, view, [&](const Event& ev) {
+    auto conn = connect(bridge_.get(), &bridge::EngineBridge::event, view, [&](const Event& ev) {
       if (ev.type == EventType::Token) lengths << view->toPlainText().size();
     });
     auto* prompt = child<PromptEdit>("prompt");
@@ -96,6 +99,7 @@ class WriteTest : public QObject {
     QVERIFY(tab_->phase() != WriteTab::Phase::Idle);
     QVERIFY(prompt->toPlainText().isEmpty());
     waitIdle();
+    disconnect(conn);
     QVERIFY2(lengths.size() >= 10, qPrintable(QString::number(lengths.size())));
     // The view grew while the tokens came, not only at the end.
     QVERIFY(std::adjacent_find(lengths.begin(), lengths.end(), std::greater<int>()) == lengths.end());

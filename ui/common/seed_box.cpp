@@ -42,7 +42,8 @@ void SeedBox::setSeed(uint64_t seed) {
 bool SeedBox::locked() const { return lock_->isChecked(); }
 void SeedBox::setLocked(bool locked) { lock_->setChecked(locked); }
 
-void SeedBox::roll() { edit_->setText(QString::number(QRandomGenerator::global()->generate64() & 0x7fffffffffffffffull)); }
+// 32-bit, as A1111 rolls them: short enough to read and type back.
+void SeedBox::roll() { edit_->setText(QString::number(QRandomGenerator::global()->generate())); }
 
 uint64_t SeedBox::takeSeed() {
   if (!locked() || edit_->text().isEmpty()) roll();

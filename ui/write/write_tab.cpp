@@ -71,7 +71,7 @@ QString roleTitle(const QString& role) {
   return role;
 }
 
-QString htmlText(const QString& text) { return text.toHtmlEscaped().replace('\n', QStringLiteral("<br>")); }
+QString htmlText(const QString& text) { return text.toHtmlEscaped(); }
 
 template <class Spin>
 Spin* spin(QWidget* parent, const char* name, const QString& tip) {
@@ -396,7 +396,8 @@ void WriteTab::render() {
                     .arg(t.current + 1)
                     .arg(t.variants.size());
     }
-    html += QStringLiteral("</p><p>%1</p>").arg(htmlText(t.text()));
+    // pre-wrap keeps the model's newlines and spaces as they are (and as the text copies out).
+    html += QStringLiteral("</p><p style='white-space:pre-wrap'>%1</p>").arg(htmlText(t.text()));
   }
   html += QStringLiteral("</body></html>");
   chatView_->setHtml(html);
