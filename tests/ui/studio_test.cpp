@@ -59,7 +59,7 @@ class StudioTest : public QObject {
     QVERIFY(w->findChild<QDockWidget*>(QStringLiteral("queueDock")));
     QVERIFY(w->findChild<QDockWidget*>(QStringLiteral("galleryDock")));
     QCOMPARE(w->tabs()->count(), 2);
-    QVERIFY(w->engineStatus().contains(QStringLiteral("running the queue")));
+    QTRY_VERIFY_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("running the queue")), 10000);
     auto* gallery = w->findChild<QDockWidget*>(QStringLiteral("galleryDock"));
     QVERIFY(gallery->isVisible());
     gallery->toggleViewAction()->trigger();
@@ -127,14 +127,14 @@ class StudioTest : public QObject {
     TextRequest text;
     text.model = home_->path(QStringLiteral("models/m15.gguf")).toStdString();
     text.prompt = "Once upon a time";
-    text.max_new_tokens = 300;
+    text.max_new_tokens = 200;
     text.ignore_eos = true;
     text.interactive = true;
     ImageRequest image;
     image.model = sd_.toStdString();
     image.prompt = "a red fox";
-    image.width = image.height = 128;
-    image.steps = 6;
+    image.width = image.height = 256;
+    image.steps = 16;
     image.seed = 3;
     image.output = home_->path(QStringLiteral("fox.png")).toStdString();
     int done = 0;
@@ -153,12 +153,16 @@ class StudioTest : public QObject {
     });
     clock.start();
     probe.start();
-    w->bridge()->submitText(text);
+    for (int i = 0; i < 3; ++i) {
+      text.sampling.seed = 10 + i;
+      w->bridge()->submitText(text);
+    }
     w->bridge()->submitImage(image);
-    QTRY_COMPARE_WITH_TIMEOUT(done, 2, 300000);
+    QTRY_COMPARE_WITH_TIMEOUT(done, 4, 300000);
     probe.stop();
     qInfo("event loop: %d ticks in %lld ms, longest gap %lld ms", ticks, clock.elapsed(), worst);
-    QVERIFY(ticks > 20);
+    QVERIFY(clock.elapsed() > 1000);  // long enough to mean something
+    QVERIFY(ticks > 100);
     QVERIFY2(worst < 50, qPrintable(QStringLiteral("longest gap %1 ms").arg(worst)));
     QVERIFY(QFile::exists(home_->path(QStringLiteral("fox.png"))));
     w->close();

@@ -113,7 +113,11 @@ void QueueView::raisePriority(int delta) {
   for (JobId id : selectedJobs()) {
     const JobInfo* j = model_->job(model_->rowOf(id));
     if (!j || (j->state != JobState::Queued && j->state != JobState::Running)) continue;
-    bridge_->setPriority(id, j->priority + delta, [this](Status s) {
+    // Clicks faster than the job list refreshes build on the value asked for last.
+    const int wanted = pendingPriority_.value(id, j->priority) + delta;
+    pendingPriority_[id] = wanted;
+    bridge_->setPriority(id, wanted, [this, id, wanted](Status s) {
+      if (pendingPriority_.value(id) == wanted) pendingPriority_.remove(id);
       if (!s.ok()) emit statusMessage(QString::fromStdString(s.message));
     });
   }

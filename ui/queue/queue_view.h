@@ -2,6 +2,7 @@
 // cancel, retry, priority up/down, clear finished).
 #pragma once
 
+#include <QHash>
 #include <QWidget>
 
 #include "bridge/engine_bridge.h"
@@ -36,6 +37,7 @@ class QueueView : public QWidget {
   QueueModel* model_;
   QTableView* table_;
   QAction* pause_;
+  QHash<atelier::JobId, int> pendingPriority_;  // asked for, not yet confirmed
 };
 
 }  // namespace atelier::ui
