@@ -179,5 +179,5 @@ class EndToEndTest : public QObject {
   }
 };
 
-QTEST_MAIN(EndToEndTest)
+QTEST_GUILESS_MAIN(EndToEndTest)
 #include "e2e_test.moc"

@@ -78,7 +78,7 @@ QVariant QueueModel::data(const QModelIndex& index, int role) const {
   if (role == Qt::ToolTipRole) {
     QString tip = QString::fromStdString(image ? j.image_request.prompt : j.request.prompt).left(600);
     if (!j.error.empty()) tip += QStringLiteral("\n\n") + QString::fromStdString(j.error);
-    if (!j.model_version.empty()) tip += QStringLiteral("\n%1").arg(QString::fromStdString(j.model_version));
+    tip += QStringLiteral("\n%1 %2").arg(QString::fromStdString(!j.model_name.empty() ? j.model_name : image ? j.image_request.model : j.request.model), QString::fromStdString(j.model_version));
     return tip;
   }
   if (role == Qt::TextAlignmentRole && (index.column() == Priority || index.column() == Progress || index.column() == Duration))
@@ -87,8 +87,11 @@ QVariant QueueModel::data(const QModelIndex& index, int role) const {
   switch (index.column()) {
     case Kind: return image ? tr("image") : tr("text");
     case Prompt: return QString::fromStdString(image ? j.image_request.prompt : j.request.prompt).simplified().left(120);
-    case Model:
-      return QString::fromStdString(!j.model_name.empty() ? j.model_name : image ? j.image_request.model : j.request.model);
+    case Model: {
+      // A store version by name@version; a plain file by its file name (the tooltip has the digest).
+      const QString m = QString::fromStdString(!j.model_name.empty() ? j.model_name : image ? j.image_request.model : j.request.model);
+      return m.contains('/') ? m.section('/', -1) : m;
+    }
     case State:
       if (cancelling_.contains(j.id) && (j.state == JobState::Queued || j.state == JobState::Running)) return tr("cancelling...");
       return QString::fromLatin1(job_state_name(j.state).data(), static_cast<int>(job_state_name(j.state).size()));

@@ -21,6 +21,7 @@ class QueueView : public QWidget {
   explicit QueueView(bridge::EngineBridge* bridge, QWidget* parent = nullptr);
   QueueModel* model() const { return model_; }
   QTableView* table() const { return table_; }
+  QSize sizeHint() const override { return {900, 190}; }  // a strip under the workspaces
 
  public slots:
   void cancelSelected();

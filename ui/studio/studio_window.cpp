@@ -97,6 +97,9 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   engineLabel_->setObjectName(QStringLiteral("engineStatus"));
   statsLabel_ = new QLabel(this);
   statsLabel_->setObjectName(QStringLiteral("writeStats"));
+  // Room for the longest figures, so the label does not jump or clip while tokens stream.
+  statsLabel_->setMinimumWidth(statsLabel_->fontMetrics().horizontalAdvance(QStringLiteral("9999.9 tokens/s · 9999 tokens · context 9999/9999")));
+  statsLabel_->setAlignment(Qt::AlignRight | Qt::AlignVCenter);
   statusBar()->addPermanentWidget(statsLabel_);
   statusBar()->addPermanentWidget(engineLabel_);
 
@@ -130,6 +133,9 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   buildMenus();
   setupSnapshots();
   resize(1280, 820);
+  // The workspaces get most of the height; the queue a strip below, the gallery a column.
+  resizeDocks({queueDock_}, {190}, Qt::Vertical);
+  resizeDocks({galleryDock_}, {260}, Qt::Horizontal);
   defaultState_ = QMainWindow::saveState();
 
   QSettings s;

@@ -15,6 +15,7 @@
 #include <QListWidget>
 #include <QPushButton>
 #include <QScrollArea>
+#include <QScrollBar>
 #include <QSettings>
 #include <QSpinBox>
 #include <QSplitter>
@@ -130,6 +131,9 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   templateNote_ = new QLabel(panel);
   templateNote_->setObjectName(QStringLiteral("templateNote"));
   templateNote_->setWordWrap(true);
+  // A wrapped label in a form under a scroll area gets one line's height; the notes take up to three.
+  templateNote_->setMinimumHeight(templateNote_->fontMetrics().lineSpacing() * 3 + 4);
+  templateNote_->setAlignment(Qt::AlignLeft | Qt::AlignTop);
   form->addRow(templateNote_);
   system_ = new QPlainTextEdit(panel);
   system_->setObjectName(QStringLiteral("systemPrompt"));
@@ -175,7 +179,9 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   auto* scroll = new QScrollArea;
   scroll->setWidget(panel);
   scroll->setWidgetResizable(true);
-  scroll->setMinimumWidth(260);
+  scroll->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
+  // Wide enough for the panel's widest row, so nothing is cut off at the right.
+  scroll->setMinimumWidth(panel->minimumSizeHint().width() + scroll->verticalScrollBar()->sizeHint().width() + 4);
   splitter->addWidget(scroll);
 
   // Right: the output, the prompt and the actions.
@@ -223,7 +229,7 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   col->addLayout(buttons);
   splitter->addWidget(right);
   splitter->setStretchFactor(1, 1);
-  splitter->setSizes({300, 700});
+  splitter->setSizes({scroll->minimumWidth(), 700});
 
   connect(prompt_, &PromptEdit::generateRequested, this, &WriteTab::generate);
   connect(prompt_, &PromptEdit::queueRequested, this, &WriteTab::queue);
@@ -298,7 +304,7 @@ void WriteTab::refreshConversationList() {
   const QSignalBlocker block(conversationList_);
   conversationList_->clear();
   for (const Conversation& c : conversations_)
-    conversationList_->addItem((c.mode == QLatin1String("notebook") ? QStringLiteral("\u270E ") : QStringLiteral("\U0001F5E8 ")) + c.title);
+    conversationList_->addItem((c.mode == QLatin1String("notebook") ? tr("Notebook: ") : QString()) + c.title);
   conversationList_->setCurrentRow(current_);
 }
 
@@ -700,11 +706,11 @@ void WriteTab::setPhase(Phase p) {
 
 void WriteTab::updateStats() {
   const double seconds = firstToken_.isValid() ? firstToken_.elapsed() / 1000.0 : 0;
-  const double rate = seconds > 0 && tokens_ > 1 ? (tokens_ - 1) / seconds : 0;
+  const double rate = seconds > 0.05 && tokens_ > 1 ? (tokens_ - 1) / seconds : 0;
   // Until the result gives the exact count, the prompt is estimated at 4 bytes per token.
   int prompt = promptTokens_;
   if (prompt == 0 && phase_ != Phase::Idle) prompt = static_cast<int>(streamPrefix_.toUtf8().size() / 4);
-  QString text = tr("%1 tokens/s · %2 tokens").arg(rate, 0, 'f', 1).arg(tokens_);
+  QString text = (rate > 0 ? tr("%1 tokens/s").arg(rate, 0, 'f', 1) : tr("– tokens/s")) + tr(" · %1 tokens").arg(tokens_);
   if (contextTokens_ > 0) text += tr(" · context %1/%2").arg(prompt + tokens_).arg(contextTokens_);
   emit statsChanged(text);
 }
