@@ -106,6 +106,11 @@ TEST(ChatTemplate, Bounds) {
   r = render_jinja("{{ " + deep + "1 }}", ojson::object(), o);
   ASSERT_FALSE(r.ok());
 
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 300000; ++i) chain += " ~ 1";
+  r = render_jinja(chain + " }}", ojson::object(), o);
+  ASSERT_FALSE(r.ok());
+
   std::string nest;
   for (int i = 0; i < 5000; ++i) nest += "{% if true %}";
   r = render_jinja(nest, ojson::object(), o);

@@ -381,6 +381,12 @@ class Parser {
     ~Guard() { --p->depth_; }
   };
 
+  // Left-associative chains (a ~ b ~ c ..., x.a.b..., x|f|g...) nest without
+  // recursion here but the tree is still deep: bound them too.
+  void chain(int& n) {
+    if (++n + depth_ > max_depth_) fail(peek().line, "template nesting too deep");
+  }
+
   const Token& peek(size_t k = 0) const { return toks_[std::min(p_ + k, toks_.size() - 1)]; }
   const Token& next() {
     const Token& t = toks_[p_];
@@ -602,7 +608,9 @@ class Parser {
     Guard g(this);
     auto e = parse_or();
     if (!condexpr) return e;
+    int c = 0;
     while (is_name("if")) {
+      chain(c);
       int line = next().line;
       auto n = mk(NT::Cond, line);
       n->x = std::move(e);
@@ -615,7 +623,9 @@ class Parser {
 
   NodeP parse_or() {
     auto l = parse_and();
+    int c = 0;
     while (is_name("or")) {
+      chain(c);
       auto n = mk(NT::Or, next().line);
       n->x = std::move(l);
       n->y = parse_and();
@@ -625,7 +635,9 @@ class Parser {
   }
   NodeP parse_and() {
     auto l = parse_not();
+    int c = 0;
     while (is_name("and")) {
+      chain(c);
       auto n = mk(NT::And, next().line);
       n->x = std::move(l);
       n->y = parse_not();
@@ -679,7 +691,9 @@ class Parser {
   }
   NodeP parse_math1() {
     auto l = parse_concat();
+    int c = 0;
     while (is_op("+") || is_op("-")) {
+      chain(c);
       const Token& t = next();
       std::string op = t.s;
       l = bin(op, std::move(l), parse_concat(), t.line);
@@ -688,7 +702,9 @@ class Parser {
   }
   NodeP parse_concat() {
     auto l = parse_math2();
+    int c = 0;
     while (is_op("~")) {
+      chain(c);
       int line = next().line;
       l = bin("~", std::move(l), parse_math2(), line);
     }
@@ -696,7 +712,9 @@ class Parser {
   }
   NodeP parse_math2() {
     auto l = parse_pow();
+    int c = 0;
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      chain(c);
       const Token& t = next();
       std::string op = t.s;
       l = bin(op, std::move(l), parse_pow(), t.line);
@@ -705,7 +723,9 @@ class Parser {
   }
   NodeP parse_pow() {
     auto l = parse_unary(true);
+    int c = 0;
     while (is_op("**")) {
+      chain(c);
       int line = next().line;
       l = bin("**", std::move(l), parse_unary(true), line);
     }
@@ -819,7 +839,9 @@ class Parser {
   }
 
   NodeP parse_postfix(NodeP n) {
+    int c = 0;
     while (true) {
+      chain(c);
       int line = peek().line;
       if (accept_op(".")) {
         auto a = mk(NT::Attr, line);
@@ -876,7 +898,9 @@ class Parser {
   }
 
   NodeP parse_filters(NodeP n) {
+    int c = 0;
     while (true) {
+      chain(c);
       if (accept_op("|")) {
         n = parse_filter_call(std::move(n));
       } else if (is_name("is")) {
