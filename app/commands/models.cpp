@@ -6,6 +6,9 @@
 #include <atelier/store.h>
 
 #include <CLI/CLI.hpp>
+
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -533,7 +536,7 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   struct SynthOptions {
     SynthTextSpec spec;
     SynthImageSpec image;
-    std::string out;
+    std::string out, chat_template_file;
   };
   auto s = std::make_shared<SynthOptions>();
   CLI::App* synth = models->add_subcommand(
@@ -549,10 +552,16 @@ void add_models_commands(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   synth->add_option("--heads", s->image.unet_heads, "sd15/sd21: UNet attention heads (0: 8 for sd15, 64-wide for sd21)");
   synth->add_option("--seed", s->spec.seed, "Seed of the weights")->capture_default_str();
+  synth->add_option("--chat-template", s->chat_template_file, "llama: a Jinja chat template file to embed (tokenizer.chat_template)")
+      ->check(CLI::ExistingFile);
   synth->add_option("-o,--output", s->out, "Output file (.gguf or .safetensors)")->required();
   synth->callback([s, type, &exit_code] {
     Status st;
     if (s->spec.arch == "llama") {
+      if (!s->chat_template_file.empty()) {
+        std::ifstream in(s->chat_template_file, std::ios::binary);
+        s->spec.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
       st = synth_text_model(s->spec, s->out);
     } else {
       s->image.arch = s->spec.arch;

@@ -110,6 +110,7 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
     w.set_string("general.architecture", "llama");
     w.set_string("general.name", std::string("synthetic-llama-") + P.name + "-" + spec.type);
     w.set_u64("atelier.synthetic.seed", spec.seed);
+    if (!spec.chat_template.empty()) w.set_string("tokenizer.chat_template", spec.chat_template);
     w.set_u32("llama.context_length", static_cast<uint32_t>(P.ctx));
     w.set_u32("llama.embedding_length", static_cast<uint32_t>(P.dim));
     w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(P.hidden));

@@ -238,6 +238,42 @@ class WriteTest : public QObject {
     QVERIFY(md.contains(QStringLiteral("**Assistant:** ") + tab_->conversation().turns[1].text()));
   }
 
+  // A model with a chat template: the job's prompt is exactly what the
+  // template renders for the conversation (the renderer itself is checked
+  // against Python's Jinja2 in tests/text), system prompt included.
+  void chatUsesTheModelsTemplate() {
+    const QString model = home_->path(QStringLiteral("qwen-chat.gguf"));
+    QCOMPARE(uitest::runCli({QStringLiteral("models"), QStringLiteral("synth"), QStringLiteral("--params"), QStringLiteral("260K"),
+                             QStringLiteral("--type"), QStringLiteral("f32"), QStringLiteral("--chat-template"),
+                             uitest::fixtures() + QStringLiteral("/chat/Qwen-Qwen2.5-7B-Instruct.jinja"), QStringLiteral("-o"), model}),
+             0);
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(model);
+    QVERIFY2(child<QLabel>("templateNote")->text().contains(QStringLiteral("Chat template from the model")),
+             qPrintable(child<QLabel>("templateNote")->text()));
+    child<QPlainTextEdit>("systemPrompt")->setPlainText(QStringLiteral("You are terse."));
+    child<QSpinBox>("maxTokens")->setValue(8);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("Name a colour"));
+    tab_->generate();
+    waitIdle();
+    const JobInfo job = lastJob();
+    QCOMPARE(job.state, JobState::Completed);
+    // The same conversation through `atelier template render -m MODEL`.
+    QFile messages(home_->path(QStringLiteral("messages.json")));
+    QVERIFY(messages.open(QIODevice::WriteOnly));
+    messages.write(R"([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour"}])");
+    messages.close();
+    QProcess p;
+    p.start(QStringLiteral(ATELIER_BINARY), {QStringLiteral("template"), QStringLiteral("render"), QStringLiteral("-m"), model,
+                                             QStringLiteral("--messages"), messages.fileName(), QStringLiteral("--add-generation-prompt")});
+    QVERIFY(p.waitForFinished(30000));
+    QCOMPARE(p.exitCode(), 0);
+    const QByteArray expected = p.readAllStandardOutput();
+    QVERIFY(expected.startsWith("<|im_start|>system\nYou are terse.<|im_end|>"));
+    QCOMPARE(QByteArray::fromStdString(job.request.prompt), expected);
+  }
+
   void cleanupTestCase() {
     tab_.reset();
     store_.reset();

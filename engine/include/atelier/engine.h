@@ -607,6 +607,7 @@ struct SynthTextSpec {
   std::string params = "110M";  // 260K, 15M, 42M, 110M, 1B (llama2.c / TinyLlama shapes)
   std::string type = "q8_0";    // f32, f16, bf16, q8_0, q4_0, q4_K, q6_K
   uint64_t seed = 1;
+  std::string chat_template;    // written as tokenizer.chat_template when not empty
 };
 // Writes a LLaMA-shaped GGUF with deterministic random weights.
 Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path);
