@@ -6,6 +6,7 @@
 #include <QElapsedTimer>
 #include <QMimeData>
 #include <QPlainTextEdit>
+#include <QProcess>
 #include <QSettings>
 #include <QSpinBox>
 #include <QSignalSpy>
@@ -116,6 +117,38 @@ class StudioTest : public QObject {
     QVERIFY(prompt);
     QVERIFY(negative);
     w->close();
+  }
+
+  // `atelier --headless` runs the queue: the window says so, works as its
+  // client, and a chat answer still arrives (through the job database).
+  void clientOfAHeadlessRunner() {
+    QProcess headless;
+    headless.setProcessChannelMode(QProcess::ForwardedChannels);
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    headless.setProcessEnvironment(env);
+    headless.start(QStringLiteral(ATELIER_BINARY), {QStringLiteral("--headless"), QStringLiteral("--watch"), QStringLiteral("--data-dir"), home_->home()});
+    QVERIFY(headless.waitForStarted(10000));
+    QTest::qWait(1500);  // it holds the runner lock
+    auto w = openWindow();
+    QTRY_VERIFY_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("another process runs the queue")), 10000);
+    QVERIFY(!w->bridge()->executes());
+    w->bridge()->scanModels();
+    auto* tab = w->writeTab();
+    w->tabs()->setCurrentWidget(tab);
+    tab->newConversation();
+    tab->setMode(QStringLiteral("chat"));
+    tab->findChild<ModelPicker*>(QStringLiteral("writeModel"))->setReference(QStringLiteral("stories260k"));
+    tab->findChild<QSpinBox*>(QStringLiteral("maxTokens"))->setValue(30);
+    tab->findChild<QPlainTextEdit*>(QStringLiteral("prompt"))->setPlainText(QStringLiteral("Hello from the client"));
+    QTest::qWait(500);
+    tab->generate();
+    QTRY_VERIFY_WITH_TIMEOUT(tab->phase() == WriteTab::Phase::Idle, 60000);
+    QCOMPARE(tab->conversation().turns.size(), 2);
+    QVERIFY(!tab->conversation().turns[1].text().isEmpty());
+    w->close();
+    w.reset();
+    headless.terminate();
+    QVERIFY(headless.waitForFinished(20000));
   }
 
   // The stall probe: while a text and an image generation run in this

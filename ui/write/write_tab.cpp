@@ -279,6 +279,17 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
             updateTemplateNote();
           });
   connect(bridge_, &bridge::EngineBridge::event, this, &WriteTab::onEvent);
+  // A client of another process's queue hears of its job through the job list only.
+  connect(bridge_, &bridge::EngineBridge::jobsChanged, this, [this](const QVector<JobInfo>& changed, const QVector<JobId>&) {
+    if (job_ == 0) return;
+    for (const JobInfo& j : changed) {
+      if (j.id != job_) continue;
+      if (j.state == JobState::Running && phase_ == Phase::Queued) setPhase(Phase::Loading);
+      else if (j.state == JobState::Completed) finishJob(QString::fromStdString(j.text), tr("%1 tokens, stop: %2").arg(j.stats.new_tokens).arg(QString::fromStdString(j.stop_reason)));
+      else if (j.state == JobState::Failed) finishJob(streamed_, tr("failed: %1").arg(QString::fromStdString(j.error)));
+      else if (j.state == JobState::Cancelled) finishJob(streamed_, tr("stopped"));
+    }
+  });
 
   // Conversations from the data dir, or a first empty one.
   if (store_) conversations_ = store_->loadAll();
