@@ -307,15 +307,13 @@ void EngineBridge::requestModelInfo(const QString& reference) {
         ok = false;
         error = QString::fromStdString(resolved.status().message);
       } else {
-        TextModelOptions o;
-        o.threads = 1;
-        o.tokenizer_path = resolved->file("tokenizer");
-        auto model = TextModel::open(resolved->path, o);
-        if (!model.ok()) {
+        // The header only: the engine loads the weights itself when the job runs.
+        auto read = read_model_info(resolved->path, resolved->file("tokenizer"));
+        if (!read.ok()) {
           ok = false;
-          error = QString::fromStdString(model.status().message);
+          error = QString::fromStdString(read.status().message);
         } else {
-          info = model.value()->info();
+          info = read.value();
           infoCache_.insert(reference, info);
         }
       }

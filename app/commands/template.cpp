@@ -40,12 +40,9 @@ int render(const TemplateOptions& o) {
   } else {
     auto resolved = resolve_model(o.model, o.store);
     if (!resolved.ok()) return fail(resolved.status());
-    TextModelOptions mo;
-    mo.threads = 1;
-    mo.tokenizer_path = resolved->file("tokenizer");
-    auto model = TextModel::open(resolved->path, mo);
-    if (!model.ok()) return fail(model.status());
-    const ModelInfo& info = model.value()->info();
+    auto read = read_model_info(resolved->path, resolved->file("tokenizer"));
+    if (!read.ok()) return fail(read.status());
+    const ModelInfo& info = read.value();
     if (info.chat_template.empty())
       return fail(Status::error(StatusCode::NotFound, o.model + " has no chat template (GGUF tokenizer.chat_template); pass --template FILE"));
     text = info.chat_template;

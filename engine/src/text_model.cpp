@@ -225,4 +225,46 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
   });
 }
 
+Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such model file");
+  if (!is_gguf(path)) {
+    TextModelOptions o;
+    o.threads = 1;
+    o.tokenizer_path = tokenizer;
+    auto model = TextModel::open(path, o);
+    if (!model.ok()) return model.status();
+    return model.value()->info();
+  }
+  return guarded([&]() -> Result<ModelInfo> {
+    const std::unique_ptr<formats::GgufFile> f = formats::GgufFile::open(path);
+    ModelInfo info;
+    info.path = path;
+    info.format = "gguf";
+    info.architecture = f->get_string("general.architecture", "");
+    info.name = f->get_string("general.name", "");
+    info.tokenizer = f->get_string("tokenizer.ggml.model", "");
+    const std::string p = info.architecture + ".";
+    info.n_ctx_train = static_cast<int>(f->get_int(p + "context_length", 0));
+    info.n_embd = static_cast<int>(f->get_int(p + "embedding_length", 0));
+    info.n_layers = static_cast<int>(f->get_int(p + "block_count", 0));
+    info.n_heads = static_cast<int>(f->get_int(p + "attention.head_count", 0));
+    info.n_kv_heads = static_cast<int>(f->get_int(p + "attention.head_count_kv", info.n_heads));
+    info.n_ff = static_cast<int>(f->get_int(p + "feed_forward_length", 0));
+    info.chat_template = f->get_string("tokenizer.chat_template", "");
+    if (f->has("tokenizer.ggml.tokens")) {
+      const std::vector<std::string> tokens = f->get_string_array("tokenizer.ggml.tokens");
+      info.n_vocab = static_cast<int>(tokens.size());
+      const auto text_of = [&](const char* key) {
+        const int64_t id = f->get_int(key, -1);
+        return id >= 0 && id < static_cast<int64_t>(tokens.size()) ? tokens[static_cast<size_t>(id)] : std::string();
+      };
+      info.bos_token = text_of("tokenizer.ggml.bos_token_id");
+      info.eos_token = text_of("tokenizer.ggml.eos_token_id");
+    }
+    for (const auto& t : f->tensors()) info.n_params += t.elements();
+    return info;
+  });
+}
+
 }  // namespace atelier

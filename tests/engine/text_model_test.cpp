@@ -124,3 +124,29 @@ TEST(TextModel, OpenErrors) {
   EXPECT_FALSE(vocab_only.ok());  // a vocabulary without weights
   EXPECT_NE(vocab_only.status().message.find("ggml-vocab-gpt-2.gguf"), std::string::npos) << vocab_only.status().message;
 }
+
+// The header-only reader agrees with the loaded model on everything it fills.
+TEST(TextModelInfo, HeaderReadMatchesTheLoadedModel) {
+  const std::string path = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf";
+  auto model = atelier::TextModel::open(path);
+  ASSERT_TRUE(model.ok()) << model.status().message;
+  auto read = atelier::read_model_info(path);
+  ASSERT_TRUE(read.ok()) << read.status().message;
+  const atelier::ModelInfo& a = model.value()->info();
+  const atelier::ModelInfo& b = read.value();
+  EXPECT_EQ(b.architecture, a.architecture);
+  EXPECT_EQ(b.tokenizer, a.tokenizer);
+  EXPECT_EQ(b.n_vocab, a.n_vocab);
+  EXPECT_EQ(b.n_ctx_train, a.n_ctx_train);
+  EXPECT_EQ(b.n_embd, a.n_embd);
+  EXPECT_EQ(b.n_layers, a.n_layers);
+  EXPECT_EQ(b.n_heads, a.n_heads);
+  EXPECT_EQ(b.n_kv_heads, a.n_kv_heads);
+  EXPECT_EQ(b.n_ff, a.n_ff);
+  EXPECT_EQ(b.bos_token, a.bos_token);
+  EXPECT_EQ(b.eos_token, a.eos_token);
+  EXPECT_EQ(b.bos_token, "<s>");  // the fixture's vocabulary
+  EXPECT_EQ(b.chat_template, "");
+  EXPECT_EQ(b.n_params, a.n_params);
+  EXPECT_EQ(atelier::read_model_info("/nonexistent.gguf").status().code, atelier::StatusCode::NotFound);
+}

@@ -206,6 +206,12 @@ class TextModel {
   std::unique_ptr<Impl> impl_;
 };
 
+// What a text model file is, read from its header without loading the
+// weights (GGUF: metadata and tensor table only; a llama2.c checkpoint is
+// small and is opened). n_params counts every tensor's elements;
+// weight_bytes is not filled. TOKENIZER: a llama2.c model's tokenizer file.
+Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer = "");
+
 // A tokenizer on its own: from a GGUF (weights not needed, so vocabulary-only
 // files work), a Hugging Face tokenizer.json, or a llama2.c tokenizer.bin.
 class Vocabulary {
