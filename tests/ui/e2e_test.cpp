@@ -110,10 +110,8 @@ class EndToEndTest : public QObject {
     QDir().mkpath(shots_);
     QVERIFY(home_->pull({QStringLiteral("stories260k"), QStringLiteral("quickdraw")}));
     QDir().mkpath(home_->path(QStringLiteral("models")));
-    sd_ = home_->path(QStringLiteral("models/sd-narrow.safetensors"));
-    QCOMPARE(uitest::runCli({QStringLiteral("models"), QStringLiteral("synth"), QStringLiteral("--arch"), QStringLiteral("sd15"),
-                             QStringLiteral("--width-mult"), QStringLiteral("0.1"), QStringLiteral("-o"), sd_}),
-             0);
+    sd_ = home_->synthSd(QStringLiteral("models/sd-narrow.safetensors"));
+    QVERIFY(!sd_.isEmpty());
     // A free display number, then the X server.
     int n = 90 + QCoreApplication::applicationPid() % 100;
     while (QFile::exists(QStringLiteral("/tmp/.X11-unix/X%1").arg(n))) ++n;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <QDir>
+#include <QFileInfo>
 #include <QProcess>
 #include <QStandardPaths>
 #include <QString>
@@ -46,19 +47,27 @@ class TestHome {
     if (rc != 0) qWarning("models pull failed: %s", qPrintable(err));
     return rc == 0;
   }
-  // A narrow random SD 1.5-shaped checkpoint (fast at 64x64).
-  QString synthSd() {
-    const QString out = path(QStringLiteral("sd-narrow.safetensors"));
-    if (QFile::exists(out)) return out;
-    QString err;
-    if (runCli({QStringLiteral("models"), QStringLiteral("synth"), QStringLiteral("--arch"), QStringLiteral("sd15"),
-                QStringLiteral("--width-mult"), QStringLiteral("0.1"), QStringLiteral("-o"), out},
-               &err) != 0)
-      qWarning("synth failed: %s", qPrintable(err));
-    return out;
+  // A narrow random SD 1.5-shaped checkpoint (fast at 64x64) at NAME in this home; "" on failure.
+  QString synthSd(const QString& name = QStringLiteral("sd-narrow.safetensors")) {
+    return synth(name, {QStringLiteral("--arch"), QStringLiteral("sd15"), QStringLiteral("--width-mult"), QStringLiteral("0.1")});
+  }
+  // A random LLaMA-shaped GGUF (15M: slow enough to catch every phase of a job); "" on failure.
+  QString synthText(const QString& name, const QStringList& extra = {}) {
+    return synth(name, QStringList{QStringLiteral("--params"), QStringLiteral("15M"), QStringLiteral("--type"), QStringLiteral("q8_0")} + extra);
   }
 
  private:
+  QString synth(const QString& name, const QStringList& args) {
+    const QString out = path(name);
+    if (QFile::exists(out)) return out;
+    QDir().mkpath(QFileInfo(out).path());
+    QString err;
+    if (runCli(QStringList{QStringLiteral("models"), QStringLiteral("synth")} + args + QStringList{QStringLiteral("-o"), out}, &err) != 0) {
+      qWarning("synth failed: %s", qPrintable(err));
+      return QString();
+    }
+    return out;
+  }
   QTemporaryDir dir_;
 };
 
