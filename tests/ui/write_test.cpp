@@ -129,6 +129,33 @@ class WriteTest : public QObject {
     QVERIFY(child<QTextBrowser>("chatView")->toPlainText().contains(QStringLiteral("1/2")));
   }
 
+  // Editing the question drops the answers after it and answers the new one;
+  // editing an answer continues it from the edited text.
+  void editAndContinue() {
+    tab_->editMessage(0, QStringLiteral("Tell me about a dog"));
+    waitIdle();
+    const Conversation& c = tab_->conversation();
+    QCOMPARE(c.turns.size(), 2);
+    QCOMPARE(c.turns[0].text(), QStringLiteral("Tell me about a dog"));
+    QCOMPARE(lastJob().request.prompt.find("User: Tell me about a dog\nAssistant:") != std::string::npos, true);
+    tab_->editMessage(1, QStringLiteral("Once upon a time"));
+    waitIdle();
+    QVERIFY(tab_->conversation().turns[1].text().startsWith(QStringLiteral("Once upon a time")));
+    // The job continued the edited answer: its prompt ends with it.
+    QVERIFY(QString::fromStdString(lastJob().request.prompt).endsWith(QStringLiteral("Assistant: Once upon a time")));
+  }
+
+  // Ctrl+Up / Ctrl+Down walk through the prompts sent before.
+  void promptHistory() {
+    auto* prompt = child<PromptEdit>("prompt");
+    prompt->setFocus();
+    prompt->clear();
+    QTest::keyClick(prompt, Qt::Key_Up, Qt::ControlModifier);
+    QCOMPARE(prompt->toPlainText(), QStringLiteral("Tell me a story about a cat"));  // the last one sent
+    QTest::keyClick(prompt, Qt::Key_Down, Qt::ControlModifier);
+    QCOMPARE(prompt->toPlainText(), QString());
+  }
+
   // Notebook: greedy continuation of "Once upon a time" is the reference
   // implementation's golden text (fixtures), byte for byte.
   void notebookContinuesTheDocument() {

@@ -476,7 +476,11 @@ void WriteTab::onAnchor(const QUrl& url) {
 void WriteTab::editTurn(int index) {
   bool ok = false;
   const QString text = QInputDialog::getMultiLineText(this, tr("Edit message"), tr("Message"), conv().turns[index].text(), &ok);
-  if (!ok) return;
+  if (ok) editMessage(index, text);
+}
+
+void WriteTab::editMessage(int index, const QString& text) {
+  if (phase_ != Phase::Idle || index < 0 || index >= conv().turns.size()) return;
   // What follows an edited message no longer answers it.
   conv().turns.resize(index + 1);
   conv().turns[index].variants[conv().turns[index].current] = text;
@@ -597,7 +601,9 @@ void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& 
     for (int i = 0; i < jobTurn_; ++i) messages.push_back({conv().turns[i].role.toStdString(), conv().turns[i].text().toStdString()});
     auto rendered = format_chat_prompt(info, messages, /*add_generation_prompt=*/true);
     if (!rendered.ok()) return finishJob(QString(), tr("chat template error: %1").arg(QString::fromStdString(rendered.status().message)));
-    r.prompt = rendered.value() + streamPrefix_.toStdString();
+    // The plain format's "Assistant:" wants a space before an answer typed without one.
+    const bool space = info.chat_template.empty() && !streamPrefix_.isEmpty() && !streamPrefix_.front().isSpace();
+    r.prompt = rendered.value() + (space ? " " : "") + streamPrefix_.toStdString();
     // A template writes its own BOS; do not add a second one.
     if (!info.bos_token.empty() && r.prompt.rfind(info.bos_token, 0) == 0) r.add_bos = false;
     if (info.chat_template.empty()) r.stop.push_back("\nUser:");

@@ -78,6 +78,9 @@ class WriteTab : public QWidget {
   void newConversation();
   void setMode(const QString& mode);  // "chat" or "notebook"
   bool saveMarkdown(const QString& path);
+  // Replaces message INDEX, drops what followed it and continues from there:
+  // a user message gets a new answer, an assistant message is written on.
+  void editMessage(int index, const QString& text);
 
  signals:
   void statsChanged(const QString& text);   // tokens/s, tokens, context
