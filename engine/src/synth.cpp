@@ -182,10 +182,8 @@ Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path
   s.seed = spec.seed;
   try {
     image::write_synthetic_sd(s, out_path);
-  } catch (const Error& e) {
-    // Shapes were checked above; what is left is a bad head count or the file system.
-    const bool heads = std::string(e.what()).find("heads") != std::string::npos;
-    return Status::error(heads ? StatusCode::InvalidArgument : StatusCode::Io, e.what());
+  } catch (const Error& e) {  // a bad head count (InvalidArgument) or the file system (Io)
+    return Status::error(e.code(), e.what());
   } catch (const std::bad_alloc&) {
     return Status::error(StatusCode::Io, "out of memory while building the synthetic checkpoint; try a smaller --width-mult");
   }
