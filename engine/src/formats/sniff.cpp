@@ -187,22 +187,22 @@ Sniffed sniff_model_file(const std::string& path) {
   if (n >= 2 && head[0] == 0x1f && head[1] == 0x8b) return {FileKind::clip_vocab, {}};
   if (n >= 9 && std::memcmp(head, "#version:", 9) == 0) return {FileKind::clip_vocab, {}};
 
-  std::string note;
   if (n >= 28) {
     int32_t h[7];
     std::memcpy(h, head, sizeof h);
     const uint64_t want = llama2c_checkpoint_bytes(h);
     if (want == size) return {FileKind::llama2c, {}};
-    if (want != 0)
-      note = "a llama2.c header (dim " + std::to_string(h[0]) + ", " + std::to_string(h[2]) + " layers, vocab " +
-             std::to_string(h[5] < 0 ? -static_cast<int64_t>(h[5]) : h[5]) + ") that implies " + std::to_string(want) +
-             " bytes, but the file has " + std::to_string(size) +
-             (size < want ? " (truncated: the download is incomplete?)" : " (the header or the file is corrupt)");
+    if (want != 0)  // most likely a damaged llama2.c checkpoint: say that, not the whole list
+      return {FileKind::unknown,
+              path + ": not a usable model file: it starts with a llama2.c header (dim " + std::to_string(h[0]) + ", " +
+                  std::to_string(h[2]) + " layers, vocab " +
+                  std::to_string(h[5] < 0 ? -static_cast<int64_t>(h[5]) : h[5]) + ") that implies " +
+                  std::to_string(want) + " bytes, but the file has " + std::to_string(size) +
+                  (size < want ? " (truncated: the download is incomplete; fetch it again)"
+                               : " (the header or the file is corrupt)")};
   }
-  if (note.empty() && is_llama2c_tokenizer(fd.get(), size)) return {FileKind::llama2c_tokenizer, {}};
-  if (note.empty())
-    note = std::to_string(size) + (size == 1 ? " byte" : " bytes") + " starting " + hex_prefix(head, n);
-  return unknown(path, note);
+  if (is_llama2c_tokenizer(fd.get(), size)) return {FileKind::llama2c_tokenizer, {}};
+  return unknown(path, std::to_string(size) + (size == 1 ? " byte" : " bytes") + " starting " + hex_prefix(head, n));
 }
 
 }  // namespace atelier::formats
