@@ -54,6 +54,7 @@ std::string describe_safetensors(const std::string& path) {
 std::string describe_torch(const std::string& path) {
   return describe_tensors(*formats::TorchCheckpoint::open(path), "PyTorch checkpoint");
 }
+
 std::string describe_diffusers(const std::string& path) {
   int64_t bytes = 0;
   int files = 0;
@@ -72,6 +73,7 @@ std::string describe_diffusers(const std::string& path) {
 bool model_extension(const std::string& ext) {
   return ext == ".gguf" || ext == ".bin" || ext == ".safetensors" || ext == ".pth" || ext == ".ckpt" || ext == ".pt";
 }
+
 }  // namespace
 
 std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders) {

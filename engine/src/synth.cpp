@@ -42,7 +42,7 @@ kernels::DType parse_type(const std::string& t) {
   using kernels::DType;
   for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     if (kernels::dtype_name(d) == t) return d;
-  throw Error("unknown weight type '" + t + "' (allowed: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)");
+  throw InvalidArgumentError("unknown weight type '" + t + "' (allowed: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)");
 }
 
 // A SentencePiece-style vocabulary: specials, 256 byte tokens, printable

@@ -235,8 +235,7 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
 Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such model file");
-  const formats::Sniffed kind = formats::sniff_model_file(path);
-  if (kind.kind != formats::FileKind::gguf) {
+  if (formats::sniff_model_file(path).kind != formats::FileKind::gguf) {  // by content: llama2.c loads whole
     TextModelOptions o;
     o.threads = 1;
     o.tokenizer_path = tokenizer;
