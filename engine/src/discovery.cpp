@@ -10,6 +10,7 @@
 #include "formats/llama2c.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
+#include "formats/sniff.h"
 #include "text_model_impl.h"
 
 namespace atelier {
@@ -53,6 +54,26 @@ std::string describe_safetensors(const std::string& path) {
 std::string describe_torch(const std::string& path) {
   return describe_tensors(*formats::TorchCheckpoint::open(path), "PyTorch checkpoint");
 }
+
+std::string describe_diffusers(const std::string& path) {
+  int64_t bytes = 0;
+  int files = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(path, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    bytes += static_cast<int64_t>(e.file_size(ec));
+    ++files;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return "diffusers folder, " + std::to_string(files) + " files, " + buf;
+}
+
+// Extensions of model files: one that holds something else is listed with the reason it cannot load.
+bool model_extension(const std::string& ext) {
+  return ext == ".gguf" || ext == ".bin" || ext == ".safetensors" || ext == ".pth" || ext == ".ckpt" || ext == ".pt";
+}
+
 }  // namespace
 
 std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders) {
@@ -60,27 +81,33 @@ std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folder
   for (const auto& folder : folders) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(folder, ec)) {
-      if (!e.is_regular_file(ec)) continue;
-      const std::string name = e.path().filename().string();
-      const std::string ext = e.path().extension().string();
+      const bool dir = e.is_directory(ec);
+      if (!dir && !e.is_regular_file(ec)) continue;  // FIFOs, sockets, devices: never opened
       ModelFile m;
       m.path = e.path().string();
-      m.kind = "text";
-      m.bytes = static_cast<int64_t>(e.file_size(ec));
-      // Tokenizer files of llama2.c sit beside checkpoints with the same extension.
-      const bool tokenizer_bin = name.rfind("tok", 0) == 0;
-      if (ext == ".gguf") m.format = "gguf";
-      else if (ext == ".bin" && !tokenizer_bin) m.format = "llama2c";
-      else if (ext == ".safetensors") m.format = "safetensors";
-      else if (ext == ".pth" || ext == ".ckpt") m.format = "pytorch";
-      else continue;
-      // Image models come as safetensors or PyTorch archives (text models as GGUF and llama2.c).
-      if (m.format == "safetensors" || m.format == "pytorch") m.kind = "image";
+      // What the file is comes from its bytes (formats/sniff.h), not its name.
+      const formats::Sniffed kind = formats::sniff_model_file(m.path);
+      using K = formats::FileKind;
+      if (dir && kind.kind != K::diffusers) continue;
+      if (kind.kind == K::llama2c_tokenizer || kind.kind == K::clip_vocab || kind.kind == K::missing) continue;
+      if (kind.kind == K::unknown && !model_extension(e.path().extension().string())) continue;
+      m.bytes = dir ? 0 : static_cast<int64_t>(e.file_size(ec));
+      m.format = kind.kind == K::unknown ? "unknown" : formats::file_kind_name(kind.kind);
+      // Image models come as safetensors, PyTorch archives or diffusers folders (text models as GGUF and llama2.c).
+      m.kind = kind.kind == K::gguf || kind.kind == K::llama2c ? "text" : "image";
+      if (kind.kind == K::unknown) {  // listed where its name says, with why it cannot load
+        const std::string ext = e.path().extension().string();
+        m.kind = ext == ".gguf" || ext == ".bin" ? "text" : "image";
+      }
       Status st = guarded([&]() -> Status {
-        m.summary = m.format == "gguf"          ? describe_gguf(m.path)
-                    : m.format == "llama2c"     ? describe_llama2c(m.path)
-                    : m.format == "safetensors" ? describe_safetensors(m.path)
-                                                : describe_torch(m.path);
+        switch (kind.kind) {
+          case K::gguf: m.summary = describe_gguf(m.path); break;
+          case K::llama2c: m.summary = describe_llama2c(m.path); break;
+          case K::safetensors: m.summary = describe_safetensors(m.path); break;
+          case K::pytorch_zip: m.summary = describe_torch(m.path); break;
+          case K::diffusers: m.summary = describe_diffusers(m.path); break;
+          default: formats::throw_if_unusable(kind);
+        }
         return Status{};
       });
       if (!st.ok()) m.summary = "cannot load: " + st.message;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/safetensors.h"
+#include "formats/sniff.h"
 #include "image/image_io.h"
 #include "image/png.h"
 #include "image/quickdraw.h"
@@ -26,17 +27,13 @@ namespace atelier {
 
 namespace {
 
-// "GGUF" or "llama2.c" when PATH holds a text model, else "".
+// "GGUF" or "llama2.c" when PATH holds a text model, else "" (by content).
 std::string text_model_kind(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return "";
-  char magic[4] = {};
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    const size_t n = std::fread(magic, 1, 4, f);
-    std::fclose(f);
-    if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return "GGUF";
+  switch (formats::sniff_model_file(path).kind) {
+    case formats::FileKind::gguf: return "GGUF";
+    case formats::FileKind::llama2c: return "llama2.c";
+    default: return "";
   }
-  return std::filesystem::path(path).extension() == ".bin" ? "llama2.c" : "";
 }
 
 // The SD pipeline on the calling thread: each round's images advanced together.

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "formats/safetensors.h"
+#include "formats/sniff.h"
 #include "image/quickdraw.h"
 #include "image/image_io.h"
 #include "image/sd_model.h"
@@ -103,7 +104,7 @@ std::string find_clip_vocab(const ImageRequest& r, const ResolvedModel& m, const
     seen.push_back(n);
     looked += "\n  " + n.string();
   }
-  throw Error(model_path + ": the Stable Diffusion text encoder needs CLIP's vocabulary (bpe_simple_vocab_16e6.txt.gz); "
+  throw NotFoundError(model_path + ": the Stable Diffusion text encoder needs CLIP's vocabulary (bpe_simple_vocab_16e6.txt.gz); "
               "pass it with --tokenizer FILE, put it beside the model, or reinstall Atelier (it ships one). Looked in:" +
               looked);
 }
@@ -185,13 +186,10 @@ Result<ResolvedModel> resolve_image_model(const std::string& ref, const std::str
   return resolve_model(ref, store_dir, ro);
 }
 
-bool is_one_pass_image_model(const ResolvedModel& resolved, const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return false;
-  // Store blobs have no extension: look at the catalogue's format, not the name.
-  const bool safetensors = resolved.in_store ? resolved.format == "safetensors"
-                                             : std::filesystem::path(path).extension() == ".safetensors";
-  return safetensors && image::QuickDrawModel::is_quickdraw(*formats::SafetensorsFile::open(path));
+bool is_one_pass_image_model(const ResolvedModel&, const std::string& path) {
+  // By content: store blobs have no extension, and a renamed file is still what it holds.
+  return formats::sniff_model_file(path).kind == formats::FileKind::safetensors &&
+         image::QuickDrawModel::is_quickdraw(*formats::SafetensorsFile::open(path));
 }
 
 std::unique_ptr<LoadedDiffusion> load_diffusion(const ImageRequest& request, const ResolvedModel& resolved,

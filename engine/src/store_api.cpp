@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -28,31 +29,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const char* p) { return s.find(p) != std::string::npos; }
-
-// The store room throws one exception type; its messages say which kind of
-// failure it was, and the code decides the exit status (2 for bad usage).
-StatusCode classify(const std::string& m) {
-  if (starts_with(m, "bad model reference") || starts_with(m, "bad model name") || starts_with(m, "unknown channel") ||
-      contains(m, ": bad role") || contains(m, "kind must be"))
-    return StatusCode::InvalidArgument;
-  if (contains(m, "no model named") || contains(m, "has no version") || contains(m, "points at no version") ||
-      contains(m, "no model version holds") || contains(m, "is ambiguous") || contains(m, "has no model \"") ||
-      contains(m, "does not exist") || contains(m, "no earlier version"))
-    return StatusCode::NotFound;
-  if (starts_with(m, "refusing")) return StatusCode::InvalidModel;
-  return StatusCode::Io;
-}
-
 template <class F>
 auto store_call(F&& fn) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const store::NetworkError& e) {
-    return Status::error(StatusCode::Io, e.what());
-  } catch (const Error& e) {
-    return Status::error(classify(e.what()), e.what());
+  } catch (const Error& e) {  // the throw site says which kind (NetworkError: Io)
+    return Status::error(e.code(), e.what());
   } catch (const std::bad_alloc&) {
     return Status::error(StatusCode::Io, "out of memory");
   } catch (const std::exception& e) {
@@ -118,7 +100,7 @@ bool stat_file(const std::string& path, int64_t& size, int64_t& mtime_ns) {
 // The sha256 of PATH, hashed at most once per process while it is unchanged.
 std::string cached_sha256(const std::string& path) {
   int64_t size = 0, mtime = 0;
-  if (!stat_file(path, size, mtime)) throw Error("cannot read " + path);
+  if (!stat_file(path, size, mtime)) throw Error(errno_code(errno), "cannot read " + path + ": " + std::strerror(errno));
   auto& c = digest_cache();
   {
     std::lock_guard lock(c.mu);

@@ -42,7 +42,7 @@ kernels::DType parse_type(const std::string& t) {
   using kernels::DType;
   for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     if (kernels::dtype_name(d) == t) return d;
-  throw Error("unknown weight type '" + t + "' (allowed: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)");
+  throw InvalidArgumentError("unknown weight type '" + t + "' (allowed: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)");
 }
 
 // A SentencePiece-style vocabulary: specials, 256 byte tokens, printable
@@ -182,10 +182,8 @@ Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path
   s.seed = spec.seed;
   try {
     image::write_synthetic_sd(s, out_path);
-  } catch (const Error& e) {
-    // Shapes were checked above; what is left is a bad head count or the file system.
-    const bool heads = std::string(e.what()).find("heads") != std::string::npos;
-    return Status::error(heads ? StatusCode::InvalidArgument : StatusCode::Io, e.what());
+  } catch (const Error& e) {  // a bad head count (InvalidArgument) or the file system (Io)
+    return Status::error(e.code(), e.what());
   } catch (const std::bad_alloc&) {
     return Status::error(StatusCode::Io, "out of memory while building the synthetic checkpoint; try a smaller --width-mult");
   }

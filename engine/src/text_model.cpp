@@ -12,6 +12,7 @@
 #include "text_model_impl.h"
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
+#include "formats/sniff.h"
 #include "text/sampler.h"
 #include "text/text_stream.h"
 
@@ -26,16 +27,26 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-bool is_gguf(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+// What PATH holds, by content; throws unless it is a text model (GGUF or a
+// llama2.c checkpoint), naming what it is instead.
+formats::FileKind text_model_kind(const std::string& path) {
+  const formats::Sniffed s = formats::sniff_model_file(path);
+  formats::throw_if_unusable(s);
+  switch (s.kind) {
+    case formats::FileKind::gguf:
+    case formats::FileKind::llama2c: return s.kind;
+    case formats::FileKind::llama2c_tokenizer:
+      throw Error(path + ": this is a llama2.c tokenizer, not a model; give the checkpoint with -m and this file with --tokenizer");
+    case formats::FileKind::clip_vocab: throw Error(path + ": this is a CLIP vocabulary, not a model");
+    default:
+      throw UnsupportedError(path + ": this is a " + formats::file_kind_name(s.kind) +
+                             " model (an image model?); text generation needs a GGUF file or a llama2.c checkpoint");
+  }
 }
 
 std::string find_llama2c_tokenizer(const std::string& model_path, const std::string& given) {
   if (!given.empty()) {
-    if (!fs::exists(given)) throw Error(given + ": tokenizer file not found");
+    if (!fs::exists(given)) throw NotFoundError(given + ": tokenizer file not found");
     return given;
   }
   const fs::path dir = fs::path(model_path).parent_path();
@@ -51,7 +62,7 @@ std::string find_llama2c_tokenizer(const std::string& model_path, const std::str
     if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") found.push_back(e.path());
   }
   if (found.size() == 1) return found[0].string();
-  throw Error(model_path + ": a llama2.c checkpoint needs its tokenizer; none found beside it (looked for "
+  throw NotFoundError(model_path + ": a llama2.c checkpoint needs its tokenizer; none found beside it (looked for "
               "tokenizer.bin, tok512.bin); pass --tokenizer FILE");
 }
 
@@ -92,20 +103,16 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
   return guarded([&]() -> Result<std::shared_ptr<TextModel>> {
     auto impl = std::make_unique<Impl>();
     impl->options = options;
-    if (is_gguf(path)) {
+    if (text_model_kind(path) == formats::FileKind::gguf) {
       std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
       impl->tokenizer = tok::Tokenizer::from_gguf(*file);
       impl->info.chat_template = file->get_string("tokenizer.chat_template", "");
       impl->weights = text::load_llama_gguf(file);
-    } else if (fs::path(path).extension() == ".bin" || !options.tokenizer_path.empty()) {
-      // llama2.c checkpoints have no magic number: the name says so, or a
-      // tokenizer given with it does (store blobs are named by digest).
+    } else {  // a llama2.c checkpoint: its header's dimensions match its size, whatever its name
       impl->weights = text::load_llama2c(path);
       const std::string tok_path = find_llama2c_tokenizer(path, options.tokenizer_path);
       impl->tokenizer = tok::Tokenizer::from_llama2c(
           formats::load_llama2c_tokenizer(tok_path, impl->weights.hp.n_vocab));
-    } else {
-      throw Error(path + ": not a GGUF file and not a llama2.c .bin checkpoint");
     }
     const text::LlamaWeights& w = impl->weights;
     if (impl->tokenizer->n_vocab() != w.hp.n_vocab)
@@ -228,7 +235,7 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
 Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such model file");
-  if (!is_gguf(path)) {
+  if (formats::sniff_model_file(path).kind != formats::FileKind::gguf) {  // by content: llama2.c loads whole
     TextModelOptions o;
     o.threads = 1;
     o.tokenizer_path = tokenizer;

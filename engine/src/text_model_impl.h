@@ -27,15 +27,14 @@ struct TextModel::Impl {
 // InvalidArgument with a message naming the bad value, or Ok.
 Status validate_request(const TextRequest& request, int n_ctx);
 
-// Runs fn, turning the engine's exceptions into a Status: exceptions stop here.
+// Runs fn, turning the engine's exceptions into a Status with the code they
+// were thrown with: exceptions stop here.
 template <class F>
 inline auto guarded(F&& fn) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const UnsupportedError& e) {
-    return Status::error(StatusCode::Unsupported, e.what());
   } catch (const Error& e) {
-    return Status::error(StatusCode::InvalidModel, e.what());
+    return Status::error(e.code(), e.what());
   } catch (const std::bad_alloc&) {
     return Status::error(StatusCode::Io, "out of memory: the model or context does not fit; use a smaller context or model");
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
+#include "formats/sniff.h"
 #include "text_model_impl.h"
 
 namespace atelier {
@@ -22,12 +23,14 @@ Result<std::shared_ptr<Vocabulary>> Vocabulary::open(const std::string& path) {
   if (!std::filesystem::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such file");
   return guarded([&]() -> Result<std::shared_ptr<Vocabulary>> {
     auto impl = std::make_unique<Impl>();
+    // By content (formats/sniff.h); tokenizer.json files are JSON text, which the sniffer does not claim.
+    const formats::FileKind kind = formats::sniff_model_file(path).kind;
     const std::string ext = std::filesystem::path(path).extension().string();
-    if (ext == ".json") {
-      impl->tokenizer = tok::Tokenizer::from_hf_json(path);
-    } else if (ext == ".bin") {
+    if (kind == formats::FileKind::llama2c_tokenizer) {
       // A llama2.c tokenizer file (its vocabulary size is its own token count).
       impl->tokenizer = tok::Tokenizer::from_llama2c(formats::load_llama2c_tokenizer(path, 0));
+    } else if (kind != formats::FileKind::gguf && ext == ".json") {
+      impl->tokenizer = tok::Tokenizer::from_hf_json(path);
     } else {
       impl->tokenizer = tok::Tokenizer::from_gguf(*formats::GgufFile::open(path));
     }

@@ -638,8 +638,8 @@ Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path
 
 struct ModelFile {
   std::string path;
-  std::string kind;    // "text" or "image"
-  std::string format;  // "gguf", "llama2c", "safetensors", "pytorch"
+  std::string kind;    // "text" or "image" (format "unknown": by its name, and the summary says why it cannot load)
+  std::string format;  // "gguf", "llama2c", "safetensors", "pytorch", "diffusers" (from the content), "unknown"
   int64_t bytes = 0;
   std::string summary;  // "llama, 64-dim, 5 layers, vocab 512" or the reason it cannot load
 };

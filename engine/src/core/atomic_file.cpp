@@ -13,7 +13,7 @@ namespace atelier {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
+  if (fd_ < 0) throw IoError(tmp_ + ": cannot create: " + std::strerror(errno));
 }
 
 AtomicFile::~AtomicFile() {
@@ -27,7 +27,7 @@ void AtomicFile::write(const void* data, size_t bytes) {
     const ssize_t w = ::write(fd_, c, bytes);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw Error(tmp_ + ": cannot write: " + std::strerror(errno));
+      throw IoError(tmp_ + ": cannot write: " + std::strerror(errno));
     }
     c += w;
     bytes -= static_cast<size_t>(w);
@@ -35,12 +35,12 @@ void AtomicFile::write(const void* data, size_t bytes) {
 }
 
 void AtomicFile::commit() {
-  if (::fsync(fd_) != 0) throw Error(tmp_ + ": cannot sync to disk: " + std::strerror(errno));
+  if (::fsync(fd_) != 0) throw IoError(tmp_ + ": cannot sync to disk: " + std::strerror(errno));
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) throw Error(tmp_ + ": cannot close: " + std::strerror(errno));
+  if (::close(fd) != 0) throw IoError(tmp_ + ": cannot close: " + std::strerror(errno));
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-    throw Error(path_ + ": cannot rename " + tmp_ + " into place: " + std::strerror(errno));
+    throw IoError(path_ + ": cannot rename " + tmp_ + " into place: " + std::strerror(errno));
   committed_ = true;
   // Make the rename durable: sync the directory (best effort).
   std::string dir = ".";

@@ -24,7 +24,7 @@ template <const char* Noun>
 [[noreturn]] inline void fail(sqlite3* db, const std::string& path, const std::string& what) {
   std::string msg = std::string(Noun) + " " + path + ": " + what;
   if (db) msg += ": " + std::string(sqlite3_errmsg(db));
-  throw Error(msg);
+  throw IoError(msg);
 }
 
 // A prepared statement, finalized on scope exit. Indexes are 1-based for
@@ -88,7 +88,7 @@ inline void exec(sqlite3* db, const std::string& path, const char* sql) {
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db);
     sqlite3_free(err);
-    throw Error(std::string(Noun) + " " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg);
+    throw IoError(std::string(Noun) + " " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg);
   }
 }
 
@@ -146,7 +146,7 @@ inline void open_wal(const std::string& path, int busy_timeout_ms, const std::st
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (mode != "wal")
-    throw Error(std::string(Noun) + " " + path + ": cannot switch to WAL journaling (got \"" + mode + "\"); " + wal_advice);
+    throw IoError(std::string(Noun) + " " + path + ": cannot switch to WAL journaling (got \"" + mode + "\"); " + wal_advice);
   exec<Noun>(*db, path, "PRAGMA synchronous = FULL");
   exec<Noun>(*db, path, "PRAGMA foreign_keys = ON");
 }
@@ -177,11 +177,11 @@ inline void migrate(sqlite3* db, const std::string& path, const char* const* mig
         used = 0;
       }
       if (used != text.size() || version < 0)
-        throw Error(std::string(Noun) + " " + path + ": unreadable schema version \"" + text +
+        throw IoError(std::string(Noun) + " " + path + ": unreadable schema version \"" + text +
                     "\"; the file is damaged or not " + what);
     }
     if (version > count)
-      throw Error(std::string(Noun) + " " + path + " was made by a newer Atelier (schema version " +
+      throw UnsupportedError(std::string(Noun) + " " + path + " was made by a newer Atelier (schema version " +
                   std::to_string(version) + ", this build knows up to " + std::to_string(count) +
                   "); update Atelier or use " + elsewhere);
     if (version == count) {

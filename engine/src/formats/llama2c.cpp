@@ -44,6 +44,23 @@ void check_range(const std::string& path, const char* name, int v, int max) {
 
 }  // namespace
 
+uint64_t llama2c_checkpoint_bytes(const int32_t h[7]) {
+  auto in = [](int32_t v, int32_t max) { return v > 0 && v <= max; };
+  if (h[5] == std::numeric_limits<int32_t>::min()) return 0;
+  const int32_t vocab_i = h[5] < 0 ? -h[5] : h[5];
+  if (!in(h[0], kMaxDim) || !in(h[1], kMaxHidden) || !in(h[2], kMaxLayers) || !in(h[3], h[0]) || !in(h[4], h[3]) ||
+      !in(vocab_i, kMaxVocab) || !in(h[6], kMaxSeqLen))
+    return 0;
+  if (h[0] % h[3] != 0 || h[3] % h[4] != 0 || (h[0] / h[3]) % 2 != 0) return 0;
+  const uint64_t dim = static_cast<uint64_t>(h[0]), hidden = static_cast<uint64_t>(h[1]);
+  const uint64_t L = static_cast<uint64_t>(h[2]), vocab = static_cast<uint64_t>(vocab_i);
+  const uint64_t head = dim / static_cast<uint64_t>(h[3]);
+  const uint64_t kv_dim = head * static_cast<uint64_t>(h[4]), q_dim = head * static_cast<uint64_t>(h[3]);
+  const uint64_t floats = vocab * dim + 2 * L * dim + 2 * L * q_dim * dim + 2 * L * kv_dim * dim + 3 * L * hidden * dim +
+                          dim + static_cast<uint64_t>(h[6]) * head + (h[5] > 0 ? 0 : vocab * dim);
+  return 7 * sizeof(int32_t) + floats * sizeof(float);
+}
+
 Llama2cModel load_llama2c(const std::string& path) {
   Llama2cModel m;
   m.map = std::make_shared<MappedFile>(path);

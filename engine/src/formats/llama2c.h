@@ -4,6 +4,7 @@
 // header before any tensor pointer is formed.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,13 @@ struct Llama2cModel {
 
 // Throws atelier::Error naming the file on any problem.
 Llama2cModel load_llama2c(const std::string& path);
+
+// The size in bytes of a legacy llama2.c checkpoint with this 7-int32 header
+// (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len), or 0
+// when the header is not a plausible one (the range and divisibility checks
+// load_llama2c makes). llama2.c files have no magic number: a header whose
+// implied size is exactly the file's is how the sniffer (sniff.h) knows one.
+uint64_t llama2c_checkpoint_bytes(const int32_t header[7]);
 
 // llama2.c tokenizer: pieces with spaces as ' ' (not U+2581) and a score each.
 struct Llama2cVocab {

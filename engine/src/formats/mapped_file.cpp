@@ -20,16 +20,16 @@ std::string sys_error(const std::string& path, const char* what, int err) {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(sys_error(path, "cannot open", errno));
+  if (fd < 0) throw Error(errno_code(errno), sys_error(path, "cannot open", errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    throw Error(sys_error(path, "cannot stat", err));
+    throw IoError(sys_error(path, "cannot stat", err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(path + ": not a regular file");
+    throw NotFoundError(path + ": not a regular file");
   }
   size_ = static_cast<uint64_t>(st.st_size);
   if (size_ > 0) {
@@ -37,7 +37,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      throw Error(sys_error(path, "cannot map into memory", err));
+      throw IoError(sys_error(path, "cannot map into memory", err));
     }
     data_ = static_cast<const uint8_t*>(p);
   }

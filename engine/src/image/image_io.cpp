@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "core/error.h"
@@ -19,7 +20,7 @@ RgbImage read_rgb_file(const std::string& path) {
   } catch (const cv::Exception& e) {
     throw Error(path + ": cannot decode the image (" + e.what() + ")");
   }
-  if (bgr.empty()) throw Error(path + ": cannot read the image (missing, or not a format OpenCV decodes)");
+  if (bgr.empty()) throw Error(std::filesystem::exists(path) ? StatusCode::InvalidModel : StatusCode::NotFound, path + ": cannot read the image (missing, or not a format OpenCV decodes)");
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
   RgbImage out;

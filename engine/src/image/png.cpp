@@ -109,7 +109,7 @@ void write_png_file(const std::string& path, const PngImage& image,
   const std::vector<uint8_t> bytes = encode_png(image, text);
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot write " + path + ": " + errno_text(errno) + " (does the folder exist and is it writable?)");
+  if (fd < 0) throw IoError("cannot write " + path + ": " + errno_text(errno) + " (does the folder exist and is it writable?)");
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -118,19 +118,19 @@ void write_png_file(const std::string& path, const PngImage& image,
       const int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      throw Error("cannot write " + path + ": " + errno_text(e) + (e == ENOSPC ? " (free some disk space)" : ""));
+      throw IoError("cannot write " + path + ": " + errno_text(e) + (e == ENOSPC ? " (free some disk space)" : ""));
     }
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    throw Error("cannot write " + path + ": " + errno_text(e));
+    throw IoError("cannot write " + path + ": " + errno_text(e));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    throw Error("cannot write " + path + ": rename from " + tmp + " failed: " + errno_text(e));
+    throw IoError("cannot write " + path + ": rename from " + tmp + " failed: " + errno_text(e));
   }
 }
 
@@ -178,14 +178,14 @@ PngInfo read_png_info(const std::vector<uint8_t>& b) {
 
 PngInfo read_png_info_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path + ": " + errno_text(errno));
+  if (!in) throw Error(errno_code(errno), "cannot read " + path + ": " + errno_text(errno));
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return read_png_info(bytes);
 }
 
 std::string sha256_file_hex(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path + ": " + errno_text(errno));
+  if (!in) throw Error(errno_code(errno), "cannot read " + path + ": " + errno_text(errno));
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw Error("sha256: OpenSSL init failed");
   std::vector<char> buf(1 << 16);
@@ -194,7 +194,7 @@ std::string sha256_file_hex(const std::string& path) {
     const std::streamsize n = in.gcount();
     if (n > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n)) != 1) throw Error("sha256: OpenSSL update failed");
   }
-  if (in.bad()) throw Error("cannot read " + path + ": I/O error");
+  if (in.bad()) throw IoError("cannot read " + path + ": I/O error");
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int md_len = 0;
   if (EVP_DigestFinal_ex(ctx.get(), md, &md_len) != 1) throw Error("sha256: OpenSSL final failed");

@@ -28,10 +28,10 @@ class SafetensorsFile;
 namespace atelier::image {
 
 // A prompt that names none of the model's classes (a request problem, not a
-// model problem: the API reports it as InvalidArgument).
+// model problem: InvalidArgument wherever it is caught).
 class LabelError : public Error {
  public:
-  using Error::Error;
+  explicit LabelError(const std::string& message) : Error(StatusCode::InvalidArgument, message) {}
 };
 
 class QuickDrawModel {

@@ -36,8 +36,8 @@ struct Shapes {
 
 Shapes shapes_of(const SdSynthSpec& s) {
   if (s.arch != "sd15" && s.arch != "sd21")
-    throw Error("unknown image architecture '" + s.arch + "' (allowed: sd15, sd21)");
-  if (!(s.width_mult > 0 && s.width_mult <= 1.0)) throw Error("--width-mult must be in (0, 1]");
+    throw InvalidArgumentError("unknown image architecture '" + s.arch + "' (allowed: sd15, sd21)");
+  if (!(s.width_mult > 0 && s.width_mult <= 1.0)) throw InvalidArgumentError("--width-mult must be in (0, 1]");
   Shapes sh;
   sh.sd2 = s.arch == "sd21";
   sh.mc = round_to(320 * s.width_mult, 32);
@@ -255,7 +255,7 @@ void write_synthetic_sd(const SdSynthSpec& spec, const std::string& path) {
   if (spec.type == "f32") type = formats::ElemType::F32, kt = kernels::DType::F32;
   else if (spec.type == "f16") type = formats::ElemType::F16, kt = kernels::DType::F16;
   else if (spec.type == "bf16") type = formats::ElemType::BF16, kt = kernels::DType::BF16;
-  else throw Error("unknown weight type '" + spec.type + "' for an image model (allowed: f32, f16, bf16)");
+  else throw InvalidArgumentError("unknown weight type '" + spec.type + "' for an image model (allowed: f32, f16, bf16)");
   int unet_heads = spec.unet_heads;
   int unet_head_dim = 0;
   if (unet_heads <= 0) {
@@ -263,7 +263,7 @@ void write_synthetic_sd(const SdSynthSpec& spec, const std::string& path) {
     else unet_heads = 8;
   }
   if (unet_heads > 0 && sh.mc % unet_heads)
-    throw Error(std::to_string(sh.mc) + " UNet channels do not split into " + std::to_string(unet_heads) + " heads");
+    throw InvalidArgumentError(std::to_string(sh.mc) + " UNet channels do not split into " + std::to_string(unet_heads) + " heads");
 
   formats::SafetensorsWriter w;
   std::vector<float> f;

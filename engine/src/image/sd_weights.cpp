@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
+#include "formats/sniff.h"
 
 namespace atelier::image {
 
@@ -207,17 +208,6 @@ std::string WeightStore::shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-namespace {
-// PyTorch checkpoints (torch.save since 1.6) are zip archives; everything
-// else here is read as safetensors, whose reader names what is wrong.
-bool is_zip_file(const std::string& path) {
-  char magic[4] = {};
-  std::ifstream f(path, std::ios::binary);
-  f.read(magic, 4);
-  return f.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0;
-}
-}  // namespace
-
 void WeightStore::add_file(const std::string& file, const std::string& component) {
   auto src = std::make_unique<Source>();
   struct Item {
@@ -225,7 +215,13 @@ void WeightStore::add_file(const std::string& file, const std::string& component
     TensorRef ref;
   };
   std::vector<Item> items;
-  if (!is_zip_file(file)) {  // by content: store blobs have no extension
+  // By content (formats/sniff.h): store blobs have no extension, and a renamed file still loads.
+  const formats::Sniffed kind = formats::sniff_model_file(file);
+  formats::throw_if_unusable(kind);
+  if (kind.kind != formats::FileKind::safetensors && kind.kind != formats::FileKind::pytorch_zip)
+    throw UnsupportedError(file + ": this is a " + formats::file_kind_name(kind.kind) +
+                           " file; a Stable Diffusion checkpoint is safetensors, a PyTorch .ckpt/.pth or a diffusers folder");
+  if (kind.kind == formats::FileKind::safetensors) {
     src->st = formats::SafetensorsFile::open(file);
     for (const auto& t : src->st->tensors()) items.push_back({t.name, {t.dtype, t.shape, t.data}});
     if (component.empty())
@@ -292,7 +288,7 @@ std::unique_ptr<WeightStore> WeightStore::open(const std::string& path, WeightPr
   } else if (fs::is_regular_file(path, ec)) {
     ws->add_file(path, "");
   } else {
-    throw Error(path + ": no such file or folder");
+    throw NotFoundError(path + ": no such file or folder");
   }
   return ws;
 }

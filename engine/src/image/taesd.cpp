@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
+#include "formats/sniff.h"
 
 namespace atelier::image {
 
@@ -23,7 +24,7 @@ struct Tensor {
 class TensorSet {
  public:
   explicit TensorSet(const std::string& path) : path_(path) {
-    const bool st = path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+    const bool st = formats::sniff_model_file(path).kind == formats::FileKind::safetensors;  // by content, not name
     if (st) {
       auto f = formats::SafetensorsFile::open(path);
       for (const auto& t : f->tensors()) add(t.name, t.dtype, t.shape, t.data, t.elements());

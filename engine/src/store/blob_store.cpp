@@ -50,15 +50,15 @@ class Sha256 {
  public:
   Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
     if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
-      throw Error("cannot start a SHA-256 digest (OpenSSL)");
+      throw IoError("cannot start a SHA-256 digest (OpenSSL)");
   }
   void update(const void* data, size_t n) {
-    if (EVP_DigestUpdate(ctx_.get(), data, n) != 1) throw Error("SHA-256 update failed (OpenSSL)");
+    if (EVP_DigestUpdate(ctx_.get(), data, n) != 1) throw IoError("SHA-256 update failed (OpenSSL)");
   }
   std::string hex() {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
-    if (EVP_DigestFinal_ex(ctx_.get(), md, &len) != 1) throw Error("SHA-256 final failed (OpenSSL)");
+    if (EVP_DigestFinal_ex(ctx_.get(), md, &len) != 1) throw IoError("SHA-256 final failed (OpenSSL)");
     static const char* kHex = "0123456789abcdef";
     std::string out;
     out.reserve(len * 2);
@@ -87,7 +87,7 @@ void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw Error(sys_error("cannot write", path, errno) + " (is the disk full?)");
+      throw IoError(sys_error("cannot write", path, errno) + " (is the disk full?)");
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -96,8 +96,8 @@ void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
 
 void fsync_dir(const std::string& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) throw Error(sys_error("cannot open the folder", dir, errno));
-  if (::fsync(fd.get()) != 0) throw Error(sys_error("cannot sync the folder", dir, errno));
+  if (fd.get() < 0) throw IoError(sys_error("cannot open the folder", dir, errno));
+  if (::fsync(fd.get()) != 0) throw IoError(sys_error("cannot sync the folder", dir, errno));
 }
 
 }  // namespace
@@ -109,13 +109,13 @@ bool is_hex_digest(const std::string& s) {
 
 std::string sha256_file(const std::string& path, int64_t* size) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw Error(sys_error("cannot open", path, errno));
+  if (fd.get() < 0) throw IoError(sys_error("cannot open", path, errno));
   Sha256 sha;
   std::unique_ptr<uint8_t[]> buf(new uint8_t[kChunk]);
   int64_t total = 0;
   for (;;) {
     const ssize_t r = read_some(fd.get(), buf.get(), kChunk);
-    if (r < 0) throw Error(sys_error("cannot read", path, errno));
+    if (r < 0) throw IoError(sys_error("cannot read", path, errno));
     if (r == 0) break;
     sha.update(buf.get(), static_cast<size_t>(r));
     total += r;
@@ -127,20 +127,20 @@ std::string sha256_file(const std::string& path, int64_t* size) {
 BlobStore::BlobStore(std::string root) : root_(std::move(root)) {
   std::error_code ec;
   fs::create_directories(root_ + "/blobs/sha256", ec);
-  if (ec) throw Error("model store " + root_ + ": cannot create " + root_ + "/blobs/sha256: " + ec.message());
+  if (ec) throw IoError("model store " + root_ + ": cannot create " + root_ + "/blobs/sha256: " + ec.message());
 }
 
 BlobStore::Stored BlobStore::put(const std::string& src,
                                  const std::function<void(const std::string&)>& after_hash) const {
   Fd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
-  if (in.get() < 0) throw Error(sys_error("cannot open", src, errno));
+  if (in.get() < 0) throw IoError(sys_error("cannot open", src, errno));
   struct stat st {};
-  if (::fstat(in.get(), &st) != 0) throw Error(sys_error("cannot stat", src, errno));
-  if (!S_ISREG(st.st_mode)) throw Error(src + " is not a regular file; import a model file");
+  if (::fstat(in.get(), &st) != 0) throw IoError(sys_error("cannot stat", src, errno));
+  if (!S_ISREG(st.st_mode)) throw IoError(src + " is not a regular file; import a model file");
 
   std::string tmp = blobs_dir() + "/tmp-XXXXXX";
   Fd out(::mkostemp(tmp.data(), O_CLOEXEC));
-  if (out.get() < 0) throw Error(sys_error("cannot create a temporary blob in", blobs_dir(), errno));
+  if (out.get() < 0) throw IoError(sys_error("cannot create a temporary blob in", blobs_dir(), errno));
   // Removes the tmp file on any failure before the rename.
   struct TmpGuard {
     std::string path;
@@ -155,15 +155,15 @@ BlobStore::Stored BlobStore::put(const std::string& src,
   int64_t total = 0;
   for (;;) {
     const ssize_t r = read_some(in.get(), buf.get(), kChunk);
-    if (r < 0) throw Error(sys_error("cannot read", src, errno));
+    if (r < 0) throw IoError(sys_error("cannot read", src, errno));
     if (r == 0) break;
     sha.update(buf.get(), static_cast<size_t>(r));
     write_all(out.get(), buf.get(), static_cast<size_t>(r), tmp);
     total += r;
   }
-  if (::fchmod(out.get(), 0444) != 0) throw Error(sys_error("cannot set the mode of", tmp, errno));
-  if (::fsync(out.get()) != 0) throw Error(sys_error("cannot sync", tmp, errno) + " (is the disk full?)");
-  if (::close(out.release()) != 0) throw Error(sys_error("cannot close", tmp, errno));
+  if (::fchmod(out.get(), 0444) != 0) throw IoError(sys_error("cannot set the mode of", tmp, errno));
+  if (::fsync(out.get()) != 0) throw IoError(sys_error("cannot sync", tmp, errno) + " (is the disk full?)");
+  if (::close(out.release()) != 0) throw IoError(sys_error("cannot close", tmp, errno));
   const std::string digest = sha.hex();
 
   if (after_hash) after_hash(tmp);
@@ -172,7 +172,7 @@ BlobStore::Stored BlobStore::put(const std::string& src,
   // bytes atomically, which also repairs a blob that was damaged on disk.
   const std::string final_path = path(digest);
   if (::rename(tmp.c_str(), final_path.c_str()) != 0)
-    throw Error(sys_error("cannot rename " + tmp + " to", final_path, errno));
+    throw IoError(sys_error("cannot rename " + tmp + " to", final_path, errno));
   guard.armed = false;
   fsync_dir(root_ + "/blobs/sha256");
   return {digest, total};
@@ -185,7 +185,7 @@ std::vector<std::string> BlobStore::list() const {
     const std::string name = it->path().filename().string();
     if (is_hex_digest(name)) out.push_back(name);
   }
-  if (ec) throw Error("model store " + root_ + ": cannot list " + root_ + "/blobs/sha256: " + ec.message());
+  if (ec) throw IoError("model store " + root_ + ": cannot list " + root_ + "/blobs/sha256: " + ec.message());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -203,7 +203,7 @@ int64_t BlobStore::remove_tmp() const {
 BlobStore::Lock::Lock(const std::string& root, Mode mode) {
   const std::string p = root + "/store.lock";
   fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(sys_error("cannot open the store lock", p, errno));
+  if (fd_ < 0) throw IoError(sys_error("cannot open the store lock", p, errno));
   const int op = mode == kShared ? LOCK_SH : mode == kExclusive ? LOCK_EX : (LOCK_EX | LOCK_NB);
   int rc;
   do {
@@ -215,7 +215,7 @@ BlobStore::Lock::Lock(const std::string& root, Mode mode) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    throw Error(sys_error("cannot lock the store lock", p, err));
+    throw IoError(sys_error("cannot lock the store lock", p, err));
   }
 }
 

@@ -81,24 +81,24 @@ std::string short_url(const std::string& url) {
 int64_t download(const std::string& url, const std::string& part, int64_t expected_size, const DownloadOptions& options) {
   global_init();
   const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot open the partial download " + part + ": " + std::strerror(errno));
+  if (fd < 0) throw IoError("cannot open the partial download " + part + ": " + std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0)
-    throw Error("another process is downloading " + part + " right now; wait for it to finish");
+    throw IoError("another process is downloading " + part + " right now; wait for it to finish");
 
   int64_t have = file_size(fd);
   if (expected_size > 0 && have > expected_size) {
     // Longer than the file can be: not a prefix of it.
-    if (::ftruncate(fd, 0) != 0) throw Error("cannot truncate " + part + ": " + std::strerror(errno));
+    if (::ftruncate(fd, 0) != 0) throw IoError("cannot truncate " + part + ": " + std::strerror(errno));
     have = 0;
   }
   if (expected_size > 0 && have == expected_size) return 0;
 
   std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), curl_easy_cleanup);
-  if (!curl) throw Error("cannot start libcurl");
+  if (!curl) throw IoError("cannot start libcurl");
   int64_t received_total = 0;
   int delay_ms = options.retry_delay_ms;
   bool restarted = false;
@@ -141,7 +141,7 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
     long http = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
     if (rc == CURLE_OK) {
-      if (::fsync(fd) != 0) throw Error("cannot sync " + part + ": " + std::strerror(errno) + " (is the disk full?)");
+      if (::fsync(fd) != 0) throw IoError("cannot sync " + part + ": " + std::strerror(errno) + " (is the disk full?)");
       if (options.progress) {
         const int64_t n = file_size(fd);
         options.progress(n, n, 0);
@@ -156,23 +156,23 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
       case CURLE_COULDNT_CONNECT:
         throw NetworkError("cannot reach " + short_url(url) + " (" + what + ")");
       case CURLE_WRITE_ERROR:
-        throw Error(t.write_error.empty() ? "cannot write " + part + ": " + what : t.write_error);
+        throw IoError(t.write_error.empty() ? "cannot write " + part + ": " + what : t.write_error);
       case CURLE_RANGE_ERROR:
         // The server ignores ranges: start over from the first byte, once.
-        if (restarted) throw Error("download of " + short_url(url) + " cannot resume: " + what);
+        if (restarted) throw IoError("download of " + short_url(url) + " cannot resume: " + what);
         restarted = true;
-        if (::ftruncate(fd, 0) != 0) throw Error("cannot truncate " + part + ": " + std::strerror(errno));
+        if (::ftruncate(fd, 0) != 0) throw IoError("cannot truncate " + part + ": " + std::strerror(errno));
         --attempt;
         continue;
       case CURLE_HTTP_RETURNED_ERROR:
         if (http == 416 && !restarted) {  // range past the end: our partial file is not a prefix of this one
           restarted = true;
-          if (::ftruncate(fd, 0) != 0) throw Error("cannot truncate " + part + ": " + std::strerror(errno));
+          if (::ftruncate(fd, 0) != 0) throw IoError("cannot truncate " + part + ": " + std::strerror(errno));
           --attempt;
           continue;
         }
         if (http != 408 && http != 429 && http < 500)
-          throw Error("download of " + short_url(url) + " failed: HTTP " + std::to_string(http) +
+          throw IoError("download of " + short_url(url) + " failed: HTTP " + std::to_string(http) +
                       (http == 401 || http == 403 ? " (the model may need a licence accepted or a login on its site; "
                                                     "download it there and use `atelier models import`)"
                                                   : ""));
@@ -181,12 +181,12 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
       case CURLE_URL_MALFORMAT:
       case CURLE_FILE_COULDNT_READ_FILE:
       case CURLE_REMOTE_FILE_NOT_FOUND:
-        throw Error("download of " + short_url(url) + " failed: " + what);
+        throw IoError("download of " + short_url(url) + " failed: " + what);
       default:
         break;  // a broken transfer: retry, resuming where it stopped
     }
   }
-  throw Error("download of " + short_url(url) + " broke off after " + std::to_string(options.retries + 1) +
+  throw IoError("download of " + short_url(url) + " broke off after " + std::to_string(options.retries + 1) +
               " attempts with " + std::to_string(file_size(fd)) + " bytes kept in " + part + " (" + last_error +
               "); run the same command again to resume");
 }

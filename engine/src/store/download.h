@@ -13,7 +13,7 @@ namespace atelier::store {
 // connection): retrying at once will not help, a mirror folder will.
 class NetworkError : public Error {
  public:
-  using Error::Error;
+  explicit NetworkError(const std::string& message) : Error(StatusCode::Io, message) {}
 };
 
 struct DownloadOptions {

@@ -65,7 +65,7 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
   std::vector<std::string> partials;  // removed once the version is recorded
   const bool mirror_given = !options.mirror.empty();
   if (mirror_given && !fs::is_directory(options.mirror))
-    throw Error("the mirror folder " + options.mirror + " does not exist; pass --mirror DIR (or ATELIER_MODEL_MIRROR) naming a folder of model files");
+    throw NotFoundError("the mirror folder " + options.mirror + " does not exist; pass --mirror DIR (or ATELIER_MODEL_MIRROR) naming a folder of model files");
   for (const auto& f : entry.files) {
     ImportFile in;
     in.role = f.role;
@@ -85,15 +85,15 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
     }
     if (f.urls.empty()) {
       if (mirror_given)
-        throw Error("the mirror " + options.mirror + " has no " + f.mirror + ", and the catalog gives no download address for " +
+        throw NotFoundError("the mirror " + options.mirror + " has no " + f.mirror + ", and the catalog gives no download address for " +
                     entry.name + " (" + f.name + ")");
-      throw Error(entry.name + " (" + f.name + ") has no download address; install it from a folder of model files with "
+      throw NotFoundError(entry.name + " (" + f.name + ") has no download address; install it from a folder of model files with "
                   "--mirror DIR (or ATELIER_MODEL_MIRROR), where it is " + f.mirror);
     }
     if (mirror_given) note("the mirror " + options.mirror + " has no " + f.mirror + "; downloading it");
     std::error_code mk;
     fs::create_directories(store.root() + "/downloads", mk);
-    if (mk) throw Error("cannot create " + store.root() + "/downloads: " + mk.message());
+    if (mk) throw IoError("cannot create " + store.root() + "/downloads: " + mk.message());
     const std::string part = partial_path(store, entry, f);
     DownloadOptions d;
     d.retries = options.retries;
@@ -135,7 +135,7 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
       if (all_unreachable)
         throw NetworkError(errors + "; no network? To install without one, use a folder of model files: --mirror DIR (or "
                            "ATELIER_MODEL_MIRROR) holding " + (f.mirror.empty() ? f.name : f.mirror));
-      throw Error(errors);
+      throw IoError(errors);
     }
     // Check the whole file before it goes near the store; a wrong one is
     // deleted so that the next attempt starts afresh instead of resuming it.

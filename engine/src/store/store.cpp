@@ -18,6 +18,7 @@
 #include "formats/llama2c.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
+#include "formats/sniff.h"
 #include "formats/tensor_types.h"
 #include "store/blob_store.h"
 
@@ -222,24 +223,27 @@ HeaderFacts inspect_llama2c(const std::string& path) {
 }  // namespace
 
 HeaderFacts inspect_header(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw Error(path + ": not a regular file (or it does not exist)");
-  uint8_t head[9] = {};
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(head), sizeof(head));
-  const auto got = in.gcount();
-  if (!in && got <= 0) throw Error(path + ": cannot read its header (the file is empty or unreadable)");
+  // What the file is comes from its bytes (formats/sniff.h): import paths and blobs alike.
+  const formats::Sniffed kind = formats::sniff_model_file(path);
+  if (kind.kind == formats::FileKind::missing) throw NotFoundError(path + ": not a regular file (or it does not exist)");
+  if (kind.io) throw IoError(path + ": cannot read its header: " + kind.detail);
   try {
-    if (got >= 4 && std::memcmp(head, "GGUF", 4) == 0) return inspect_gguf(path);
-    if (got >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return inspect_pytorch(path);
-    if (got >= 9 && head[8] == '{' && head[6] == 0 && head[7] == 0) return inspect_safetensors(path);
-    if (fs::path(path).extension() == ".bin") return inspect_llama2c(path);
+    switch (kind.kind) {
+      case formats::FileKind::gguf: return inspect_gguf(path);
+      case formats::FileKind::pytorch_zip: return inspect_pytorch(path);
+      case formats::FileKind::safetensors: return inspect_safetensors(path);
+      case formats::FileKind::llama2c: return inspect_llama2c(path);
+      default: break;
+    }
   } catch (const Error& e) {
-    throw Error(std::string("refusing ") + path + ": its header does not parse: " + e.what());
+    throw Error(e.code(), std::string("refusing ") + path + ": its header does not parse: " + e.what());
   }
+  const std::string what = kind.kind == formats::FileKind::unknown
+                               ? kind.detail
+                               : path + " is a " + formats::file_kind_name(kind.kind) + " file";
   throw Error("refusing " + path +
               ": not a model file this store knows (GGUF, safetensors, PyTorch .pth, llama2.c .bin); "
-              "import model files, or give auxiliary files a role such as \"tokenizer\"");
+              "import model files, or give auxiliary files a role such as \"tokenizer\" (" + what + ")");
 }
 
 bool is_auxiliary_role(const std::string& role) {
@@ -249,7 +253,7 @@ bool is_auxiliary_role(const std::string& role) {
 const FileEntry& VersionInfo::primary() const {
   for (const auto& f : files)
     if (f.role == "model") return f;
-  if (files.empty()) throw Error("model " + model + "@" + std::to_string(number) + " has no files");
+  if (files.empty()) throw IoError("model " + model + "@" + std::to_string(number) + " has no files");
   return files.front();
 }
 
@@ -274,7 +278,7 @@ Ref parse_ref(const std::string& ref) {
     const bool hex = std::all_of(r.digest.begin(), r.digest.end(),
                                  [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
     if (!hex || r.digest.size() < kMinDigestPrefix || r.digest.size() > 64)
-      throw Error("bad model reference \"" + ref + "\": after sha256: give the digest's hex digits (at least " +
+      throw InvalidArgumentError("bad model reference \"" + ref + "\": after sha256: give the digest's hex digits (at least " +
                   std::to_string(kMinDigestPrefix) + ", at most 64)");
     return r;
   }
@@ -290,20 +294,20 @@ Ref parse_ref(const std::string& ref) {
       used = 0;
     }
     if (num.empty() || used != num.size() || v < 1 || v > 1000000000 || !std::isdigit(static_cast<unsigned char>(num[0])))
-      throw Error("bad model reference \"" + ref + "\": after @ give a version number (1, 2, ...)");
+      throw InvalidArgumentError("bad model reference \"" + ref + "\": after @ give a version number (1, 2, ...)");
     r.version = static_cast<int>(v);
   } else if (const auto colon = ref.find(':'); colon != std::string::npos) {
     r.kind = Ref::kChannel;
     r.name = ref.substr(0, colon);
     r.channel = ref.substr(colon + 1);
     if (!valid_channel(r.channel))
-      throw Error("bad model reference \"" + ref + "\": unknown channel \"" + r.channel +
+      throw InvalidArgumentError("bad model reference \"" + ref + "\": unknown channel \"" + r.channel +
                   "\"; channels are dev, stable and prod");
   } else {
     r.name = ref;
   }
   if (!valid_name(r.name))
-    throw Error("bad model reference \"" + ref +
+    throw InvalidArgumentError("bad model reference \"" + ref +
                 "\": use NAME, NAME@VERSION, NAME:CHANNEL or sha256:DIGEST (names use letters, digits, '.', '_', '-')");
   return r;
 }
@@ -342,7 +346,7 @@ struct StoreSql {
   int64_t model_id(const std::string& name) const {
     Stmt s(db, path, "SELECT id FROM models WHERE name = ?1");
     s.text(1, name);
-    if (!s.step()) throw Error("no model named \"" + name + "\" in the store " + blobs.root() + "; see `atelier models list`");
+    if (!s.step()) throw NotFoundError("no model named \"" + name + "\" in the store " + blobs.root() + "; see `atelier models list`");
     return s.col_i64(0);
   }
 
@@ -355,9 +359,9 @@ struct StoreSql {
       std::vector<std::string> found;
       while (s.step()) found.push_back(s.col_text(0));
       if (found.empty())
-        throw Error("no model version holds a blob sha256:" + r.digest + " in the store " + blobs.root());
+        throw NotFoundError("no model version holds a blob sha256:" + r.digest + " in the store " + blobs.root());
       if (found.size() > 1)
-        throw Error("sha256:" + r.digest + " is ambiguous (matches " + found[0] + ", " + found[1] +
+        throw NotFoundError("sha256:" + r.digest + " is ambiguous (matches " + found[0] + ", " + found[1] +
                     (found.size() > 2 ? ", ..." : "") + "); give more digits");
       Stmt v(db, path, "SELECT max(version_id) FROM files WHERE digest = ?1");
       v.text(1, found[0]);
@@ -369,7 +373,7 @@ struct StoreSql {
       Stmt s(db, path, "SELECT id FROM versions WHERE model_id = ?1 AND number = ?2");
       s.i64(1, mid).i64(2, r.version);
       if (!s.step())
-        throw Error("model \"" + r.name + "\" has no version " + std::to_string(r.version) + " (versions: " +
+        throw NotFoundError("model \"" + r.name + "\" has no version " + std::to_string(r.version) + " (versions: " +
                     numbers(mid) + ")");
       return s.col_i64(0);
     }
@@ -377,7 +381,7 @@ struct StoreSql {
       Stmt s(db, path, "SELECT version_id FROM channels WHERE model_id = ?1 AND name = ?2");
       s.i64(1, mid).text(2, r.channel);
       if (!s.step())
-        throw Error("channel " + r.channel + " of model \"" + r.name + "\" points at no version; use `atelier models promote " +
+        throw NotFoundError("channel " + r.channel + " of model \"" + r.name + "\" points at no version; use `atelier models promote " +
                     r.name + "@N " + r.channel + "`");
       return s.col_i64(0);
     }
@@ -388,7 +392,7 @@ struct StoreSql {
     }
     Stmt s(db, path, "SELECT id FROM versions WHERE model_id = ?1 ORDER BY number DESC LIMIT 1");
     s.i64(1, mid);
-    if (!s.step()) throw Error("model \"" + r.name + "\" has no versions; import one");
+    if (!s.step()) throw NotFoundError("model \"" + r.name + "\" has no versions; import one");
     return s.col_i64(0);
   }
 
@@ -404,7 +408,7 @@ struct StoreSql {
     Stmt s(db, path,
            std::string("SELECT ") + kVersionColumns + " FROM versions v JOIN models m ON m.id = v.model_id WHERE v.id = ?1");
     s.i64(1, vid);
-    if (!s.step()) throw Error("model store " + blobs.root() + ": version row " + std::to_string(vid) + " vanished");
+    if (!s.step()) throw IoError("model store " + blobs.root() + ": version row " + std::to_string(vid) + " vanished");
     VersionInfo v = read_version(s);
     fill(vid, v);
     return v;
@@ -445,10 +449,10 @@ ModelStore::~ModelStore() {
 std::string ModelStore::blob_path(const std::string& digest) const { return root_ + "/blobs/sha256/" + digest; }
 
 std::unique_ptr<ModelStore> ModelStore::open(const std::string& root) {
-  if (root.empty()) throw Error("model store: no folder given; set ATELIER_HOME or pass --store DIR");
+  if (root.empty()) throw IoError("model store: no folder given; set ATELIER_HOME or pass --store DIR");
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw Error("model store " + root + ": cannot create the folder: " + ec.message());
+  if (ec) throw IoError("model store " + root + ": cannot create the folder: " + ec.message());
   std::unique_ptr<ModelStore> st(new ModelStore(root));
   BlobStore blobs(root);
   const std::string path = st->db_path();
@@ -473,10 +477,10 @@ int ModelStore::schema_version() const {
 
 int ModelStore::import(const std::vector<ImportFile>& files, const std::string& name, const ImportOptions& options) {
   if (!valid_name(name))
-    throw Error("bad model name \"" + name + "\": use letters, digits, '.', '_' and '-' (not starting with sha256)");
-  if (files.empty()) throw Error("import of \"" + name + "\": no files given");
+    throw InvalidArgumentError("bad model name \"" + name + "\": use letters, digits, '.', '_' and '-' (not starting with sha256)");
+  if (files.empty()) throw InvalidArgumentError("import of \"" + name + "\": no files given");
   if (!options.kind.empty() && options.kind != "text" && options.kind != "image")
-    throw Error("import of \"" + name + "\": kind must be text or image, not \"" + options.kind + "\"");
+    throw InvalidArgumentError("import of \"" + name + "\": kind must be text or image, not \"" + options.kind + "\"");
 
   // Check every header before anything is written.
   std::set<std::string> roles;
@@ -485,20 +489,21 @@ int ModelStore::import(const std::vector<ImportFile>& files, const std::string& 
   for (size_t i = 0; i < files.size(); ++i) {
     const auto& f = files[i];
     if (f.role.empty() || !valid_name(f.role))
-      throw Error("import of \"" + name + "\": bad role \"" + f.role + "\" for " + f.path);
+      throw InvalidArgumentError("import of \"" + name + "\": bad role \"" + f.role + "\" for " + f.path);
     if (!roles.insert(f.role).second)
-      throw Error("import of \"" + name + "\": role \"" + f.role + "\" given twice; each file needs its own role");
+      throw InvalidArgumentError("import of \"" + name + "\": role \"" + f.role + "\" given twice; each file needs its own role");
     if (is_auxiliary_role(f.role)) {
       std::error_code ec;
       if (!fs::is_regular_file(f.path, ec) || fs::file_size(f.path, ec) == 0)
-        throw Error("import of \"" + name + "\": " + f.path + " (" + f.role + ") is missing, empty or not a file");
+        throw Error(fs::exists(f.path, ec) ? StatusCode::Io : StatusCode::NotFound,
+                    "import of \"" + name + "\": " + f.path + " (" + f.role + ") is missing, empty or not a file");
       continue;
     }
     facts[i] = inspect_header(f.path);
     if (!primary || f.role == "model") primary = &facts[i];
   }
   if (!primary)
-    throw Error("import of \"" + name + "\": no model file among the files given (only auxiliary roles such as " +
+    throw IoError("import of \"" + name + "\": no model file among the files given (only auxiliary roles such as " +
                 *roles.begin() + "); give the model file the role \"model\"");
 
   std::lock_guard lock(mu_);
@@ -533,7 +538,7 @@ int ModelStore::import(const std::vector<ImportFile>& files, const std::string& 
     mid = sqlite3_last_insert_rowid(db_);
   } else {
     if (!options.kind.empty() && options.kind != kind)
-      throw Error("import of \"" + name + "\": the model is a " + kind + " model; a " + options.kind +
+      throw InvalidArgumentError("import of \"" + name + "\": the model is a " + kind + " model; a " + options.kind +
                   " version cannot be added (choose another name)");
     Stmt s(db_, path,
            "UPDATE models SET licence = CASE WHEN ?2 = '' THEN licence ELSE ?2 END, "
@@ -580,7 +585,7 @@ VersionInfo ModelStore::resolve(const std::string& ref) const {
 }
 
 int ModelStore::promote(const std::string& ref, const std::string& channel) {
-  if (!valid_channel(channel)) throw Error("unknown channel \"" + channel + "\"; channels are dev, stable and prod");
+  if (!valid_channel(channel)) throw InvalidArgumentError("unknown channel \"" + channel + "\"; channels are dev, stable and prod");
   std::lock_guard lock(mu_);
   const std::string path = db_path();
   BlobStore blobs(root_);
@@ -606,7 +611,7 @@ int ModelStore::promote(const std::string& ref, const std::string& channel) {
 }
 
 int ModelStore::rollback(const std::string& name, const std::string& channel) {
-  if (!valid_channel(channel)) throw Error("unknown channel \"" + channel + "\"; channels are dev, stable and prod");
+  if (!valid_channel(channel)) throw InvalidArgumentError("unknown channel \"" + channel + "\"; channels are dev, stable and prod");
   std::lock_guard lock(mu_);
   const std::string path = db_path();
   BlobStore blobs(root_);
@@ -620,7 +625,7 @@ int ModelStore::rollback(const std::string& name, const std::string& channel) {
     s.i64(1, mid).text(2, channel);
     if (s.step()) current = static_cast<int>(s.col_i64(0));
   }
-  if (current == 0) throw Error("channel " + channel + " of model \"" + name + "\" points at no version; nothing to roll back");
+  if (current == 0) throw NotFoundError("channel " + channel + " of model \"" + name + "\" points at no version; nothing to roll back");
   // Replay the channel's promotions (push the previous target) and rollbacks
   // (pop) from the audit log; the top is where the channel pointed before.
   std::vector<int> stack;
@@ -638,7 +643,7 @@ int ModelStore::rollback(const std::string& name, const std::string& channel) {
     }
   }
   if (stack.empty())
-    throw Error("channel " + channel + " of model \"" + name + "\" has no earlier version to roll back to");
+    throw NotFoundError("channel " + channel + " of model \"" + name + "\" has no earlier version to roll back to");
   const int target = stack.back();
   if (target == 0) {
     Stmt d(db_, path, "DELETE FROM channels WHERE model_id = ?1 AND name = ?2");
@@ -647,7 +652,7 @@ int ModelStore::rollback(const std::string& name, const std::string& channel) {
     Stmt q(db_, path, "SELECT id FROM versions WHERE model_id = ?1 AND number = ?2");
     q.i64(1, mid).i64(2, target);
     if (!q.step())
-      throw Error("cannot roll back channel " + channel + " of model \"" + name + "\": the version it pointed at before (" +
+      throw IoError("cannot roll back channel " + channel + " of model \"" + name + "\": the version it pointed at before (" +
                   std::to_string(target) + ") was removed; promote another version instead");
     Stmt u(db_, path, "UPDATE channels SET version_id = ?3 WHERE model_id = ?1 AND name = ?2");
     u.i64(1, mid).text(2, channel).i64(3, q.col_i64(0)).run();
@@ -710,7 +715,7 @@ GcReport ModelStore::gc() {
     std::error_code ec;
     const auto size = fs::file_size(p, ec);
     if (::unlink(p.c_str()) != 0)
-      throw Error("model store " + root_ + ": cannot delete the unused blob " + p + ": " + std::strerror(errno));
+      throw IoError("model store " + root_ + ": cannot delete the unused blob " + p + ": " + std::strerror(errno));
     ++report.blobs_removed;
     if (!ec) report.bytes_freed += static_cast<int64_t>(size);
   }
@@ -782,7 +787,7 @@ std::vector<AuditRow> ModelStore::history(const std::string& name) const {
   if (rows.empty()) {
     Stmt m(db_, path, "SELECT 1 FROM models WHERE name = ?1");
     m.text(1, name);
-    if (!m.step()) throw Error("no model named \"" + name + "\" in the store " + root_ + "; see `atelier models list`");
+    if (!m.step()) throw NotFoundError("no model named \"" + name + "\" in the store " + root_ + "; see `atelier models list`");
   }
   return rows;
 }

@@ -184,7 +184,7 @@ std::vector<std::string> BpeTokenizer::pre_tokenizer_regexes(const std::string& 
       supported += n;
     }
   }
-  throw Error(source + ": pre-tokenizer '" + pre + "' (tokenizer.ggml.pre) is not supported; supported: " + supported);
+  throw UnsupportedError(source + ": pre-tokenizer '" + pre + "' (tokenizer.ggml.pre) is not supported; supported: " + supported);
 }
 
 BpeTokenizer::BpeTokenizer(VocabSpec& spec) {

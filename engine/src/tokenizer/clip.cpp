@@ -25,7 +25,7 @@ constexpr int kMerges = 49152 - 256 - 2;  // the merges openai's loader keeps (l
 
 std::string read_maybe_gzip(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently
-  if (!f) throw Error(path + ": cannot open the CLIP vocabulary");
+  if (!f) throw Error(errno_code(errno), path + ": cannot open the CLIP vocabulary");
   std::string out;
   char buf[1 << 16];
   for (;;) {

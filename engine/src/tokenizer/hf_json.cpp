@@ -68,7 +68,7 @@ void read_pre_tokenizer(const json& p, const std::string& path, PreTokenizerInfo
 
 std::unique_ptr<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open the tokenizer file");
+  if (!in) throw Error(errno_code(errno), path + ": cannot open the tokenizer file");
   json j;
   try {
     j = json::parse(in);

@@ -39,7 +39,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(VocabSpec&& spec) {
   if (spec.model == "llama") return std::make_unique<SpmTokenizer>(spec);
   if (spec.model == "gpt2") return std::make_unique<BpeTokenizer>(spec);
   if (spec.model == "bert") return std::make_unique<WpmTokenizer>(spec);
-  throw Error(spec.source + ": tokenizer model '" + spec.model +
+  throw UnsupportedError(spec.source + ": tokenizer model '" + spec.model +
               "' is not supported (supported: llama (SentencePiece), gpt2 (byte-level BPE), bert (WordPiece))");
 }
 
