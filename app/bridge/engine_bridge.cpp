@@ -1,6 +1,7 @@
 #include "bridge/engine_bridge.h"
 
 #include <atelier/store.h>
+#include <atelier/tools.h>
 
 #include <QDir>
 #include <QFileInfo>

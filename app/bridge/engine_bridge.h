@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <QHash>
 #include <QObject>

@@ -1,5 +1,6 @@
 // `atelier bench text`: speed of a model against this machine's measured roofs.
-#include <atelier/engine.h>
+#include <atelier/models.h>
+#include <atelier/tools.h>
 
 #include <CLI/CLI.hpp>
 

@@ -2,7 +2,7 @@
 // 1.x/2.x checkpoints, or the QuickDraw CVAE (a prompt naming one of its 50
 // classes). A progress bar on stderr (step, it/s, ETA), previews per step
 // with --preview-dir, JSON Lines events with --json.
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <CLI/CLI.hpp>
 

@@ -2,7 +2,8 @@
 // promote, rollback, remove, gc, history, catalog), synthetic models for
 // benchmarks, and a folder scan. Tables for people, --json (JSON Lines) for
 // scripts; errors are one line on stderr (exit 1, or 2 for bad usage).
-#include <atelier/engine.h>
+#include <atelier/models.h>
+#include <atelier/tools.h>
 #include <atelier/store.h>
 
 #include <CLI/CLI.hpp>

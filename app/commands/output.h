@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <nlohmann/json.hpp>
 

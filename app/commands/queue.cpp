@@ -3,6 +3,7 @@
 // on a data dir (default: $ATELIER_HOME or ~/.local/share/atelier); one
 // process at a time executes its queue, the others read and write it.
 #include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

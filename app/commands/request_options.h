@@ -1,7 +1,7 @@
 // Flag sets shared by several commands.
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/requests.h>
 
 namespace CLI {
 class App;

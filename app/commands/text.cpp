@@ -1,5 +1,5 @@
 // `atelier text` and `atelier tokenize`.
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

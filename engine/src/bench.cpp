@@ -2,6 +2,8 @@
 // reported beside this machine's memory bandwidth and peak FMA throughput
 // measured in the same run (the machine is shared; absolute figures drift).
 #include <atelier/engine.h>
+#include <atelier/models.h>
+#include <atelier/tools.h>
 
 #include <chrono>
 #include <algorithm>

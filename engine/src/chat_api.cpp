@@ -1,5 +1,5 @@
-// The chat template faces of atelier/engine.h over text/chat_template (the Jinja renderer).
-#include <atelier/engine.h>
+// The chat template faces of atelier/models.h over text/chat_template (the Jinja renderer).
+#include <atelier/models.h>
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 // Lists the model files in folders, reading only their headers, for the
 // window's model list and `atelier models` before the store exists.
-#include <atelier/engine.h>
+#include <atelier/tools.h>
 
 #include <algorithm>
 #include <cstdio>

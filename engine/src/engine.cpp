@@ -1,6 +1,7 @@
 // Engine: the public handle over the durable job queue (runtime/job_db), the
 // batching executor (scheduler.cpp), event delivery and metrics.
 #include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <chrono>
 #include <filesystem>

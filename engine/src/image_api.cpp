@@ -1,7 +1,7 @@
 // The image API: request validation, model detection, the QuickDraw CVAE and
 // the Stable Diffusion pipeline (image/sd_pipeline.h around image/sd_model.h)
 // end to end, and PNG output carrying the generation parameters.
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <nlohmann/json.hpp>
 

@@ -6,7 +6,7 @@
 // Internal to the engine; everything here may throw atelier::Error.
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/models.h>
 #include <atelier/kernels.h>
 
 #include <functional>

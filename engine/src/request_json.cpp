@@ -1,5 +1,5 @@
 // The JSON form of TextRequest and ImageRequest (job database, `atelier batch` files).
-#include <atelier/engine.h>
+#include <atelier/requests.h>
 
 #include <nlohmann/json.hpp>
 

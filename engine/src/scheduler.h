@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <atomic>
 #include <condition_variable>

@@ -1,7 +1,7 @@
 // The model store's public face (atelier/store.h) and resolve_model, the one
 // place where a model reference becomes a file to load. Exceptions from the
 // store room stop here and become a Status.
-#include <atelier/engine.h>
+#include <atelier/models.h>
 #include <atelier/store.h>
 
 #include <sys/stat.h>

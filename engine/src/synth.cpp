@@ -1,7 +1,7 @@
 // `atelier models synth`: LLaMA-shaped GGUF files with deterministic random
 // weights, for benchmarks and tests that need a model of a given size and type
 // without a download. Shapes follow llama2.c's TinyStories models and TinyLlama.
-#include <atelier/engine.h>
+#include <atelier/tools.h>
 
 #include <cmath>
 #include <set>

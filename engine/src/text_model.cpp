@@ -1,6 +1,6 @@
 // TextModel: the public handle over a loaded LLaMA-family model, its
 // tokenizer and the generation loop (prefill, sample, stream, stop).
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <chrono>
 #include <cmath>

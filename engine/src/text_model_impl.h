@@ -3,7 +3,7 @@
 // boundary.
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <memory>
 #include <new>

@@ -1,6 +1,6 @@
 // Vocabulary: a tokenizer loaded without a model's weights, so `atelier
 // tokenize` works on vocabulary-only GGUF files and tokenizer.json files.
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <filesystem>
 

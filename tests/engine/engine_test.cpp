@@ -3,6 +3,7 @@
 // the real stories260K model, with TextModel::generate (one sequence, no
 // batching, contiguous cache) as the reference.
 #include <atelier/engine.h>
+#include <atelier/models.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>

@@ -2,7 +2,8 @@
 // what went wrong, through the public API (no message is mapped to a code by
 // substring). One case per kind, plus the model-file sniffer end to end:
 // files renamed to the wrong extension still load, by content.
-#include <atelier/engine.h>
+#include <atelier/models.h>
+#include <atelier/tools.h>
 #include <atelier/store.h>
 #include <gtest/gtest.h>
 

@@ -3,6 +3,8 @@
 // invariance, previews at every step, cancellation within one step, img2img,
 // the A1111 infotext and clear errors.
 #include <atelier/engine.h>
+#include <atelier/models.h>
+#include <atelier/tools.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -3,6 +3,7 @@
 // what they ran; a corrupted blob is refused when the engine loads it; a
 // plain file still works without a store entry.
 #include <atelier/engine.h>
+#include <atelier/models.h>
 #include <atelier/store.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>

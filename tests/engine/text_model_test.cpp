@@ -1,5 +1,5 @@
 // The public TextModel API: events, cancellation, validation, model info.
-#include <atelier/engine.h>
+#include <atelier/models.h>
 #include <gtest/gtest.h>
 
 #include <fstream>

@@ -1,6 +1,6 @@
 // atelier/store.h — the model store and the model catalog, for the command
 // line and the window. Model references are resolved by resolve_model in
-// atelier/engine.h; this header manages what they resolve to.
+// atelier/models.h; this header manages what they resolve to.
 //
 // A store is a folder: store.db (SQLite, WAL) plus content-addressed blobs
 // (blobs/sha256/<digest>) and partial downloads (downloads/). A model has
@@ -9,7 +9,7 @@
 // each call returns a Status or a Result whose message says what to do.
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/models.h>
 
 #include <cstdint>
 #include <functional>

@@ -12,7 +12,7 @@
 //   throw UnsupportedError(msg)          a valid input we do not implement
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/status.h>
 
 #include <cerrno>
 #include <stdexcept>

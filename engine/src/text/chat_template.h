@@ -8,7 +8,7 @@
 // atelier/engine.h.
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/status.h>
 
 #include <nlohmann/json.hpp>
 

@@ -5,7 +5,7 @@
 // platform and standard library.
 #pragma once
 
-#include <atelier/engine.h>
+#include <atelier/requests.h>
 
 #include <cstdint>
 #include <deque>

@@ -1,0 +1,153 @@
+// atelier/tools.h — headless tools: benchmarks, synthetic models, model
+// discovery
+//
+// Pure C++20, no Qt. Nothing here throws: every fallible call returns a
+// Status or a Result whose message says what was wrong and what to do.
+#pragma once
+
+#include <atelier/engine.h>
+#include <atelier/models.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace atelier {
+
+// ---------------------------------------------------------------- benchmarks
+
+struct MachineLimits {
+  double mem_bandwidth_gb_per_s = 0;  // streaming read, all threads
+  double peak_gflop_per_s = 0;        // fp32 FMA at the active SIMD level, all threads
+  double peak_int8_gop_per_s = 0;     // int8 dot instruction (VNNI dpbusd on avx512), all threads
+  int threads = 0;
+  std::string simd;                   // "avx512", "avx2", "scalar"
+};
+MachineLimits measure_machine_limits(int threads);
+
+struct TextBenchOptions {
+  int prompt_tokens = 128;
+  int gen_tokens = 64;
+  int reps = 3;
+  int threads = 0;
+};
+
+struct MeanSd {
+  double mean = 0, sd = 0;
+};
+
+struct TextBenchResult {
+  ModelInfo model;
+  MachineLimits limits;
+  int prompt_tokens = 0, gen_tokens = 0, reps = 0;
+  MeanSd prompt_tokens_per_s, gen_tokens_per_s;
+  double gen_bandwidth_gb_per_s = 0;  // weight bytes per token x tokens/s
+  double prompt_gflop_per_s = 0;      // 2 x params x prompt tokens/s
+  // The layers' matmuls run on int8 dot instructions (quantized weights):
+  // prompt_gflop_per_s then compares with limits.peak_int8_gop_per_s, not
+  // the fp32 FMA peak.
+  bool integer_matmul = false;
+};
+Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& options);
+
+// `atelier bench serve`: the engine under concurrent load. One engine (the
+// model loaded and warmed up first); at each concurrency level that many
+// requests are queued at once, and aggregate generated tokens/s and the
+// engine's own latency percentiles (time to first token counted from
+// submission) are reported.
+struct ServeBenchOptions {
+  std::vector<int> concurrency = {1, 4, 16, 32};
+  int prefill_tokens_per_step = EngineConfig{}.prefill_tokens_per_step;
+  int prompt_tokens = 32;  // per request, BOS included: random vocabulary words until the tokenizer counts this many (or one more word)
+  int gen_tokens = 64;     // per request (end-of-sequence ignored)
+  int threads = 0;
+  int max_batch = 32;
+  // Each level is run this many times, its requests arriving together each
+  // time; a level's figures are the medians over its rounds. One round of 64
+  // tokens holds 63 inter-token gaps per stream, so its P99 is nearly its
+  // largest gap, and one slow moment of a shared machine moves it.
+  int rounds = 3;
+};
+
+struct ServeBenchRound {
+  double tokens_per_s = 0;  // generated tokens / wall time, all requests
+  double seconds = 0;
+  Percentiles time_to_first_token_ms, inter_token_ms;
+  double mean_batch = 0;    // mean sequences decoded per step
+};
+
+// The medians over the level's rounds, and each round.
+struct ServeBenchLevel : ServeBenchRound {
+  int concurrency = 0;
+  std::vector<ServeBenchRound> rounds;
+};
+
+Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& options);
+
+// `atelier bench image`: a Stable Diffusion checkpoint's UNet step time at a
+// size and batch, beside this machine's peak FMA rate measured in the same
+// run, plus the VAE decode and prompt encode, and what that makes per image.
+struct ImageBenchOptions {
+  int width = 512, height = 512;  // pixels, multiples of 8
+  int steps = 20;                 // for the per-image figures
+  int batch = 1;                  // images per UNet call (each image 2 rows with CFG)
+  bool cfg = true;
+  int reps = 2;                   // timed UNet calls after one warm-up
+  int threads = 0;
+};
+struct ImageBenchResult {
+  std::string model;              // what the checkpoint is ("SD 1.x, UNet 320 ch, ...")
+  MachineLimits limits;
+  ImageBenchOptions options;
+  int unet_rows = 0;              // samples per UNet call (batch, x2 with CFG)
+  double unet_seconds_per_step = 0;
+  double unet_gflop_per_step = 0;  // analytic: convolutions, linear layers, attention products
+  double unet_gflop_per_s = 0;
+  double vae_decode_seconds = 0;   // one image
+  double text_encode_seconds = 0;  // one 77-token chunk
+  double seconds_per_image = 0;    // steps UNet calls / batch + decode + the prompt (and negative) encode
+  double images_per_s = 0;
+};
+Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageBenchOptions& options);
+
+// ---------------------------------------------------------------- synthetic models
+
+struct SynthTextSpec {
+  std::string arch = "llama";
+  std::string params = "110M";  // 260K, 15M, 42M, 110M, 1B (llama2.c / TinyLlama shapes)
+  std::string type = "q8_0";    // f32, f16, bf16, q8_0, q4_0, q4_K, q6_K
+  uint64_t seed = 1;
+  std::string chat_template;    // written as tokenizer.chat_template when not empty
+};
+// Writes a LLaMA-shaped GGUF with deterministic random weights.
+Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path);
+std::vector<std::string> synth_param_presets();
+
+// A Stable Diffusion-shaped single-file checkpoint (.safetensors, original
+// layout) with deterministic random weights: SD 1.5 (OpenAI CLIP) or SD 2.1
+// (OpenCLIP, v-prediction); full size (about 1.07B parameters for sd15) or
+// narrowed by width_mult (channels rounded to multiples of 32, the group
+// norms' groups). unet_heads 0: the architecture's rule (SD1: 8 heads, SD2:
+// 64-wide heads). InvalidArgument on a bad value; Io on a write failure.
+struct SynthImageSpec {
+  std::string arch = "sd15";  // sd15, sd21
+  double width_mult = 1.0;    // (0, 1]
+  int unet_heads = 0;
+  std::string type = "f16";   // f32, f16, bf16
+  uint64_t seed = 1;
+};
+Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path);
+
+// ---------------------------------------------------------------- model discovery
+
+struct ModelFile {
+  std::string path;
+  std::string kind;    // "text" or "image" (format "unknown": by its name, and the summary says why it cannot load)
+  std::string format;  // "gguf", "llama2c", "safetensors", "pytorch", "diffusers" (from the content), "unknown"
+  int64_t bytes = 0;
+  std::string summary;  // "llama, 64-dim, 5 layers, vocab 512" or the reason it cannot load
+};
+// Lists the model files directly inside the given folders (missing folders are skipped).
+std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders);
+
+}  // namespace atelier
