@@ -151,6 +151,8 @@ class CpuBackend final : public Backend {
   void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) override {
     kernels::attention(s, q, k, v, out, ex_);
   }
+  void causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                        float* out) override;
   void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias,
               float* y) override {
     kernels::conv2d(s, x, w_type, weight, bias, y, ex_);
@@ -239,6 +241,51 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
   else task(0, tasks);
 }
 
+void CpuBackend::causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                  int64_t stride, float* out) {
+  const int64_t T = s.lq, hd = s.head_dim, H = s.heads, w = H * hd;
+  const float scale = s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  // One task per (sequence, head), each on one thread: scores = q K^T by
+  // matmul with K read in place (rows of hd floats, `stride` apart), the
+  // causal softmax row by row, then P V by matmul against V transposed.
+  auto task = [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> qh, vt, scores, oh;
+    qh.resize(static_cast<size_t>(T * hd));
+    vt.resize(static_cast<size_t>(hd * T));
+    scores.resize(static_cast<size_t>(T * T));
+    oh.resize(static_cast<size_t>(T * hd));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, head = t % H;
+      const float *qb = q + b * T * stride, *kb = k + b * T * stride, *vb = v + b * T * stride;
+      float* ob = out + b * T * w;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < hd; ++d) {
+          qh[static_cast<size_t>(i * hd + d)] = qb[i * stride + head * hd + d];
+          vt[static_cast<size_t>(d * T + i)] = vb[i * stride + head * hd + d];
+        }
+      WeightView kv;
+      kv.data = kb + head * hd;
+      kv.rows = T, kv.cols = hd, kv.row_stride_bytes = stride * 4;
+      kernels::matmul(kv, qh.data(), scores.data(), T, nullptr);
+      for (int64_t i = 0; i < T; ++i) {
+        float* r = scores.data() + i * T;
+        for (int64_t j = 0; j <= i; ++j) r[j] *= scale;
+        kernels::softmax(r, i + 1);
+        for (int64_t j = i + 1; j < T; ++j) r[j] = 0;
+      }
+      WeightView vv;
+      vv.data = vt.data();
+      vv.rows = hd, vv.cols = T, vv.row_stride_bytes = T * 4;
+      kernels::matmul(vv, scores.data(), oh.data(), T, nullptr);
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < hd; ++d) ob[i * w + head * hd + d] = oh[static_cast<size_t>(i * hd + d)];
+    }
+  };
+  const int64_t tasks = s.batch * H;
+  if (ex_ && tasks > 1) ex_->parallel_for(tasks, task);
+  else task(0, tasks);
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(Executor* ex) { return std::make_unique<CpuBackend>(ex); }
@@ -264,6 +311,31 @@ void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v,
       }
     }
   }
+}
+
+void causal_attention_ref(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                          float* out) {
+  const int64_t T = s.lq, hd = s.head_dim, w = s.heads * hd;
+  const double scale = s.scale > 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> p(static_cast<size_t>(i + 1));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < hd; ++c)
+            d += double{q[(b * T + i) * stride + h * hd + c]} * k[(b * T + j) * stride + h * hd + c];
+          p[static_cast<size_t>(j)] = d * scale;
+          mx = std::max(mx, d * scale);
+        }
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int64_t c = 0; c < hd; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += p[static_cast<size_t>(j)] * v[(b * T + j) * stride + h * hd + c];
+          out[(b * T + i) * w + h * hd + c] = static_cast<float>(acc / sum);
+        }
+      }
 }
 
 void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {

@@ -576,6 +576,37 @@ TEST_P(BackendOps, ImageAttention) {
   }
 }
 
+TEST_P(BackendOps, CausalAttentionOverFusedQkv) {
+  Dev dev(GetParam());
+  for (int64_t T : {int64_t{1}, int64_t{13}, int64_t{77}}) {
+    AttentionShape s;
+    s.batch = 2;
+    s.heads = 3;
+    s.lq = s.lk = T;
+    s.head_dim = 24;
+    const std::string what = "T " + std::to_string(T);
+    const int64_t w = s.heads * s.head_dim, stride = 3 * w;
+    const auto qkv = random_floats(s.batch * T * stride, 4);
+    std::vector<float> ref(static_cast<size_t>(s.batch * T * w));
+    causal_attention_ref(s, qkv.data(), qkv.data() + w, qkv.data() + 2 * w, stride, ref.data());
+    float *dqkv = dev.put(qkv), *dy = dev.zeros<float>(ref.size());
+    dev.be().causal_attention(s, dqkv, dqkv + w, dqkv + 2 * w, stride, dy);
+    const auto y = dev.get(dy, ref.size());
+    EXPECT_REL(y, ref, 1e-5);
+    expect_batch_invariant(
+        y, s.batch, T * w,
+        [&](int64_t r0, int64_t n) {
+          AttentionShape one = s;
+          one.batch = n;
+          float* p = dev.zeros<float>(static_cast<size_t>(n * T * w));
+          const float* base = dqkv + r0 * T * stride;
+          dev.be().causal_attention(one, base, base + w, base + 2 * w, stride, p);
+          return dev.get(p, static_cast<size_t>(n * T * w));
+        },
+        what);
+  }
+}
+
 // ---------------------------------------------------------------- images
 
 TEST_P(BackendOps, Conv2dEveryWeightType) {

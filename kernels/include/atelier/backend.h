@@ -154,6 +154,13 @@ class Backend {
   virtual void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) = 0;
   // Unmasked multi-head attention over token-major q, k, v (image models).
   virtual void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) = 0;
+  // Causal self-attention (position i sees 0..i; a text encoder's mask) of
+  // s.batch sequences of s.lq == s.lk tokens: q, k, v token-major rows
+  // `stride` floats apart (a fused qkv projection: q at 0, k at width, v at
+  // 2 * width, stride 3 * width), sequences lq * stride apart; out: s.batch x
+  // lq x heads * head_dim. Scores in f32; scale <= 0 means 1/sqrt(head_dim).
+  virtual void causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                int64_t stride, float* out) = 0;
 
   // ---- images (NCHW f32 activations)
   virtual void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias,
@@ -173,6 +180,8 @@ Backend& default_cpu_backend();
 // for the op suite. The others' references are the kernels' *_ref.
 void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots, int64_t rows);
 // Sums in double, softmax in double.
+void causal_attention_ref(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                          float* out);
 void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const float* q, float* out);
 
 }  // namespace atelier::kernels
