@@ -130,6 +130,34 @@ class CpuBackend final : public Backend {
     for_rows(rows, [&](int64_t r) { kernels::softmax(x + r * n, n); });
   }
 
+  void affine(const float* x, float* y, int64_t n, const Affine& a) override {
+    const bool add = a.add != 0.0f, mul = a.mul != 1.0f, div = a.div != 1.0f;
+    const bool clamp = a.lo != -INFINITY || a.hi != INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      float v = x[i];
+      if (add) v += a.add;
+      if (mul) v *= a.mul;
+      if (div) v /= a.div;
+      if (clamp) v = std::clamp(v, a.lo, a.hi);
+      y[i] = v;
+    }
+  }
+  void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = x + (b * rows + r) * cols;
+        float* dst = y + b * rows * cols + r;
+        for (int64_t c = 0; c < cols; ++c) dst[c * rows] = src[c];
+      }
+  }
+  void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const Pad2d& p) override {
+    const int64_t oh = p.top + h + p.bottom, ow = p.left + w + p.right;
+    std::fill(y, y + planes * oh * ow, 0.0f);
+    for (int64_t c = 0; c < planes; ++c)
+      for (int64_t r = 0; r < h; ++r)
+        std::copy_n(x + (c * h + r) * w, w, y + (c * oh + p.top + r) * ow + p.left);
+  }
+
   void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
                 int64_t rows) override {
     const int64_t n = kv.row_elems;

@@ -10,6 +10,7 @@
 #include <atelier/backend.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -383,6 +384,39 @@ TEST_P(BackendOps, AddsAndActivations) {
         },
         what);
   }
+}
+
+TEST_P(BackendOps, AffineTransposePad) {
+  Dev dev(GetParam());
+  auto x = random_floats(2 * 3 * 5, 1, 2.0f);
+  x[0] = -0.0f;
+  float* dx = dev.put(x);
+  float* dy = dev.zeros<float>(x.size());
+  Affine a;  // the identity: every bit through, -0 included
+  dev.be().affine(dx, dy, 30, a);
+  const auto id = dev.get(dy, x.size());
+  EXPECT_EQ(std::memcmp(id.data(), x.data(), x.size() * sizeof(float)), 0);
+  a.add = 1.0f, a.mul = 0.5f, a.div = 0.18215f, a.lo = 0.0f, a.hi = 1.0f;
+  dev.be().affine(dx, dy, 30, a);
+  const auto y = dev.get(dy, x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], std::clamp((x[i] + 1.0f) * 0.5f / 0.18215f, 0.0f, 1.0f)) << i;
+  // [2][3][5] -> [2][5][3]
+  dev.be().transpose(dx, dy, 2, 3, 5);
+  const auto t = dev.get(dy, x.size());
+  for (int b = 0; b < 2; ++b)
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 5; ++c) EXPECT_EQ(t[static_cast<size_t>((b * 5 + c) * 3 + r)], x[static_cast<size_t>((b * 3 + r) * 5 + c)]);
+  Pad2d p;
+  p.bottom = 1, p.right = 2, p.top = 1;
+  float* dp = dev.zeros<float>(2 * 5 * 9);
+  dev.be().pad2d(dx, dp, 2, 3, 5, p);  // planes of 3 x 5
+  const auto pd = dev.get(dp, 2 * 5 * 9);
+  for (int c = 0; c < 2; ++c)
+    for (int r = 0; r < 5; ++r)
+      for (int q = 0; q < 7; ++q) {
+        const bool in = r >= 1 && r < 4 && q < 5;
+        EXPECT_EQ(pd[static_cast<size_t>((c * 5 + r) * 7 + q)], in ? x[static_cast<size_t>((c * 3 + r - 1) * 5 + q)] : 0.0f);
+      }
 }
 
 // ---------------------------------------------------------------- KV and attention

@@ -436,6 +436,30 @@ std::vector<float> Conv2d::operator()(const float* x, int64_t n, int64_t& h, int
   return y;
 }
 
+static kernels::Conv2dShape conv_shape(const Conv2d& c, int64_t n, int64_t h, int64_t w) {
+  kernels::Conv2dShape s;
+  s.n = n, s.c_in = c.c_in, s.h = h, s.w = w, s.c_out = c.c_out, s.kh = s.kw = c.k;
+  s.stride_h = s.stride_w = c.stride, s.pad_h = s.pad_w = c.pad;
+  return s;
+}
+
+void Conv2d::run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const {
+  const kernels::Conv2dShape s = conv_shape(*this, n, h, w);
+  be.conv2d(s, x, this->w.type, this->w.data(), b.empty() ? nullptr : b.data(), y);
+  h = s.out_h();
+  w = s.out_w();
+}
+
+int64_t Conv2d::out_elems(int64_t n, int64_t h, int64_t w) const {
+  const kernels::Conv2dShape s = conv_shape(*this, n, h, w);
+  return n * c_out * s.out_h() * s.out_w();
+}
+
+void Linear::run(kernels::Backend& be, const float* x, float* y, int64_t rows) const {
+  be.matmul(w.view(), x, y, rows);
+  if (!b.empty()) be.add_bias(y, b.data(), rows, w.rows);
+}
+
 Linear Linear::load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias) {
   Linear l;
   l.w = ws.matrix(prefix + "weight", out, in);

@@ -9,6 +9,7 @@
 // needs into a `Weight` (matrices keep their file type: F16 stays F16).
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include <cstdint>
@@ -110,6 +111,9 @@ struct Conv2d {
                      int64_t stride = 1);
   // x: [n][c_in][h][w] -> [n][c_out][h'][w']; h and w become h', w'.
   std::vector<float> operator()(const float* x, int64_t n, int64_t& h, int64_t& w, kernels::Executor* ex) const;
+  // The same on a backend into y (room for n * c_out * h' * w').
+  void run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const;
+  int64_t out_elems(int64_t n, int64_t h, int64_t w) const;
 };
 
 // nn.Linear (or a 1x1 conv used as one) on token-major rows.
@@ -119,6 +123,8 @@ struct Linear {
   static Linear load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias = true);
   // x: rows x in -> y: rows x out.
   void operator()(const float* x, float* y, int64_t rows, kernels::Executor* ex) const;
+  // The same on a backend: matmul, then the bias.
+  void run(kernels::Backend& be, const float* x, float* y, int64_t rows) const;
 };
 
 struct Norm {

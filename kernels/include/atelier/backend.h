@@ -20,6 +20,7 @@
 
 #include <atelier/kernels.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -90,6 +91,16 @@ struct RopeParams {
   const float* freq_factors = nullptr;  // rot_dim / 2 divisors or nullptr
 };
 
+// See Backend::affine.
+struct Affine {
+  float add = 0.0f, mul = 1.0f, div = 1.0f;
+  float lo = -INFINITY, hi = INFINITY;
+};
+
+struct Pad2d {
+  int64_t top = 0, bottom = 0, left = 0, right = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -144,6 +155,14 @@ class Backend {
   virtual void geglu(const float* x, float* y, int64_t rows, int64_t dim) = 0;
   // In-place softmax of rows of n floats.
   virtual void softmax(float* x, int64_t rows, int64_t n) = 0;
+  // y = clamp(((x + add) * mul) / div, lo, hi) over n floats, each step
+  // skipped where it is the identity (add 0, mul 1, div 1, infinite bounds),
+  // so x passes bit for bit (-0 stays -0). y may be x.
+  virtual void affine(const float* x, float* y, int64_t n, const Affine& a) = 0;
+  // y[b][c][r] = x[b][r][c] (channels-first planes <-> token-major rows).
+  virtual void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) = 0;
+  // x: [planes][h][w] -> y: [planes][top + h + bottom][left + w + right], zeros around.
+  virtual void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const Pad2d& p) = 0;
 
   // ---- KV and attention
   // Stores row r of k and v (rows x kv.row_elems floats) at slot slots[r] of
