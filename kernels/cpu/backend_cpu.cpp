@@ -142,6 +142,12 @@ class CpuBackend final : public Backend {
       y[i] = v;
     }
   }
+  void relu(const float* x, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
+  }
+  void tanh_clamp(const float* x, float* y, int64_t n, float limit) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i] / limit) * limit;
+  }
   void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t r = 0; r < rows; ++r) {

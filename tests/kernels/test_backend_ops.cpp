@@ -400,6 +400,14 @@ TEST_P(BackendOps, AffineTransposePad) {
   dev.be().affine(dx, dy, 30, a);
   const auto y = dev.get(dy, x.size());
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], std::clamp((x[i] + 1.0f) * 0.5f / 0.18215f, 0.0f, 1.0f)) << i;
+  dev.be().relu(dx, dy, 30);
+  const auto r = dev.get(dy, x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(r[i], x[i] > 0 ? x[i] : (i == 0 ? -0.0f : 0.0f)) << i;
+  dev.be().tanh_clamp(dx, dy, 30, 3.0f);
+  std::vector<float> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = static_cast<float>(std::tanh(double{x[i]} / 3.0) * 3.0);
+  const std::string what = "tanh_clamp";
+  EXPECT_REL(dev.get(dy, x.size()), want, 1e-6);
   // [2][3][5] -> [2][5][3]
   dev.be().transpose(dx, dy, 2, 3, 5);
   const auto t = dev.get(dy, x.size());

@@ -159,6 +159,10 @@ class Backend {
   // skipped where it is the identity (add 0, mul 1, div 1, infinite bounds),
   // so x passes bit for bit (-0 stays -0). y may be x.
   virtual void affine(const float* x, float* y, int64_t n, const Affine& a) = 0;
+  // y = max(x, 0) (nn.ReLU) and y = tanh(x / limit) * limit (TAESD's soft
+  // clamp), n floats; y may be x.
+  virtual void relu(const float* x, float* y, int64_t n) = 0;
+  virtual void tanh_clamp(const float* x, float* y, int64_t n, float limit) = 0;
   // y[b][c][r] = x[b][r][c] (channels-first planes <-> token-major rows).
   virtual void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) = 0;
   // x: [planes][h][w] -> y: [planes][top + h + bottom][left + w + right], zeros around.
