@@ -142,6 +142,27 @@ class CpuBackend final : public Backend {
       y[i] = v;
     }
   }
+  void copy(const float* x, float* y, int64_t n) override {
+    if (n > 0) std::memcpy(y, x, sizeof(float) * static_cast<size_t>(n));
+  }
+  void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) override {
+    for (int64_t p = 0; p < planes; ++p) {
+      float* r = x + p * hw;
+      const float v = bias[p];
+      for (int64_t i = 0; i < hw; ++i) r[i] += v;
+    }
+  }
+  void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
+                     int64_t hw) override {
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(a + i * planes_a * hw, planes_a * hw, y + i * (planes_a + planes_b) * hw);
+      std::copy_n(b + i * planes_b * hw, planes_b * hw, y + (i * (planes_a + planes_b) + planes_a) * hw);
+    }
+  }
+  void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos,
+                          float downscale_freq_shift, float max_period) override {
+    kernels::timestep_embedding(t, n, dim, out, flip_sin_to_cos, downscale_freq_shift, max_period);
+  }
   void relu(const float* x, float* y, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
   }

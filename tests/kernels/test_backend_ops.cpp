@@ -427,6 +427,42 @@ TEST_P(BackendOps, AffineTransposePad) {
       }
 }
 
+TEST_P(BackendOps, CopyPlaneBiasConcatTimestep) {
+  Dev dev(GetParam());
+  const int64_t n = 2, pa = 3, pb = 2, hw = 5;
+  const auto a = random_floats(n * pa * hw, 1), b = random_floats(n * pb * hw, 2), bias = random_floats(n * pa, 3);
+  float *da = dev.put(a), *db = dev.put(b), *dy = dev.zeros<float>(static_cast<size_t>(n * (pa + pb) * hw));
+  float* dc = dev.zeros<float>(a.size());
+  dev.be().copy(da, dc, static_cast<int64_t>(a.size()));
+  EXPECT_EQ(dev.get(dc, a.size()), a);
+  dev.be().add_plane_bias(dc, dev.put(bias), n * pa, hw);
+  const auto biased = dev.get(dc, a.size());
+  for (int64_t p = 0; p < n * pa; ++p)
+    for (int64_t i = 0; i < hw; ++i)
+      EXPECT_EQ(biased[static_cast<size_t>(p * hw + i)], a[static_cast<size_t>(p * hw + i)] + bias[static_cast<size_t>(p)]);
+  dev.be().concat_planes(da, pa, db, pb, dy, n, hw);
+  const auto cat = dev.get(dy, static_cast<size_t>(n * (pa + pb) * hw));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = 0; p < pa + pb; ++p)
+      for (int64_t j = 0; j < hw; ++j)
+        EXPECT_EQ(cat[static_cast<size_t>((i * (pa + pb) + p) * hw + j)],
+                  p < pa ? a[static_cast<size_t>((i * pa + p) * hw + j)] : b[static_cast<size_t>((i * pb + p - pa) * hw + j)]);
+  const std::vector<float> t = {0.0f, 999.0f, 37.5f};
+  const int64_t dim = 33;
+  std::vector<float> ref(t.size() * dim), want(ref.size());
+  timestep_embedding(t.data(), 3, dim, want.data());
+  float* de = dev.zeros<float>(ref.size());
+  dev.be().timestep_embedding(dev.put(t), 3, dim, de);
+  EXPECT_EQ(dev.get(de, ref.size()), want);
+  // Against the definition in double.
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const double f = std::exp(-std::log(10000.0) * static_cast<double>(i) / static_cast<double>(dim / 2));
+      EXPECT_NEAR(want[static_cast<size_t>(r * dim + i)], std::cos(t[static_cast<size_t>(r)] * f), 2e-3);
+      EXPECT_NEAR(want[static_cast<size_t>(r * dim + dim / 2 + i)], std::sin(t[static_cast<size_t>(r)] * f), 2e-3);
+    }
+}
+
 // ---------------------------------------------------------------- KV and attention
 
 // A paged cache of n_blocks blocks (layers x K/V x block_tokens rows) in one buffer.

@@ -163,6 +163,18 @@ class Backend {
   // clamp), n floats; y may be x.
   virtual void relu(const float* x, float* y, int64_t n) = 0;
   virtual void tanh_clamp(const float* x, float* y, int64_t n, float limit) = 0;
+  // y = x, n floats.
+  virtual void copy(const float* x, float* y, int64_t n) = 0;
+  // x[p][i] += bias[p] for planes p < planes of hw floats (a per-sample,
+  // per-channel bias: the UNet's time embedding).
+  virtual void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) = 0;
+  // Per sample i < n: y[i] = [a[i] (planes_a planes) | b[i] (planes_b)], planes of hw floats
+  // (torch.cat along channels).
+  virtual void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
+                             int64_t hw) = 0;
+  // See kernels::timestep_embedding; t: n device floats.
+  virtual void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos = true,
+                                  float downscale_freq_shift = 0.0f, float max_period = 10000.0f) = 0;
   // y[b][c][r] = x[b][r][c] (channels-first planes <-> token-major rows).
   virtual void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) = 0;
   // x: [planes][h][w] -> y: [planes][top + h + bottom][left + w + right], zeros around.
