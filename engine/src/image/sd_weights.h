@@ -109,9 +109,8 @@ struct Conv2d {
   // PREFIX.weight [c_out][c_in][k][k] (PREFIX.bias when present); pad = k / 2.
   static Conv2d load(const WeightStore& ws, const std::string& prefix, int64_t c_in, int64_t c_out, int64_t k,
                      int64_t stride = 1);
-  // x: [n][c_in][h][w] -> [n][c_out][h'][w']; h and w become h', w'.
-  std::vector<float> operator()(const float* x, int64_t n, int64_t& h, int64_t& w, kernels::Executor* ex) const;
-  // The same on a backend into y (room for n * c_out * h' * w').
+  // x: [n][c_in][h][w] -> y: [n][c_out][h'][w'] on a backend (y has room
+  // for out_elems); h and w become h', w'.
   void run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const;
   int64_t out_elems(int64_t n, int64_t h, int64_t w) const;
 };
@@ -121,9 +120,7 @@ struct Linear {
   Weight w;
   std::vector<float> b;
   static Linear load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias = true);
-  // x: rows x in -> y: rows x out.
-  void operator()(const float* x, float* y, int64_t rows, kernels::Executor* ex) const;
-  // The same on a backend: matmul, then the bias.
+  // x: rows x in -> y: rows x out on a backend: matmul, then the bias.
   void run(kernels::Backend& be, const float* x, float* y, int64_t rows) const;
 };
 
@@ -131,10 +128,6 @@ struct Norm {
   std::vector<float> g, b;
   static Norm load(const WeightStore& ws, const std::string& prefix, int64_t c);
 };
-
-// [n][c][hw] <-> [n][hw][c]
-void to_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
-void from_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
 
 // The original-layout name of a diffusers tensor of `component` ("unet",
 // "vae", "text_encoder"), or "" for a name this mapping does not know.

@@ -30,35 +30,6 @@ struct ResBlock {
     return r;
   }
 
-  // x: [n][c_in][h][w]; emb_silu: [n][temb] -> [n][c_out][h][w]
-  std::vector<float> operator()(const std::vector<float>& x, int64_t n, int64_t h, int64_t w, const float* emb_silu,
-                                kernels::Executor* ex) const {
-    const int64_t hw = h * w;
-    std::vector<float> t(x.size());
-    kernels::group_norm(x.data(), t.data(), n, c_in, hw, 32, n1.g.data(), n1.b.data(), 1e-5f, true, ex);
-    int64_t hh = h, ww = w;
-    std::vector<float> y = c1(t.data(), n, hh, ww, ex);
-    std::vector<float> e(static_cast<size_t>(n * c_out));
-    emb(emb_silu, e.data(), n, ex);
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t c = 0; c < c_out; ++c) {
-        float* p = y.data() + (b * c_out + c) * hw;
-        const float v = e[static_cast<size_t>(b * c_out + c)];
-        for (int64_t i = 0; i < hw; ++i) p[i] += v;
-      }
-    kernels::group_norm(y.data(), y.data(), n, c_out, hw, 32, n2.g.data(), n2.b.data(), 1e-5f, true, ex);
-    hh = h, ww = w;
-    std::vector<float> z = c2(y.data(), n, hh, ww, ex);
-    if (skip) {
-      hh = h, ww = w;
-      const std::vector<float> s = (*skip)(x.data(), n, hh, ww, ex);
-      for (size_t i = 0; i < z.size(); ++i) z[i] += s[i];
-    } else {
-      for (size_t i = 0; i < z.size(); ++i) z[i] += x[i];
-    }
-    return z;
-  }
-
   // On the backend: x -> out, with a, b (activation slots) and e (n * c_out
   // floats) as scratch; emb_silu: [n][temb].
   void run(kernels::Backend& be, const float* x, float* out, float* a, float* b, float* e, int64_t n, int64_t h,
@@ -119,51 +90,6 @@ struct SpatialTransformer {
       s->blocks.push_back(std::move(t));
     }
     return s;
-  }
-
-  void operator()(std::vector<float>& x, int64_t n, int64_t hw, const UnetBatch& in, kernels::Executor* ex) const {
-    const int64_t rows = n * hw;
-    std::vector<float> g(x.size()), t(x.size()), nrm(x.size()), q(x.size()), k(x.size()), v(x.size()), a(x.size()),
-        o(x.size());
-    kernels::group_norm(x.data(), g.data(), n, c, hw, 32, gn.g.data(), gn.b.data(), 1e-6f, false, ex);
-    to_tokens(g.data(), nrm.data(), n, c, hw);
-    proj_in(nrm.data(), t.data(), rows, ex);
-    kernels::AttentionShape self;
-    self.batch = n, self.heads = heads, self.lq = hw, self.lk = hw, self.head_dim = c / heads;
-    for (const auto& b : blocks) {
-      kernels::layer_norm(t.data(), nrm.data(), rows, c, b.ln1.g.data(), b.ln1.b.data(), 1e-5f, ex);
-      b.q1(nrm.data(), q.data(), rows, ex);
-      b.k1(nrm.data(), k.data(), rows, ex);
-      b.v1(nrm.data(), v.data(), rows, ex);
-      kernels::attention(self, q.data(), k.data(), v.data(), a.data(), ex);
-      b.o1(a.data(), o.data(), rows, ex);
-      for (size_t i = 0; i < t.size(); ++i) t[i] += o[i];
-
-      kernels::layer_norm(t.data(), nrm.data(), rows, c, b.ln2.g.data(), b.ln2.b.data(), 1e-5f, ex);
-      b.q2(nrm.data(), q.data(), rows, ex);
-      for (int64_t s = 0; s < n; ++s) {  // each sample its own context
-        const auto& ctx = in.context[static_cast<size_t>(s)];
-        const int64_t lk = static_cast<int64_t>(ctx.size()) / ctx_dim;
-        std::vector<float> ck(static_cast<size_t>(lk * c)), cv(static_cast<size_t>(lk * c));
-        b.k2(ctx.data(), ck.data(), lk, ex);
-        b.v2(ctx.data(), cv.data(), lk, ex);
-        kernels::AttentionShape cross;
-        cross.batch = 1, cross.heads = heads, cross.lq = hw, cross.lk = lk, cross.head_dim = c / heads;
-        kernels::attention(cross, q.data() + s * hw * c, ck.data(), cv.data(), a.data() + s * hw * c, ex);
-      }
-      b.o2(a.data(), o.data(), rows, ex);
-      for (size_t i = 0; i < t.size(); ++i) t[i] += o[i];
-
-      kernels::layer_norm(t.data(), nrm.data(), rows, c, b.ln3.g.data(), b.ln3.b.data(), 1e-5f, ex);
-      std::vector<float> f(static_cast<size_t>(rows * 8 * c)), gg(static_cast<size_t>(rows * 4 * c));
-      b.ff1(nrm.data(), f.data(), rows, ex);
-      kernels::geglu(f.data(), gg.data(), rows, 4 * c, ex);
-      b.ff2(gg.data(), o.data(), rows, ex);
-      for (size_t i = 0; i < t.size(); ++i) t[i] += o[i];
-    }
-    proj_out(t.data(), o.data(), rows, ex);
-    from_tokens(o.data(), g.data(), n, c, hw);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += g[i];
   }
 
   // In place on the backend. s: scratch of 20 * n * c * hw floats, then
