@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
     if (bytes > 0) std::memcpy(dst, src.at<uint8_t>(offset), static_cast<size_t>(bytes));
   }
   void synchronize() override {}  // every op has finished when it returns
+  void clear(Buffer& b, uint8_t value) override { std::memset(b.data(), value, static_cast<size_t>(b.bytes())); }
 
   WeightView prepare_weights(const WeightView& w, std::unique_ptr<Buffer>& storage) override {
     const int64_t bytes = packed_weight_bytes(w);

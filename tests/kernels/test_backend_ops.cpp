@@ -750,6 +750,10 @@ TEST_P(BackendOps, BuffersRoundTrip) {
   dev.be().synchronize();
   dev.be().download(*buf, 123, b.data(), 300);
   EXPECT_EQ(a, b);
+  dev.be().clear(*buf, 0x3c);
+  std::vector<uint8_t> c(static_cast<size_t>(buf->bytes()));
+  dev.be().download(*buf, 0, c.data(), buf->bytes());
+  EXPECT_EQ(c, std::vector<uint8_t>(c.size(), 0x3c));
 }
 
 INSTANTIATE_TEST_SUITE_P(KernelBackends, BackendOps, ::testing::ValuesIn(backends()),

@@ -16,6 +16,7 @@ KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16, kernels::Backend& 
   const int64_t row = int64_t{hp.n_head_kv} * hp.head_dim, per_kv = int64_t{hp.n_layer} * n_ctx_ * row;
   const int64_t elem = f16 ? 2 : 4;
   data_ = backend.alloc(2 * per_kv * elem);
+  backend.clear(*data_);  // a per-sequence cache is small: commit its pages now, not in the first step
   layout_.type = f16 ? kernels::DType::F16 : kernels::DType::F32;
   layout_.k = data_->data();
   layout_.v = data_->at<uint8_t>(per_kv * elem);

@@ -269,6 +269,7 @@ void LlamaRunner::ensure_workspace(int n, int n_logits) {
   for (int64_t z : sizes) total += round(z);
   work_.reset();
   work_ = be_.alloc(total * int64_t{sizeof(float)});
+  be_.clear(*work_);  // its pages committed here, once per growth, rather than inside the ops
   float* base = work_->at<float>(0);
   float** dst[] = {&x_, &xn_, &tmp_, &q_, &att_, &k_, &v_, &gate_, &up_, &logits_};
   for (int i = 0; i < 10; ++i) {

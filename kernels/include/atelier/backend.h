@@ -112,6 +112,9 @@ class Backend {
   virtual void upload(Buffer& dst, int64_t offset, const void* src, int64_t bytes) = 0;
   virtual void download(Buffer& src, int64_t offset, void* dst, int64_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Every byte of b set to value (ggml_backend_buffer_clear). A cache cleared
+  // at creation commits its pages there, not in the first forward pass.
+  virtual void clear(Buffer& b, uint8_t value = 0) = 0;
 
   // ---- weights
   // The view of w this device's matmul is fastest with. On the CPU:
