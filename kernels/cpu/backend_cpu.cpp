@@ -189,19 +189,20 @@ class CpuBackend final : public Backend {
   void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
                 int64_t rows) override {
     const int64_t n = kv.row_elems;
-    for_rows(rows, [&](int64_t r) {
-      const int32_t s = slots[r];
-      if (s < 0) return;
-      if (kv.type == DType::F16) {
-        f32_to_fp16_row(k + r * n, kv_row<uint16_t>(kv.k, kv, layer, s), n);
-        f32_to_fp16_row(v + r * n, kv_row<uint16_t>(kv.v, kv, layer, s), n);
-      } else {
-        std::memcpy(kv_row<float>(kv.k, kv, layer, s), k + r * n, sizeof(float) * static_cast<size_t>(n));
-        std::memcpy(kv_row<float>(kv.v, kv, layer, s), v + r * n, sizeof(float) * static_cast<size_t>(n));
-      }
-    });
+    for_rows(rows, [&](int64_t r) { store_row(kv, layer, k + r * n, v + r * n, slots[r]); });
   }
 
+  void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions, const RopeParams& rq,
+                     const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) override {
+    const int64_t qw = rq.n_heads * rq.head_dim, n = kv.row_elems;
+    for_rows(rows, [&](int64_t r) {
+      kernels::rope(q + r * qw, rq.n_heads, rq.head_dim, rq.rot_dim, positions[r], rq.freq_base, rq.freq_scale, rq.neox,
+                    rq.freq_factors);
+      kernels::rope(k + r * n, rk.n_heads, rk.head_dim, rk.rot_dim, positions[r], rk.freq_base, rk.freq_scale, rk.neox,
+                    rk.freq_factors);
+      store_row(kv, layer, k + r * n, v + r * n, slots[r]);
+    });
+  }
   void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) override;
 
   void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) override {
@@ -227,6 +228,18 @@ class CpuBackend final : public Backend {
     };
     if (ex_ && n > 1) ex_->parallel_for(n, body);
     else body(0, n);
+  }
+
+  static void store_row(const KvLayout& kv, int layer, const float* k, const float* v, int32_t s) {
+    if (s < 0) return;
+    const int64_t n = kv.row_elems;
+    if (kv.type == DType::F16) {
+      f32_to_fp16_row(k, kv_row<uint16_t>(kv.k, kv, layer, s), n);
+      f32_to_fp16_row(v, kv_row<uint16_t>(kv.v, kv, layer, s), n);
+    } else {
+      std::memcpy(kv_row<float>(kv.k, kv, layer, s), k, sizeof(float) * static_cast<size_t>(n));
+      std::memcpy(kv_row<float>(kv.v, kv, layer, s), v, sizeof(float) * static_cast<size_t>(n));
+    }
   }
 
   Executor* ex_;

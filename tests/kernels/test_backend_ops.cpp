@@ -509,6 +509,32 @@ TEST_P(BackendOps, StoreKvBySlotMapping) {
   }
 }
 
+TEST_P(BackendOps, RopeStoreKvIsTheThreeOps) {
+  for (DType t : {DType::F32, DType::F16}) {
+    Dev dev(GetParam());
+    RopeParams rq;
+    rq.n_heads = 4, rq.head_dim = 8, rq.rot_dim = 8;
+    RopeParams rk = rq;
+    rk.n_heads = 2;
+    const int64_t rows = 5, qw = 32, kw = 16;
+    Cache a = paged_layout(t, 2, 4, 3, kw), b = a;
+    const size_t bytes = static_cast<size_t>(a.elems) * (t == DType::F16 ? 2 : 4);
+    place(a, dev.put(std::vector<uint8_t>(bytes, 0)));
+    place(b, dev.put(std::vector<uint8_t>(bytes, 0)));
+    const std::vector<int32_t> pos = {0, 3, 9, 2, 11}, slots = {0, 3, -1, 2, 11};
+    const auto q = random_floats(rows * qw, 1), k = random_floats(rows * kw, 2), v = random_floats(rows * kw, 3);
+    float *q1 = dev.put(q), *k1 = dev.put(k), *q2 = dev.put(q), *k2 = dev.put(k), *dv = dev.put(v);
+    const int32_t *dp = dev.put(pos), *ds = dev.put(slots);
+    dev.be().rope_store_kv(q1, k1, dv, rows, dp, rq, rk, a.layout, 1, ds);
+    dev.be().rope(q2, rows, dp, rq);
+    dev.be().rope(k2, rows, dp, rk);
+    dev.be().store_kv(b.layout, 1, k2, dv, ds, rows);
+    EXPECT_EQ(dev.get(q1, q.size()), dev.get(q2, q.size()));
+    EXPECT_EQ(dev.get(k1, k.size()), dev.get(k2, k.size()));
+    EXPECT_EQ(dev.get(static_cast<uint8_t*>(a.layout.k), bytes), dev.get(static_cast<uint8_t*>(b.layout.k), bytes));
+  }
+}
+
 TEST_P(BackendOps, PagedAttentionOverBlockTables) {
   for (DType t : {DType::F32, DType::F16}) {
     for (int bt : {1, 4, 16}) {

@@ -401,14 +401,18 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     if (!L.bq.empty()) be_.add_bias(q_, L.bq.data(), rows, qd);
     if (!L.bk.empty()) be_.add_bias(k_, L.bk.data(), rows, kvd);
     if (!L.bv.empty()) be_.add_bias(v_, L.bv.data(), rows, kvd);
-    be_.rope(q_, rows, dm + o_pos, rq);
-    be_.rope(k_, rows, dm + o_pos, rk);
     att.layer = l;
+    if (n_storages == 1) {  // the usual step: every row in one pool
+      be_.rope_store_kv(q_, k_, v_, rows, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
+    } else {
+      be_.rope(q_, rows, dm + o_pos, rq);
+      be_.rope(k_, rows, dm + o_pos, rk);
+      for (int g = 0; g < n_storages; ++g)
+        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * R * g, rows);
+    }
     for (int g = 0; g < n_storages; ++g) {
-      const kernels::KvLayout& kv = storages_[static_cast<size_t>(g)]->layout();
-      be_.store_kv(kv, l, k_, v_, dm + o_slots + 2 * R * g, rows);
       att.row_len = dm + o_slots + 2 * R * g + R;
-      be_.paged_attention(kv, att, q_, att_);
+      be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
     }
     be_.matmul(L.wo, att_, tmp_, rows);
     be_.add_rms_norm(x_, tmp_, L.ffn_norm.data(), xn_, rows, d, hp.rms_eps);

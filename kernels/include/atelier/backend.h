@@ -189,6 +189,12 @@ class Backend {
   // holds it, or the row belongs to another cache), converted to kv.type.
   virtual void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
                         int64_t rows) = 0;
+  // rope(q, rq), rope(k, rk), then store_kv(k, v) in one pass over the rows
+  // (as llama.cpp's CUDA backend fuses ROPE with SET_ROWS): bit for bit the
+  // three ops, one split over the threads instead of three.
+  virtual void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions,
+                             const RopeParams& rq, const RopeParams& rk, const KvLayout& kv, int layer,
+                             const int32_t* slots) = 0;
   virtual void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) = 0;
   // Unmasked multi-head attention over token-major q, k, v (image models).
   virtual void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) = 0;
