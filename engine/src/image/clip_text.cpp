@@ -1,5 +1,6 @@
 #include "image/clip_text.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -46,12 +47,6 @@ Names names_of(const WeightStore& ws, bool* open_clip) {
   }
   throw Error(ws.path() + ": no text encoder (neither cond_stage_model.transformer.text_model.* as in SD 1.x nor "
                           "cond_stage_model.model.* as in SD 2.x); not a Stable Diffusion 1.x/2.x checkpoint?");
-}
-
-void add_bias(float* y, const std::vector<float>& b, int64_t rows) {
-  const size_t n = b.size();
-  for (int64_t r = 0; r < rows; ++r)
-    for (size_t i = 0; i < n; ++i) y[r * n + i] += b[i];
 }
 
 }  // namespace
@@ -150,63 +145,69 @@ int64_t ClipTextEncoder::weight_bytes() const {
   return b;
 }
 
-void ClipTextEncoder::encode(const int32_t* ids, float* out, kernels::Executor* ex) const {
-  const int64_t T = cfg_.positions, w = cfg_.width, H = cfg_.heads, hd = w / H;
-  std::vector<float> x(static_cast<size_t>(T * w));
-  for (int64_t t = 0; t < T; ++t) {
+void ClipTextEncoder::check_ids(const int32_t* ids) const {
+  for (int64_t t = 0; t < cfg_.positions; ++t)
     if (ids[t] < 0 || ids[t] >= cfg_.vocab)
       throw Error("text encoder: token id " + std::to_string(ids[t]) + " outside the vocabulary of " + std::to_string(cfg_.vocab));
-    const auto* row = tokens_.bytes.data() + ids[t] * kernels::dtype_row_bytes(tokens_.type, w);
-    kernels::dequantize_row(tokens_.type, row, x.data() + t * w, w);
-    for (int64_t i = 0; i < w; ++i) x[t * w + i] += positions_[t * w + i];
-  }
-  std::vector<float> h(x.size()), qkv(static_cast<size_t>(T * 3 * w)), attn(x.size()), q(static_cast<size_t>(T * hd)),
-      vt(static_cast<size_t>(hd * T)), scores(static_cast<size_t>(T * T)), oh(static_cast<size_t>(T * hd)), tmp(x.size());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (const auto& L : layers_) {
-    kernels::layer_norm(x.data(), h.data(), T, w, L->ln1_w.data(), L->ln1_b.data(), 1e-5f, ex);
-    kernels::matmul(L->qkv.view(), h.data(), qkv.data(), T, ex);
-    add_bias(qkv.data(), L->qkv_b, T);
-    for (int64_t head = 0; head < H; ++head) {
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t d = 0; d < hd; ++d) {
-          q[t * hd + d] = qkv[t * 3 * w + head * hd + d];
-          vt[d * T + t] = qkv[t * 3 * w + 2 * w + head * hd + d];
-        }
-      // K read in place: rows of hd floats, 3w apart.
-      kernels::WeightView k;
-      k.data = qkv.data() + w + head * hd;
-      k.rows = T, k.cols = hd, k.row_stride_bytes = 3 * w * 4;
-      kernels::matmul(k, q.data(), scores.data(), T, nullptr);
-      for (int64_t i = 0; i < T; ++i) {  // causal: position i sees 0..i
-        float* s = scores.data() + i * T;
-        for (int64_t j = 0; j <= i; ++j) s[j] *= scale;
-        kernels::softmax(s, i + 1);
-        for (int64_t j = i + 1; j < T; ++j) s[j] = 0;
-      }
-      kernels::WeightView v;
-      v.data = vt.data();
-      v.rows = hd, v.cols = T, v.row_stride_bytes = T * 4;
-      kernels::matmul(v, scores.data(), oh.data(), T, nullptr);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t d = 0; d < hd; ++d) attn[t * w + head * hd + d] = oh[t * hd + d];
-    }
-    kernels::matmul(L->out.view(), attn.data(), tmp.data(), T, ex);
-    add_bias(tmp.data(), L->out_b, T);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+}
 
-    kernels::layer_norm(x.data(), h.data(), T, w, L->ln2_w.data(), L->ln2_b.data(), 1e-5f, ex);
+int64_t ClipTextEncoder::workspace_floats() const {
+  int64_t hidden = 0;
+  for (const auto& L : layers_) hidden = std::max(hidden, L->fc1.rows);
+  const int64_t T = cfg_.positions, w = cfg_.width;
+  return T * (5 * w + 3 * w + hidden) + T;
+}
+
+void ClipTextEncoder::encode(const int32_t* ids, float* out, kernels::Executor* ex) const {
+  check_ids(ids);
+  auto ws = work_.acquire(ex, workspace_floats());
+  run(ws, ids, out);
+}
+
+void ClipTextEncoder::encode(const int32_t* ids, float* out, kernels::Backend& backend) const {
+  check_ids(ids);
+  auto ws = work_.acquire(backend, workspace_floats());
+  run(ws, ids, out);
+}
+
+void ClipTextEncoder::run(Workspace::Lease& ws, const int32_t* ids, float* out) const {
+  kernels::Backend& be = ws.be();
+  const int64_t T = cfg_.positions, w = cfg_.width, H = cfg_.heads, hd = w / H;
+  int64_t max_hidden = 0;
+  for (const auto& L : layers_) max_hidden = std::max(max_hidden, L->fc1.rows);
+  float *x = ws.take(T * w), *h = ws.take(T * w), *qkv = ws.take(T * 3 * w), *attn = ws.take(T * w),
+        *tmp = ws.take(T * w), *m = ws.take(T * max_hidden);
+  int32_t* d_ids = ws.take_i32(T);
+  ws.upload(d_ids, ids, T * int64_t{sizeof(int32_t)});
+  be.get_rows(tokens_.view(), d_ids, x, T);
+  be.add(x, positions_.data(), x, T * w);
+  kernels::AttentionShape as;
+  as.batch = 1;
+  as.heads = H;
+  as.lq = as.lk = T;
+  as.head_dim = hd;
+  as.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const kernels::Activation act = cfg_.quick_gelu ? kernels::Activation::quick_gelu : kernels::Activation::gelu;
+  for (const auto& L : layers_) {
+    be.layer_norm(x, h, T, w, L->ln1_w.data(), L->ln1_b.data(), 1e-5f);
+    be.matmul(L->qkv.view(), h, qkv, T);
+    be.add_bias(qkv, L->qkv_b.data(), T, 3 * w);
+    be.causal_attention(as, qkv, qkv + w, qkv + 2 * w, 3 * w, attn);
+    be.matmul(L->out.view(), attn, tmp, T);
+    be.add_bias(tmp, L->out_b.data(), T, w);
+    be.add(x, tmp, x, T * w);
+
+    be.layer_norm(x, h, T, w, L->ln2_w.data(), L->ln2_b.data(), 1e-5f);
     const int64_t hidden = L->fc1.rows;
-    std::vector<float> m(static_cast<size_t>(T * hidden));
-    kernels::matmul(L->fc1.view(), h.data(), m.data(), T, ex);
-    add_bias(m.data(), L->fc1_b, T);
-    kernels::activation(cfg_.quick_gelu ? kernels::Activation::quick_gelu : kernels::Activation::gelu, m.data(), m.data(),
-                        static_cast<int64_t>(m.size()), ex);
-    kernels::matmul(L->fc2.view(), m.data(), tmp.data(), T, ex);
-    add_bias(tmp.data(), L->fc2_b, T);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    be.matmul(L->fc1.view(), h, m, T);
+    be.add_bias(m, L->fc1_b.data(), T, hidden);
+    be.activation(act, m, m, T * hidden);
+    be.matmul(L->fc2.view(), m, tmp, T);
+    be.add_bias(tmp, L->fc2_b.data(), T, w);
+    be.add(x, tmp, x, T * w);
   }
-  kernels::layer_norm(x.data(), out, T, w, final_w_.data(), final_b_.data(), 1e-5f, ex);
+  be.layer_norm(x, h, T, w, final_w_.data(), final_b_.data(), 1e-5f);
+  ws.download(h, out, T * w * int64_t{sizeof(float)});
 }
 
 }  // namespace atelier::image

@@ -5,17 +5,19 @@
 //   x = tok_emb[id] + pos_emb
 //   per layer: x += out(attn(ln1(x))) ; x += fc2(act(fc1(ln2(x))))
 //   out = final_ln(x after `layers_used` layers)
-// The 77 x 77 causal attention is computed here with matmul + softmax (the
-// kernels' blocked attention has no mask, and 77 positions need none of its
-// blocking).
+// Every step is a backend op (the 77 x 77 causal attention is the backend's
+// causal_attention over the fused qkv rows); activations live in one
+// workspace buffer of the backend.
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include <memory>
 
 #include "image/sd_model.h"
 #include "image/sd_weights.h"
+#include "image/workspace.h"
 
 namespace atelier::image {
 
@@ -32,13 +34,19 @@ class ClipTextEncoder {
 
   // One chunk: 77 ids -> out [77][width] (the hidden states after the final
   // layer norm, no emphasis).
+  // On the CPU backend over `ex`, or on `backend`.
   void encode(const int32_t* ids, float* out, kernels::Executor* ex = nullptr) const;
+  void encode(const int32_t* ids, float* out, kernels::Backend& backend) const;
 
   struct Layer;  // clip_text.cpp
 
  private:
   ClipTextEncoder();
+  void check_ids(const int32_t* ids) const;
+  int64_t workspace_floats() const;
+  void run(Workspace::Lease& ws, const int32_t* ids, float* out) const;
   ClipConfig cfg_;
+  mutable Workspace work_;
   Weight tokens_;                 // [vocab][width] in the file's type; rows widened on lookup
   std::vector<float> positions_;  // [77][width]
   std::vector<std::unique_ptr<Layer>> layers_;

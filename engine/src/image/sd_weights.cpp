@@ -421,15 +421,29 @@ Conv2d Conv2d::load(const WeightStore& ws, const std::string& prefix, int64_t c_
   return c;
 }
 
-std::vector<float> Conv2d::operator()(const float* x, int64_t n, int64_t& h, int64_t& w, kernels::Executor* ex) const {
+
+static kernels::Conv2dShape conv_shape(const Conv2d& c, int64_t n, int64_t h, int64_t w) {
   kernels::Conv2dShape s;
-  s.n = n, s.c_in = c_in, s.h = h, s.w = w, s.c_out = c_out, s.kh = s.kw = k;
-  s.stride_h = s.stride_w = stride, s.pad_h = s.pad_w = pad;
-  std::vector<float> y(static_cast<size_t>(n * c_out * s.out_h() * s.out_w()));
-  kernels::conv2d(s, x, this->w.type, this->w.data(), b.empty() ? nullptr : b.data(), y.data(), ex);
+  s.n = n, s.c_in = c.c_in, s.h = h, s.w = w, s.c_out = c.c_out, s.kh = s.kw = c.k;
+  s.stride_h = s.stride_w = c.stride, s.pad_h = s.pad_w = c.pad;
+  return s;
+}
+
+void Conv2d::run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const {
+  const kernels::Conv2dShape s = conv_shape(*this, n, h, w);
+  be.conv2d(s, x, this->w.type, this->w.data(), b.empty() ? nullptr : b.data(), y);
   h = s.out_h();
   w = s.out_w();
-  return y;
+}
+
+int64_t Conv2d::out_elems(int64_t n, int64_t h, int64_t w) const {
+  const kernels::Conv2dShape s = conv_shape(*this, n, h, w);
+  return n * c_out * s.out_h() * s.out_w();
+}
+
+void Linear::run(kernels::Backend& be, const float* x, float* y, int64_t rows) const {
+  be.matmul(w.view(), x, y, rows);
+  if (!b.empty()) be.add_bias(y, b.data(), rows, w.rows);
 }
 
 Linear Linear::load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias) {
@@ -439,34 +453,9 @@ Linear Linear::load(const WeightStore& ws, const std::string& prefix, int64_t ou
   return l;
 }
 
-void Linear::operator()(const float* x, float* y, int64_t rows, kernels::Executor* ex) const {
-  kernels::matmul(w.view(), x, y, rows, ex);
-  if (b.empty()) return;
-  const int64_t n = w.rows;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[static_cast<size_t>(i)];
-}
 
 Norm Norm::load(const WeightStore& ws, const std::string& prefix, int64_t c) {
   return Norm{ws.vec(prefix + "weight", c), ws.vec(prefix + "bias", c)};
-}
-
-void to_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw) {
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const float* src = x + (b * c + ch) * hw;
-      float* dst = y + b * hw * c + ch;
-      for (int64_t p = 0; p < hw; ++p) dst[p * c] = src[p];
-    }
-}
-
-void from_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw) {
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const float* src = x + b * hw * c + ch;
-      float* dst = y + (b * c + ch) * hw;
-      for (int64_t p = 0; p < hw; ++p) dst[p] = src[p * c];
-    }
 }
 
 }  // namespace atelier::image

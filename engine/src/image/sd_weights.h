@@ -9,6 +9,7 @@
 // needs into a `Weight` (matrices keep their file type: F16 stays F16).
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include <cstdint>
@@ -108,8 +109,10 @@ struct Conv2d {
   // PREFIX.weight [c_out][c_in][k][k] (PREFIX.bias when present); pad = k / 2.
   static Conv2d load(const WeightStore& ws, const std::string& prefix, int64_t c_in, int64_t c_out, int64_t k,
                      int64_t stride = 1);
-  // x: [n][c_in][h][w] -> [n][c_out][h'][w']; h and w become h', w'.
-  std::vector<float> operator()(const float* x, int64_t n, int64_t& h, int64_t& w, kernels::Executor* ex) const;
+  // x: [n][c_in][h][w] -> y: [n][c_out][h'][w'] on a backend (y has room
+  // for out_elems); h and w become h', w'.
+  void run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const;
+  int64_t out_elems(int64_t n, int64_t h, int64_t w) const;
 };
 
 // nn.Linear (or a 1x1 conv used as one) on token-major rows.
@@ -117,18 +120,14 @@ struct Linear {
   Weight w;
   std::vector<float> b;
   static Linear load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias = true);
-  // x: rows x in -> y: rows x out.
-  void operator()(const float* x, float* y, int64_t rows, kernels::Executor* ex) const;
+  // x: rows x in -> y: rows x out on a backend: matmul, then the bias.
+  void run(kernels::Backend& be, const float* x, float* y, int64_t rows) const;
 };
 
 struct Norm {
   std::vector<float> g, b;
   static Norm load(const WeightStore& ws, const std::string& prefix, int64_t c);
 };
-
-// [n][c][hw] <-> [n][hw][c]
-void to_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
-void from_tokens(const float* x, float* y, int64_t n, int64_t c, int64_t hw);
 
 // The original-layout name of a diffusers tensor of `component` ("unet",
 // "vae", "text_encoder"), or "" for a name this mapping does not know.

@@ -99,21 +99,21 @@ struct Conv {
     return c;
   }
 
-  // x: [c_in][h][w] -> [c_out][h'][w'] (padding k/2: "same" at stride 1).
-  std::vector<float> operator()(const std::vector<float>& x, int64_t& h, int64_t& w, kernels::Executor* ex) const {
-    kernels::Conv2dShape s;
-    s.c_in = c_in, s.h = h, s.w = w, s.c_out = c_out, s.kh = s.kw = k;
-    s.stride_h = s.stride_w = stride, s.pad_h = s.pad_w = k / 2;
-    std::vector<float> y(static_cast<size_t>(c_out * s.out_h() * s.out_w()));
-    kernels::conv2d(s, x.data(), kernels::DType::F32, weight.data(), bias.empty() ? nullptr : bias.data(), y.data(), ex);
-    h = s.out_h();
-    w = s.out_w();
-    return y;
-  }
 };
 
-void relu(std::vector<float>& x) {
-  for (float& v : x) v = std::max(v, 0.0f);
+// x: [c_in][h][w] -> y: [c_out][h'][w'] on the backend (padding k/2).
+void conv_run(kernels::Backend& be, const Conv& c, const float* x, float* y, int64_t& h, int64_t& w) {
+  kernels::Conv2dShape s;
+  s.c_in = c.c_in, s.h = h, s.w = w, s.c_out = c.c_out, s.kh = s.kw = c.k;
+  s.stride_h = s.stride_w = c.stride, s.pad_h = s.pad_w = c.k / 2;
+  be.conv2d(s, x, kernels::DType::F32, c.weight.data(), c.bias.empty() ? nullptr : c.bias.data(), y);
+  h = s.out_h();
+  w = s.out_w();
+}
+
+int64_t conv_out_elems(const Conv& c, int64_t h, int64_t w) {
+  const int64_t p = c.k / 2;
+  return c.c_out * ((h + 2 * p - c.k) / c.stride + 1) * ((w + 2 * p - c.k) / c.stride + 1);
 }
 
 }  // namespace
@@ -185,62 +185,112 @@ std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind) {
   return net;
 }
 
+int64_t TaesdNet::workspace_floats(int64_t h, int64_t w) const {
+  // The largest tensor of the pass (walking its shapes), for each of 3 slots.
+  using T = Layer::Type;
+  int64_t c = kind_ == Kind::encoder ? 3 : latent_channels_, big = c * h * w;
+  for (const auto& l : layers_) {
+    if (l->type == T::upsample) h *= 2, w *= 2;
+    if (l->type == T::conv) {
+      big = std::max(big, conv_out_elems(l->conv, h, w));
+      const int64_t p = l->conv.k / 2;
+      h = (h + 2 * p - l->conv.k) / l->conv.stride + 1, w = (w + 2 * p - l->conv.k) / l->conv.stride + 1;
+    }
+    if (l->type == T::block) {
+      if (l->pool_in) big = std::max(big, l->pool_in->c_out * h * w);
+      for (const Conv* cv : {&l->conv, &l->conv2, &l->conv4}) big = std::max(big, cv->c_out * h * w);
+    }
+    c = l->channels_out;
+    big = std::max(big, c * h * w);
+  }
+  return 3 * big + 3 * 16;
+}
+
 std::vector<float> TaesdNet::run(const float* input, int height, int width, kernels::Executor* ex) const {
+  check(height, width);
+  auto ws = work_.acquire(ex, workspace_floats(height, width));
+  return run(ws, input, height, width);
+}
+
+std::vector<float> TaesdNet::run(const float* input, int height, int width, kernels::Backend& backend) const {
+  check(height, width);
+  auto ws = work_.acquire(backend, workspace_floats(height, width));
+  return run(ws, input, height, width);
+}
+
+void TaesdNet::check(int height, int width) const {
   if (height <= 0 || width <= 0) throw Error("taesd: bad input size");
   if (kind_ == Kind::encoder && (height % 8 || width % 8))
     throw Error("taesd: the encoder needs a width and height that are multiples of 8, got " + std::to_string(width) +
                 "x" + std::to_string(height));
+}
+
+std::vector<float> TaesdNet::run(Workspace::Lease& ws, const float* input, int height, int width) const {
   using T = Layer::Type;
+  kernels::Backend& be = ws.be();
+  const int64_t slot = (workspace_floats(height, width) - 3 * 16) / 3;
+  // Three slots: the current activation and two others.
+  float* S[3] = {ws.take(slot), ws.take(slot), ws.take(slot)};
+  int cur = 0;
+  auto other = [&](int k) { return S[(cur + 1 + k) % 3]; };
+  auto move_to = [&](int k) { cur = (cur + 1 + k) % 3; };
   int64_t h = height, w = width;
-  const int64_t c0 = kind_ == Kind::encoder ? 3 : latent_channels_;
-  std::vector<float> x(input, input + c0 * h * w);
+  int64_t c = kind_ == Kind::encoder ? 3 : latent_channels_;
+  ws.upload(S[cur], input, c * h * w * int64_t{sizeof(float)});
   for (const auto& l : layers_) {
+    float* x = S[cur];
     switch (l->type) {
-      case T::clamp:
-        for (float& v : x) v = std::tanh(v / 3.0f) * 3.0f;
-        break;
-      case T::relu: relu(x); break;
-      case T::upsample: {
-        std::vector<float> y(x.size() * 4);
-        kernels::upsample_nearest2x(x.data(), y.data(), static_cast<int64_t>(x.size()) / (h * w), h, w, ex);
-        x = std::move(y);
+      case T::clamp: be.tanh_clamp(x, x, c * h * w, 3.0f); break;
+      case T::relu: be.relu(x, x, c * h * w); break;
+      case T::upsample:
+        be.upsample_nearest2x(x, other(0), c, h, w);
+        move_to(0);
         h *= 2;
         w *= 2;
         break;
-      }
-      case T::conv: x = l->conv(x, h, w, ex); break;
+      case T::conv:
+        conv_run(be, l->conv, x, other(0), h, w);
+        move_to(0);
+        break;
       case T::block: {
+        float *a = other(0), *b = other(1);
         if (l->pool_in) {
           int64_t ph = h, pw = w;
-          std::vector<float> t = (*l->pool_in)(x, ph, pw, ex);
-          kernels::group_norm(t.data(), t.data(), 1, l->pool_in->c_out, h * w, 4, l->pool_gamma.data(),
-                              l->pool_beta.data(), 1e-5f, false, ex);
-          relu(t);
-          t = (*l->pool_out)(t, ph, pw, ex);
-          for (size_t i = 0; i < x.size(); ++i) x[i] += t[i];
+          conv_run(be, *l->pool_in, x, a, ph, pw);
+          be.group_norm(a, a, 1, l->pool_in->c_out, h * w, 4, l->pool_gamma.data(), l->pool_beta.data(), 1e-5f, false);
+          be.relu(a, a, l->pool_in->c_out * h * w);
+          conv_run(be, *l->pool_out, a, b, ph, pw);
+          be.add(x, b, x, c * h * w);
         }
         int64_t bh = h, bw = w;
-        std::vector<float> y = l->conv(x, bh, bw, ex);
-        relu(y);
-        y = l->conv2(y, bh, bw, ex);
-        relu(y);
-        y = l->conv4(y, bh, bw, ex);
+        const int64_t n = l->conv4.c_out * h * w;
+        conv_run(be, l->conv, x, a, bh, bw);
+        be.relu(a, a, l->conv.c_out * h * w);
+        conv_run(be, l->conv2, a, b, bh, bw);
+        be.relu(b, b, l->conv2.c_out * h * w);
+        conv_run(be, l->conv4, b, a, bh, bw);
         if (l->skip) {
           int64_t sh = h, sw = w;
-          const std::vector<float> s = (*l->skip)(x, sh, sw, ex);
-          for (size_t i = 0; i < y.size(); ++i) y[i] += s[i];
+          conv_run(be, *l->skip, x, b, sh, sw);
+          be.add(a, b, a, n);
         } else {
-          for (size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+          be.add(a, x, a, n);
         }
-        relu(y);
-        x = std::move(y);
+        be.relu(a, a, n);
+        move_to(0);
         break;
       }
     }
+    c = l->channels_out;
   }
-  if (kind_ == Kind::decoder)
-    for (float& v : x) v = std::clamp(v, 0.0f, 1.0f);
-  return x;
+  if (kind_ == Kind::decoder) {
+    kernels::Affine unit;
+    unit.lo = 0.0f, unit.hi = 1.0f;
+    be.affine(S[cur], S[cur], c * h * w, unit);
+  }
+  std::vector<float> out(static_cast<size_t>(c * h * w));
+  ws.download(S[cur], out.data(), c * h * w * int64_t{sizeof(float)});
+  return out;
 }
 
 }  // namespace atelier::image

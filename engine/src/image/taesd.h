@@ -20,11 +20,14 @@
 // multiplied by its scaling factor, what the UNet samples).
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "image/workspace.h"
 
 namespace atelier::image {
 
@@ -47,11 +50,17 @@ class TaesdNet {
   // `ex` runs the convolutions' tiles (nullptr: the calling thread).
   // Throws Error on bad sizes.
   std::vector<float> run(const float* input, int height, int width, kernels::Executor* ex = nullptr) const;
+  // The same on `backend` (every step a backend op, one reused workspace).
+  std::vector<float> run(const float* input, int height, int width, kernels::Backend& backend) const;
 
   struct Layer;  // taesd.cpp
 
  private:
   TaesdNet();
+  void check(int height, int width) const;
+  int64_t workspace_floats(int64_t h, int64_t w) const;
+  std::vector<float> run(Workspace::Lease& ws, const float* input, int height, int width) const;
+  mutable Workspace work_;
   Kind kind_ = Kind::decoder;
   int latent_channels_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;

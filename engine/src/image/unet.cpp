@@ -30,33 +30,26 @@ struct ResBlock {
     return r;
   }
 
-  // x: [n][c_in][h][w]; emb_silu: [n][temb] -> [n][c_out][h][w]
-  std::vector<float> operator()(const std::vector<float>& x, int64_t n, int64_t h, int64_t w, const float* emb_silu,
-                                kernels::Executor* ex) const {
+  // On the backend: x -> out, with a, b (activation slots) and e (n * c_out
+  // floats) as scratch; emb_silu: [n][temb].
+  void run(kernels::Backend& be, const float* x, float* out, float* a, float* b, float* e, int64_t n, int64_t h,
+           int64_t w, const float* emb_silu) const {
     const int64_t hw = h * w;
-    std::vector<float> t(x.size());
-    kernels::group_norm(x.data(), t.data(), n, c_in, hw, 32, n1.g.data(), n1.b.data(), 1e-5f, true, ex);
+    be.group_norm(x, a, n, c_in, hw, 32, n1.g.data(), n1.b.data(), 1e-5f, true);
     int64_t hh = h, ww = w;
-    std::vector<float> y = c1(t.data(), n, hh, ww, ex);
-    std::vector<float> e(static_cast<size_t>(n * c_out));
-    emb(emb_silu, e.data(), n, ex);
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t c = 0; c < c_out; ++c) {
-        float* p = y.data() + (b * c_out + c) * hw;
-        const float v = e[static_cast<size_t>(b * c_out + c)];
-        for (int64_t i = 0; i < hw; ++i) p[i] += v;
-      }
-    kernels::group_norm(y.data(), y.data(), n, c_out, hw, 32, n2.g.data(), n2.b.data(), 1e-5f, true, ex);
+    c1.run(be, a, b, n, hh, ww);
+    emb.run(be, emb_silu, e, n);
+    be.add_plane_bias(b, e, n * c_out, hw);
+    be.group_norm(b, b, n, c_out, hw, 32, n2.g.data(), n2.b.data(), 1e-5f, true);
     hh = h, ww = w;
-    std::vector<float> z = c2(y.data(), n, hh, ww, ex);
+    c2.run(be, b, out, n, hh, ww);
     if (skip) {
       hh = h, ww = w;
-      const std::vector<float> s = (*skip)(x.data(), n, hh, ww, ex);
-      for (size_t i = 0; i < z.size(); ++i) z[i] += s[i];
+      skip->run(be, x, a, n, hh, ww);
+      be.add(out, a, out, n * c_out * hw);
     } else {
-      for (size_t i = 0; i < z.size(); ++i) z[i] += x[i];
+      be.add(out, x, out, n * c_out * hw);
     }
-    return z;
   }
 };
 
@@ -99,49 +92,49 @@ struct SpatialTransformer {
     return s;
   }
 
-  void operator()(std::vector<float>& x, int64_t n, int64_t hw, const UnetBatch& in, kernels::Executor* ex) const {
-    const int64_t rows = n * hw;
-    std::vector<float> g(x.size()), t(x.size()), nrm(x.size()), q(x.size()), k(x.size()), v(x.size()), a(x.size()),
-        o(x.size());
-    kernels::group_norm(x.data(), g.data(), n, c, hw, 32, gn.g.data(), gn.b.data(), 1e-6f, false, ex);
-    to_tokens(g.data(), nrm.data(), n, c, hw);
-    proj_in(nrm.data(), t.data(), rows, ex);
+  // In place on the backend. s: scratch of 20 * n * c * hw floats, then
+  // 2 * lk * c for the largest context; ctx[i]: sample i's context (lk[i] tokens).
+  void run(kernels::Backend& be, float* x, int64_t n, int64_t hw, float* s, const float* const* ctx,
+           const int64_t* lk) const {
+    const int64_t rows = n * hw, m = n * c * hw;
+    float *g = s, *t = s + m, *nrm = s + 2 * m, *q = s + 3 * m, *k = s + 4 * m, *v = s + 5 * m, *a = s + 6 * m,
+          *o = s + 7 * m, *f = s + 8 * m, *gg = s + 16 * m, *ck = s + 20 * m;
+    be.group_norm(x, g, n, c, hw, 32, gn.g.data(), gn.b.data(), 1e-6f, false);
+    be.transpose(g, nrm, n, c, hw);  // to tokens
+    proj_in.run(be, nrm, t, rows);
     kernels::AttentionShape self;
     self.batch = n, self.heads = heads, self.lq = hw, self.lk = hw, self.head_dim = c / heads;
     for (const auto& b : blocks) {
-      kernels::layer_norm(t.data(), nrm.data(), rows, c, b.ln1.g.data(), b.ln1.b.data(), 1e-5f, ex);
-      b.q1(nrm.data(), q.data(), rows, ex);
-      b.k1(nrm.data(), k.data(), rows, ex);
-      b.v1(nrm.data(), v.data(), rows, ex);
-      kernels::attention(self, q.data(), k.data(), v.data(), a.data(), ex);
-      b.o1(a.data(), o.data(), rows, ex);
-      for (size_t i = 0; i < t.size(); ++i) t[i] += o[i];
+      be.layer_norm(t, nrm, rows, c, b.ln1.g.data(), b.ln1.b.data(), 1e-5f);
+      b.q1.run(be, nrm, q, rows);
+      b.k1.run(be, nrm, k, rows);
+      b.v1.run(be, nrm, v, rows);
+      be.attention(self, q, k, v, a);
+      b.o1.run(be, a, o, rows);
+      be.add(t, o, t, m);
 
-      kernels::layer_norm(t.data(), nrm.data(), rows, c, b.ln2.g.data(), b.ln2.b.data(), 1e-5f, ex);
-      b.q2(nrm.data(), q.data(), rows, ex);
-      for (int64_t s = 0; s < n; ++s) {  // each sample its own context
-        const auto& ctx = in.context[static_cast<size_t>(s)];
-        const int64_t lk = static_cast<int64_t>(ctx.size()) / ctx_dim;
-        std::vector<float> ck(static_cast<size_t>(lk * c)), cv(static_cast<size_t>(lk * c));
-        b.k2(ctx.data(), ck.data(), lk, ex);
-        b.v2(ctx.data(), cv.data(), lk, ex);
+      be.layer_norm(t, nrm, rows, c, b.ln2.g.data(), b.ln2.b.data(), 1e-5f);
+      b.q2.run(be, nrm, q, rows);
+      for (int64_t i = 0; i < n; ++i) {  // each sample its own context
+        float* cv = ck + lk[i] * c;
+        b.k2.run(be, ctx[i], ck, lk[i]);
+        b.v2.run(be, ctx[i], cv, lk[i]);
         kernels::AttentionShape cross;
-        cross.batch = 1, cross.heads = heads, cross.lq = hw, cross.lk = lk, cross.head_dim = c / heads;
-        kernels::attention(cross, q.data() + s * hw * c, ck.data(), cv.data(), a.data() + s * hw * c, ex);
+        cross.batch = 1, cross.heads = heads, cross.lq = hw, cross.lk = lk[i], cross.head_dim = c / heads;
+        be.attention(cross, q + i * hw * c, ck, cv, a + i * hw * c);
       }
-      b.o2(a.data(), o.data(), rows, ex);
-      for (size_t i = 0; i < t.size(); ++i) t[i] += o[i];
+      b.o2.run(be, a, o, rows);
+      be.add(t, o, t, m);
 
-      kernels::layer_norm(t.data(), nrm.data(), rows, c, b.ln3.g.data(), b.ln3.b.data(), 1e-5f, ex);
-      std::vector<float> f(static_cast<size_t>(rows * 8 * c)), gg(static_cast<size_t>(rows * 4 * c));
-      b.ff1(nrm.data(), f.data(), rows, ex);
-      kernels::geglu(f.data(), gg.data(), rows, 4 * c, ex);
-      b.ff2(gg.data(), o.data(), rows, ex);
-      for (size_t i = 0; i < t.size(); ++i) t[i] += o[i];
+      be.layer_norm(t, nrm, rows, c, b.ln3.g.data(), b.ln3.b.data(), 1e-5f);
+      b.ff1.run(be, nrm, f, rows);
+      be.geglu(f, gg, rows, 4 * c);
+      b.ff2.run(be, gg, o, rows);
+      be.add(t, o, t, m);
     }
-    proj_out(t.data(), o.data(), rows, ex);
-    from_tokens(o.data(), g.data(), n, c, hw);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += g[i];
+    proj_out.run(be, t, o, rows);
+    be.transpose(o, g, n, hw, c);  // back to planes
+    be.add(x, g, x, m);
   }
 };
 
@@ -302,7 +295,7 @@ int64_t Unet::weight_bytes() const {
   return total + blk(*middle_) + blk(*out_conv_);
 }
 
-void Unet::forward(const UnetBatch& in, float* out, kernels::Executor* ex) const {
+void Unet::check(const UnetBatch& in) const {
   const int64_t n = in.batch;
   if (n <= 0 || in.height <= 0 || in.width <= 0 || !in.x || !in.timesteps)
     throw Error("unet: empty batch or missing input");
@@ -314,67 +307,166 @@ void Unet::forward(const UnetBatch& in, float* out, kernels::Executor* ex) const
   for (const auto& c : in.context)
     if (c.empty() || c.size() % static_cast<size_t>(cfg_.context_dim))
       throw Error("unet: a context must hold whole tokens of " + std::to_string(cfg_.context_dim) + " floats");
+}
 
-  // Time embedding; every ResBlock applies SiLU then its own linear.
-  const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();
-  std::vector<float> t0(static_cast<size_t>(n * mc)), t1(static_cast<size_t>(n * temb)), emb(t1.size());
-  kernels::timestep_embedding(in.timesteps, n, mc, t0.data());
-  kernels::matmul(temb1_.view(), t0.data(), t1.data(), n, ex);
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < temb; ++i) t1[static_cast<size_t>(b * temb + i)] += temb1_b_[static_cast<size_t>(i)];
-  kernels::activation(kernels::Activation::silu, t1.data(), t1.data(), n * temb, ex);
-  kernels::matmul(temb2_.view(), t1.data(), emb.data(), n, ex);
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < temb; ++i) emb[static_cast<size_t>(b * temb + i)] += temb2_b_[static_cast<size_t>(i)];
-  kernels::activation(kernels::Activation::silu, emb.data(), emb.data(), n * temb, ex);
-
+// The shapes of a forward pass, walked as forward walks them.
+Unet::Plan Unet::plan(const UnetBatch& in) const {
+  Plan p;
+  const int64_t n = in.batch;
   int64_t h = in.height, w = in.width, c = cfg_.in_channels;
-  std::vector<float> x(in.x, in.x + n * c * h * w);
-  struct Skip {
-    std::vector<float> x;
-    int64_t c;
-  };
-  std::vector<Skip> skips;
-  auto run = [&](const Block& b) {
+  p.slot = n * c * h * w;
+  std::vector<int64_t> skip_c;
+  auto see = [&] { p.slot = std::max(p.slot, n * c * h * w); };
+  auto walk = [&](const Block& b) {
     if (b.conv) {
-      x = (*b.conv)(x.data(), n, h, w, ex);
+      p.slot = std::max(p.slot, b.conv->out_elems(n, h, w));
+      const int64_t k = b.conv->k, pad = b.conv->pad, st = b.conv->stride;
+      h = (h + 2 * pad - k) / st + 1, w = (w + 2 * pad - k) / st + 1;
       c = b.conv->c_out;
     }
-    if (b.res) {
-      x = (*b.res)(x, n, h, w, emb.data(), ex);
-      c = b.res->c_out;
-    }
-    if (b.attn) (*b.attn)(x, n, h * w, in, ex);
-    if (b.res2) x = (*b.res2)(x, n, h, w, emb.data(), ex);
+    for (const ResBlock* r : {b.res.get(), b.res2.get()})
+      if (r) {
+        c = r->c_out;
+        p.emb = std::max(p.emb, n * c);
+      }
+    see();
+    if (b.attn) p.attn = std::max(p.attn, n * c * h * w);
     if (b.up) {
-      std::vector<float> u(x.size() * 4);
-      kernels::upsample_nearest2x(x.data(), u.data(), n * c, h, w, ex);
       h *= 2, w *= 2;
-      x = (*b.up)(u.data(), n, h, w, ex);
+      see();
     }
   };
   for (const auto& b : input_) {
-    run(*b);
-    skips.push_back({x, c});
+    walk(*b);
+    p.skips.push_back(n * c * h * w);
+    skip_c.push_back(c);
+  }
+  walk(*middle_);
+  for (const auto& b : output_) {
+    c += skip_c.back();
+    skip_c.pop_back();
+    see();
+    walk(*b);
+  }
+  p.slot = std::max(p.slot, out_conv_->conv->out_elems(n, h, w));
+  p.ctx = 0;
+  p.max_lk = 0;
+  for (const auto& ctx : in.context) {
+    p.ctx += static_cast<int64_t>(ctx.size());
+    p.max_lk = std::max(p.max_lk, static_cast<int64_t>(ctx.size()) / cfg_.context_dim);
+  }
+  int64_t skips = 0;
+  for (int64_t z : p.skips) skips += (z + 15) / 16 * 16;
+  const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();
+  int64_t max_c = 0;
+  for (int level = 0; level < static_cast<int>(cfg_.channel_mult.size()); ++level) max_c = std::max<int64_t>(max_c, cfg_.channels(level));
+  p.floats = 4 * p.slot + skips + 20 * p.attn + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb;
+  return p;
+}
+
+void Unet::forward(const UnetBatch& in, float* out, kernels::Executor* ex) const {
+  check(in);
+  const Plan p = plan(in);
+  auto ws = work_.acquire(ex, p.floats);
+  forward(ws, p, in, out);
+}
+
+void Unet::forward(const UnetBatch& in, float* out, kernels::Backend& backend) const {
+  check(in);
+  const Plan p = plan(in);
+  auto ws = work_.acquire(backend, p.floats);
+  forward(ws, p, in, out);
+}
+
+void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, float* out) const {
+  kernels::Backend& be = ws.be();
+  const int64_t n = in.batch;
+  const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();
+  int64_t max_c = 0;
+  for (int level = 0; level < static_cast<int>(cfg_.channel_mult.size()); ++level) max_c = std::max<int64_t>(max_c, cfg_.channels(level));
+  // The workspace: four activation slots, the skips, the transformer's
+  // scratch, the ResBlocks' embedding projection, the inputs.
+  float* S[4];
+  for (float*& s : S) s = ws.take(p.slot);
+  std::vector<float*> skip_at;  // host pointers into the workspace, one per skip (a few dozen)
+  skip_at.reserve(p.skips.size());
+  for (int64_t z : p.skips) skip_at.push_back(ws.take(z));
+  float* attn_scratch = ws.take(20 * p.attn + 2 * p.max_lk * max_c);
+  float* e = ws.take(std::max<int64_t>(p.emb, 1));
+  float* ts = ws.take(n);
+  float *t0 = ws.take(n * mc), *t1 = ws.take(n * temb), *emb = ws.take(n * temb);
+  float* ctx_all = ws.take(p.ctx);
+  std::vector<const float*> ctx(static_cast<size_t>(n));
+  std::vector<int64_t> lk(static_cast<size_t>(n));
+  for (int64_t i = 0, off = 0; i < n; ++i) {
+    const auto& c = in.context[static_cast<size_t>(i)];
+    ws.upload(ctx_all + off, c.data(), static_cast<int64_t>(c.size() * sizeof(float)));
+    ctx[static_cast<size_t>(i)] = ctx_all + off;
+    lk[static_cast<size_t>(i)] = static_cast<int64_t>(c.size()) / cfg_.context_dim;
+    off += static_cast<int64_t>(c.size());
+  }
+  ws.upload(ts, in.timesteps, n * int64_t{sizeof(float)});
+
+  // Time embedding; every ResBlock applies SiLU then its own linear.
+  be.timestep_embedding(ts, n, mc, t0);
+  be.matmul(temb1_.view(), t0, t1, n);
+  be.add_bias(t1, temb1_b_.data(), n, temb);
+  be.activation(kernels::Activation::silu, t1, t1, n * temb);
+  be.matmul(temb2_.view(), t1, emb, n);
+  be.add_bias(emb, temb2_b_.data(), n, temb);
+  be.activation(kernels::Activation::silu, emb, emb, n * temb);
+
+  int64_t h = in.height, w = in.width, c = cfg_.in_channels;
+  int cur = 0;
+  auto X = [&] { return S[cur]; };
+  auto other = [&](int k) { return S[(cur + 1 + k) % 4]; };
+  auto move_to = [&](int k) { cur = (cur + 1 + k) % 4; };
+  ws.upload(X(), in.x, n * c * h * w * int64_t{sizeof(float)});
+  auto run = [&](const Block& b) {
+    if (b.conv) {
+      b.conv->run(be, X(), other(0), n, h, w);
+      move_to(0);
+      c = b.conv->c_out;
+    }
+    if (b.res) {
+      b.res->run(be, X(), other(2), other(0), other(1), e, n, h, w, emb);
+      move_to(2);
+      c = b.res->c_out;
+    }
+    if (b.attn) b.attn->run(be, X(), n, h * w, attn_scratch, ctx.data(), lk.data());
+    if (b.res2) {
+      b.res2->run(be, X(), other(2), other(0), other(1), e, n, h, w, emb);
+      move_to(2);
+    }
+    if (b.up) {
+      be.upsample_nearest2x(X(), other(0), n * c, h, w);
+      move_to(0);
+      h *= 2, w *= 2;
+      b.up->run(be, X(), other(0), n, h, w);
+      move_to(0);
+    }
+  };
+  std::vector<int64_t> skip_c;
+  skip_c.reserve(p.skips.size());
+  for (size_t i = 0; i < input_.size(); ++i) {
+    run(*input_[i]);
+    be.copy(X(), skip_at[i], n * c * h * w);
+    skip_c.push_back(c);
   }
   run(*middle_);
   for (const auto& b : output_) {
     // torch.cat([h, skip], dim=1), per sample
-    const Skip s = std::move(skips.back());
-    skips.pop_back();
-    const int64_t hw = h * w;
-    std::vector<float> cat(static_cast<size_t>(n * (c + s.c) * hw));
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(x.data() + i * c * hw, c * hw, cat.data() + i * (c + s.c) * hw);
-      std::copy_n(s.x.data() + i * s.c * hw, s.c * hw, cat.data() + (i * (c + s.c) + c) * hw);
-    }
-    x = std::move(cat);
-    c += s.c;
+    const int64_t sc = skip_c.back();
+    skip_c.pop_back();
+    be.concat_planes(X(), c, skip_at[skip_c.size()], sc, other(0), n, h * w);
+    move_to(0);
+    c += sc;
     run(*b);
   }
-  kernels::group_norm(x.data(), x.data(), n, c, h * w, 32, out_norm_w_.data(), out_norm_b_.data(), 1e-5f, true, ex);
-  const std::vector<float> y = (*out_conv_->conv)(x.data(), n, h, w, ex);
-  std::copy(y.begin(), y.end(), out);
+  be.group_norm(X(), X(), n, c, h * w, 32, out_norm_w_.data(), out_norm_b_.data(), 1e-5f, true);
+  out_conv_->conv->run(be, X(), other(0), n, h, w);
+  move_to(0);
+  ws.download(X(), out, n * out_conv_->conv->c_out * h * w * int64_t{sizeof(float)});
 }
 
 // ---- FLOPs (2 per multiply-add), mirroring Unet::load's walk

@@ -25,6 +25,7 @@
 
 #include "image/sd_model.h"
 #include "image/sd_weights.h"
+#include "image/workspace.h"
 
 namespace atelier::image {
 
@@ -41,11 +42,27 @@ class Unet {
 
   // See SdModel::unet.
   void forward(const UnetBatch& in, float* out, kernels::Executor* ex = nullptr) const;
+  // The same on `backend`: every step a backend op, activations, skips and
+  // inputs in one workspace buffer of it (grown to the largest batch and
+  // latent size seen, then reused).
+  void forward(const UnetBatch& in, float* out, kernels::Backend& backend) const;
 
   struct Block;  // unet.cpp
 
  private:
   Unet();
+  struct Plan {
+    int64_t slot = 0;            // floats of the largest activation
+    std::vector<int64_t> skips;  // floats of each input block's output
+    int64_t attn = 0;            // n * c * hw of the largest SpatialTransformer
+    int64_t emb = 0;             // n * c_out of the widest ResBlock
+    int64_t ctx = 0, max_lk = 0; // the contexts' floats, the longest one's tokens
+    int64_t floats = 0;          // the whole workspace
+  };
+  void check(const UnetBatch& in) const;
+  Plan plan(const UnetBatch& in) const;
+  void forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, float* out) const;
+  mutable Workspace work_;
   UnetConfig cfg_;
   Weight temb1_, temb2_;
   std::vector<float> temb1_b_, temb2_b_;

@@ -27,21 +27,20 @@ struct ResnetBlock {
     return r;
   }
 
-  std::vector<float> operator()(const std::vector<float>& x, int64_t h, int64_t w, kernels::Executor* ex) const {
-    std::vector<float> t(x.size());
-    kernels::group_norm(x.data(), t.data(), 1, c_in, h * w, 32, n1.g.data(), n1.b.data(), 1e-6f, true, ex);
+  // On the backend: x -> out (c_out planes), a and b scratch; none may alias.
+  void run(kernels::Backend& be, const float* x, float* out, float* a, float* b, int64_t h, int64_t w) const {
+    be.group_norm(x, a, 1, c_in, h * w, 32, n1.g.data(), n1.b.data(), 1e-6f, true);
     int64_t hh = h, ww = w;
-    std::vector<float> y = c1(t.data(), 1, hh, ww, ex);
-    kernels::group_norm(y.data(), y.data(), 1, c_out, h * w, 32, n2.g.data(), n2.b.data(), 1e-6f, true, ex);
-    std::vector<float> z = c2(y.data(), 1, hh, ww, ex);
+    c1.run(be, a, b, 1, hh, ww);
+    be.group_norm(b, b, 1, c_out, h * w, 32, n2.g.data(), n2.b.data(), 1e-6f, true);
+    c2.run(be, b, out, 1, hh, ww);
     if (shortcut) {
       hh = h, ww = w;
-      const std::vector<float> s = (*shortcut)(x.data(), 1, hh, ww, ex);
-      for (size_t i = 0; i < z.size(); ++i) z[i] += s[i];
+      shortcut->run(be, x, a, 1, hh, ww);
+      be.add(out, a, out, c_out * h * w);
     } else {
-      for (size_t i = 0; i < z.size(); ++i) z[i] += x[i];
+      be.add(out, x, out, c_out * h * w);
     }
-    return z;
   }
 };
 
@@ -61,20 +60,32 @@ struct AttnBlock {
     return a;
   }
 
-  void operator()(std::vector<float>& x, int64_t hw, kernels::Executor* ex) const {
-    std::vector<float> g(x.size()), t(x.size()), qq(x.size()), kk(x.size()), vv(x.size()), o(x.size());
-    kernels::group_norm(x.data(), g.data(), 1, c, hw, 32, norm.g.data(), norm.b.data(), 1e-6f, false, ex);
-    to_tokens(g.data(), t.data(), 1, c, hw);
-    q(t.data(), qq.data(), hw, ex);
-    k(t.data(), kk.data(), hw, ex);
-    v(t.data(), vv.data(), hw, ex);
-    kernels::AttentionShape s;
-    s.batch = 1, s.heads = 1, s.lq = hw, s.lk = hw, s.head_dim = c;
-    kernels::attention(s, qq.data(), kk.data(), vv.data(), o.data(), ex);
-    proj(o.data(), t.data(), hw, ex);
-    from_tokens(t.data(), g.data(), 1, c, hw);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += g[i];
+  // In place on the backend; s holds 6 * c * hw floats of scratch.
+  void run(kernels::Backend& be, float* x, int64_t hw, float* s) const {
+    const int64_t n = c * hw;
+    float *g = s, *t = s + n, *qq = s + 2 * n, *kk = s + 3 * n, *vv = s + 4 * n, *o = s + 5 * n;
+    be.group_norm(x, g, 1, c, hw, 32, norm.g.data(), norm.b.data(), 1e-6f, false);
+    be.transpose(g, t, 1, c, hw);  // to tokens
+    q.run(be, t, qq, hw);
+    k.run(be, t, kk, hw);
+    v.run(be, t, vv, hw);
+    kernels::AttentionShape sh;
+    sh.batch = 1, sh.heads = 1, sh.lq = hw, sh.lk = hw, sh.head_dim = c;
+    be.attention(sh, qq, kk, vv, o);
+    proj.run(be, o, t, hw);
+    be.transpose(t, g, 1, hw, c);  // back to planes
+    be.add(x, g, x, n);
   }
+};
+
+// Four activation slots of the largest tensor of a pass: a ResnetBlock reads
+// one and writes three, and the next block reads what the last one wrote.
+struct Slots {
+  float* s[4] = {};
+  int cur = 0;
+  float* x() { return s[cur]; }
+  float* free(int k) { return s[(cur + 1 + k) % 4]; }  // k = 0, 1, 2: the others
+  void take(int k) { cur = (cur + 1 + k) % 4; }
 };
 
 }  // namespace
@@ -196,74 +207,189 @@ int64_t Vae::weight_bytes() const {
   return total;
 }
 
-std::vector<float> Vae::decode(const float* latent, int h_in, int w_in, kernels::Executor* ex) const {
-  if (h_in <= 0 || w_in <= 0) throw Error("vae: bad latent size");
+std::vector<float> Vae::decode(const float* latent, int h, int w, kernels::Executor* ex) const {
+  if (h <= 0 || w <= 0) throw Error("vae: bad latent size");
+  auto ws = work_.acquire(ex, decode_floats(h, w));
+  return decode(ws, latent, h, w);
+}
+
+std::vector<float> Vae::decode(const float* latent, int h, int w, kernels::Backend& backend) const {
+  if (h <= 0 || w <= 0) throw Error("vae: bad latent size");
+  auto ws = work_.acquire(backend, decode_floats(h, w));
+  return decode(ws, latent, h, w);
+}
+
+std::vector<float> Vae::encode(const float* rgb, int h, int w, kernels::Executor* ex) const {
+  check_encode(h, w);
+  auto ws = work_.acquire(ex, encode_floats(h, w));
+  return encode(ws, rgb, h, w);
+}
+
+std::vector<float> Vae::encode(const float* rgb, int h, int w, kernels::Backend& backend) const {
+  check_encode(h, w);
+  auto ws = work_.acquire(backend, encode_floats(h, w));
+  return encode(ws, rgb, h, w);
+}
+
+// The largest tensor of a decode (walking its shapes), and the mid attention's.
+Vae::Sizes Vae::decode_sizes(int64_t h, int64_t w) const {
   const Half& d = *dec_;
-  int64_t h = h_in, w = w_in;
-  const int64_t L = cfg_.latent_channels;
-  std::vector<float> z(latent, latent + L * h * w);
-  for (float& v : z) v /= cfg_.scale;
-  std::vector<float> x = d.quant(z.data(), 1, h, w, ex);
-  x = d.conv_in(x.data(), 1, h, w, ex);
-  x = d.mid1(x, h, w, ex);
-  d.attn(x, h * w, ex);
-  x = d.mid2(x, h, w, ex);
+  Sizes z;
+  z.slot = cfg_.latent_channels * h * w;
+  z.slot = std::max(z.slot, d.mid_c * h * w);
+  z.attn = d.mid_c * h * w;
   int64_t c = d.mid_c;
   for (int i = static_cast<int>(d.levels.size()) - 1; i >= 0; --i) {
     for (const auto& r : d.levels[static_cast<size_t>(i)]) {
-      x = r(x, h, w, ex);
+      z.slot = std::max(z.slot, r.c_out * h * w);
       c = r.c_out;
     }
-    if (const auto& up = d.resample[static_cast<size_t>(i)]) {
-      std::vector<float> u(x.size() * 4);
-      kernels::upsample_nearest2x(x.data(), u.data(), c, h, w, ex);
+    if (d.resample[static_cast<size_t>(i)]) {
       h *= 2, w *= 2;
-      x = (*up)(u.data(), 1, h, w, ex);
+      z.slot = std::max(z.slot, c * h * w);
     }
   }
-  kernels::group_norm(x.data(), x.data(), 1, c, h * w, 32, d.norm_out.g.data(), d.norm_out.b.data(), 1e-6f, true, ex);
-  x = d.conv_out(x.data(), 1, h, w, ex);
-  for (float& v : x) v = std::clamp((v + 1.0f) * 0.5f, 0.0f, 1.0f);
-  return x;
+  z.slot = std::max(z.slot, int64_t{3} * h * w);
+  return z;
 }
 
-std::vector<float> Vae::encode(const float* rgb, int h_in, int w_in, kernels::Executor* ex) const {
+Vae::Sizes Vae::encode_sizes(int64_t h, int64_t w) const {
+  const Half& e = *enc_;
+  Sizes z;
+  z.slot = std::max(int64_t{3} * h * w, e.conv_in.c_out * h * w);
+  int64_t c = e.conv_in.c_out;
+  for (size_t i = 0; i < e.levels.size(); ++i) {
+    for (const auto& r : e.levels[i]) {
+      z.slot = std::max(z.slot, r.c_out * h * w);
+      c = r.c_out;
+    }
+    if (const auto& dn = e.resample[i]) {
+      z.slot = std::max(z.slot, c * (h + 1) * (w + 1));
+      h = (h + 1 - dn->k) / dn->stride + 1, w = (w + 1 - dn->k) / dn->stride + 1;
+    }
+  }
+  z.attn = e.mid_c * h * w;
+  z.slot = std::max({z.slot, e.mid_c * h * w, 2 * int64_t{cfg_.latent_channels} * h * w});
+  return z;
+}
+
+int64_t Vae::decode_floats(int h, int w) const {
+  const Sizes z = decode_sizes(h, w);
+  return 4 * z.slot + 6 * z.attn;
+}
+
+int64_t Vae::encode_floats(int h, int w) const {
+  const Sizes z = encode_sizes(h, w);
+  return 4 * z.slot + 6 * z.attn;
+}
+
+void Vae::check_encode(int h_in, int w_in) const {
   if (!enc_) throw Error("vae: this checkpoint has no VAE encoder (img2img needs one)");
   const int64_t down = int64_t{1} << (cfg_.channel_mult.size() - 1);
   if (h_in <= 0 || w_in <= 0 || h_in % down || w_in % down)
     throw Error("vae: the encoder needs a width and height that are multiples of " + std::to_string(down) + ", got " +
                 std::to_string(w_in) + "x" + std::to_string(h_in));
+}
+
+std::vector<float> Vae::decode(Workspace::Lease& ws, const float* latent, int h_in, int w_in) const {
+  kernels::Backend& be = ws.be();
+  const Half& d = *dec_;
+  int64_t h = h_in, w = w_in;
+  const int64_t L = cfg_.latent_channels;
+  const Sizes z = decode_sizes(h, w);
+  Slots S;
+  for (float*& p : S.s) p = ws.take(z.slot);
+  float* attn = ws.take(6 * z.attn);
+  ws.upload(S.x(), latent, L * h * w * int64_t{sizeof(float)});
+  kernels::Affine unscale;
+  unscale.div = cfg_.scale;
+  be.affine(S.x(), S.x(), L * h * w, unscale);
+  d.quant.run(be, S.x(), S.free(0), 1, h, w);
+  S.take(0);
+  d.conv_in.run(be, S.x(), S.free(0), 1, h, w);
+  S.take(0);
+  auto res = [&](const ResnetBlock& r) {
+    r.run(be, S.x(), S.free(2), S.free(0), S.free(1), h, w);
+    S.take(2);
+  };
+  res(d.mid1);
+  d.attn.run(be, S.x(), h * w, attn);
+  res(d.mid2);
+  int64_t c = d.mid_c;
+  for (int i = static_cast<int>(d.levels.size()) - 1; i >= 0; --i) {
+    for (const auto& r : d.levels[static_cast<size_t>(i)]) {
+      res(r);
+      c = r.c_out;
+    }
+    if (const auto& up = d.resample[static_cast<size_t>(i)]) {
+      be.upsample_nearest2x(S.x(), S.free(0), c, h, w);
+      S.take(0);
+      h *= 2, w *= 2;
+      up->run(be, S.x(), S.free(0), 1, h, w);
+      S.take(0);
+    }
+  }
+  be.group_norm(S.x(), S.x(), 1, c, h * w, 32, d.norm_out.g.data(), d.norm_out.b.data(), 1e-6f, true);
+  d.conv_out.run(be, S.x(), S.free(0), 1, h, w);
+  S.take(0);
+  kernels::Affine to_unit;  // [-1, 1] -> [0, 1]
+  to_unit.add = 1.0f, to_unit.mul = 0.5f, to_unit.lo = 0.0f, to_unit.hi = 1.0f;
+  be.affine(S.x(), S.x(), 3 * h * w, to_unit);
+  std::vector<float> rgb(static_cast<size_t>(3 * h * w));
+  ws.download(S.x(), rgb.data(), 3 * h * w * int64_t{sizeof(float)});
+  return rgb;
+}
+
+std::vector<float> Vae::encode(Workspace::Lease& ws, const float* rgb, int h_in, int w_in) const {
+  kernels::Backend& be = ws.be();
   const Half& e = *enc_;
   int64_t h = h_in, w = w_in;
-  std::vector<float> x(rgb, rgb + 3 * h * w);
-  for (float& v : x) v = 2.0f * v - 1.0f;
-  x = e.conv_in(x.data(), 1, h, w, ex);
+  const Sizes z = encode_sizes(h, w);
+  Slots S;
+  for (float*& p : S.s) p = ws.take(z.slot);
+  float* attn = ws.take(6 * z.attn);
+  ws.upload(S.x(), rgb, 3 * h * w * int64_t{sizeof(float)});
+  kernels::Affine from_unit;  // [0, 1] -> [-1, 1]: (v - 0.5) * 2 rounds as 2 v - 1 does
+  from_unit.add = -0.5f, from_unit.mul = 2.0f;
+  be.affine(S.x(), S.x(), 3 * h * w, from_unit);
+  e.conv_in.run(be, S.x(), S.free(0), 1, h, w);
+  S.take(0);
+  auto res = [&](const ResnetBlock& r) {
+    r.run(be, S.x(), S.free(2), S.free(0), S.free(1), h, w);
+    S.take(2);
+  };
   int64_t c = e.conv_in.c_out;
   for (size_t i = 0; i < e.levels.size(); ++i) {
     for (const auto& r : e.levels[i]) {
-      x = r(x, h, w, ex);
+      res(r);
       c = r.c_out;
     }
     if (const auto& dn = e.resample[i]) {
       // torch.nn.functional.pad(x, (0, 1, 0, 1)): one zero column right, one row below.
-      std::vector<float> p(static_cast<size_t>(c * (h + 1) * (w + 1)), 0.0f);
-      for (int64_t ch = 0; ch < c; ++ch)
-        for (int64_t y = 0; y < h; ++y)
-          std::copy_n(x.data() + (ch * h + y) * w, w, p.data() + (ch * (h + 1) + y) * (w + 1));
+      kernels::Pad2d pad;
+      pad.bottom = 1, pad.right = 1;
+      be.pad2d(S.x(), S.free(0), c, h, w, pad);
+      S.take(0);
       h += 1, w += 1;
-      x = (*dn)(p.data(), 1, h, w, ex);
+      dn->run(be, S.x(), S.free(0), 1, h, w);
+      S.take(0);
     }
   }
-  x = e.mid1(x, h, w, ex);
-  e.attn(x, h * w, ex);
-  x = e.mid2(x, h, w, ex);
-  kernels::group_norm(x.data(), x.data(), 1, c, h * w, 32, e.norm_out.g.data(), e.norm_out.b.data(), 1e-6f, true, ex);
-  x = e.conv_out(x.data(), 1, h, w, ex);
-  x = e.quant(x.data(), 1, h, w, ex);
+  res(e.mid1);
+  e.attn.run(be, S.x(), h * w, attn);
+  res(e.mid2);
+  be.group_norm(S.x(), S.x(), 1, c, h * w, 32, e.norm_out.g.data(), e.norm_out.b.data(), 1e-6f, true);
+  e.conv_out.run(be, S.x(), S.free(0), 1, h, w);
+  S.take(0);
+  e.quant.run(be, S.x(), S.free(0), 1, h, w);
+  S.take(0);
   // The distribution's mean: the first latent_channels planes (the rest is log-variance).
   const int64_t n = cfg_.latent_channels * h * w;
-  std::vector<float> mean(x.begin(), x.begin() + n);
-  for (float& v : mean) v *= cfg_.scale;
+  kernels::Affine scale;
+  scale.mul = cfg_.scale;
+  be.affine(S.x(), S.x(), n, scale);
+  std::vector<float> mean(static_cast<size_t>(n));
+  ws.download(S.x(), mean.data(), n * int64_t{sizeof(float)});
   return mean;
 }
 

@@ -18,6 +18,7 @@
 
 #include "image/sd_model.h"
 #include "image/sd_weights.h"
+#include "image/workspace.h"
 
 namespace atelier::image {
 
@@ -33,12 +34,27 @@ class Vae {
   // See SdModel::vae_decode / vae_encode.
   std::vector<float> decode(const float* latent, int h, int w, kernels::Executor* ex = nullptr) const;
   std::vector<float> encode(const float* rgb, int h, int w, kernels::Executor* ex = nullptr) const;
+  // The same on `backend` (every step a backend op, activations in one
+  // reused workspace buffer of it).
+  std::vector<float> decode(const float* latent, int h, int w, kernels::Backend& backend) const;
+  std::vector<float> encode(const float* rgb, int h, int w, kernels::Backend& backend) const;
 
   struct Half;  // vae.cpp: one of encoder / decoder
 
  private:
   Vae();
+  struct Sizes {
+    int64_t slot = 0, attn = 0;  // floats of the largest activation, of the mid attention's
+  };
+  Sizes decode_sizes(int64_t h, int64_t w) const;
+  Sizes encode_sizes(int64_t h, int64_t w) const;
+  int64_t decode_floats(int h, int w) const;
+  int64_t encode_floats(int h, int w) const;
+  void check_encode(int h, int w) const;
+  std::vector<float> decode(Workspace::Lease& ws, const float* latent, int h, int w) const;
+  std::vector<float> encode(Workspace::Lease& ws, const float* rgb, int h, int w) const;
   VaeConfig cfg_;
+  mutable Workspace work_;
   std::unique_ptr<Half> enc_, dec_;
 };
 

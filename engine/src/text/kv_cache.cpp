@@ -12,41 +12,18 @@ namespace atelier::text {
 
 // ---------------------------------------------------------------- contiguous cache
 
-KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16)
-    : n_ctx_(n_ctx), row_(hp.n_head_kv * hp.head_dim), n_layer_(hp.n_layer), f16_(f16) {
-  const size_t n = static_cast<size_t>(n_layer_) * static_cast<size_t>(n_ctx_) * static_cast<size_t>(row_);
-  if (f16_) {
-    k16_.resize(n);
-    v16_.resize(n);
-  } else {
-    k32_.resize(n);
-    v32_.resize(n);
-  }
-}
-
-void KvCache::store(int layer, int pos, const float* k, const float* v) {
-  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
-  if (f16_) {
-    kernels::f32_to_fp16_row(k, k16_.data() + off, row_);
-    kernels::f32_to_fp16_row(v, v16_.data() + off, row_);
-  } else {
-    std::memcpy(k32_.data() + off, k, sizeof(float) * static_cast<size_t>(row_));
-    std::memcpy(v32_.data() + off, v, sizeof(float) * static_cast<size_t>(row_));
-  }
-}
-
-const void* KvCache::k_row(int layer, int pos) const {
-  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
-  return f16_ ? static_cast<const void*>(k16_.data() + off) : static_cast<const void*>(k32_.data() + off);
-}
-
-const void* KvCache::v_row(int layer, int pos) const {
-  const size_t off = (static_cast<size_t>(layer) * n_ctx_ + static_cast<size_t>(pos)) * row_;
-  return f16_ ? static_cast<const void*>(v16_.data() + off) : static_cast<const void*>(v32_.data() + off);
-}
-
-KvSeq::Run KvCache::run(int layer, int pos) const {
-  return Run{k_row(layer, pos), v_row(layer, pos), n_ctx_ - pos, row_};
+KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16, kernels::Backend& backend) : n_ctx_(n_ctx) {
+  const int64_t row = int64_t{hp.n_head_kv} * hp.head_dim, per_kv = int64_t{hp.n_layer} * n_ctx_ * row;
+  const int64_t elem = f16 ? 2 : 4;
+  data_ = backend.alloc(2 * per_kv * elem);
+  backend.clear(*data_);  // a per-sequence cache is small: commit its pages now, not in the first step
+  layout_.type = f16 ? kernels::DType::F16 : kernels::DType::F32;
+  layout_.k = data_->data();
+  layout_.v = data_->at<uint8_t>(per_kv * elem);
+  layout_.row_elems = row;
+  layout_.block_tokens = std::max(n_ctx_, 1);  // one block holding the whole context
+  layout_.block_stride_elems = 0;
+  layout_.layer_stride_elems = int64_t{n_ctx_} * row;
 }
 
 // ---------------------------------------------------------------- block pool
@@ -56,21 +33,30 @@ int64_t KvPool::block_bytes_for(const LlamaHparams& hp, int block_tokens, bool f
          static_cast<int64_t>(f16 ? sizeof(uint16_t) : sizeof(float));
 }
 
-KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, bool f16)
+KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, bool f16, kernels::Backend& backend)
     : block_tokens_(block_tokens), n_layer_(hp.n_layer), row_(hp.n_head_kv * hp.head_dim), f16_(f16) {
   if (block_tokens < 1)
     throw Error("the KV block size must be at least 1 token (got " + std::to_string(block_tokens) + ")");
   if (budget_bytes < 0) throw Error("the KV memory budget must not be negative");
   if (n_layer_ < 1 || row_ < 1) throw Error("the model has no key/value rows to cache");
   block_bytes_ = block_bytes_for(hp, block_tokens, f16);
-  total_ = static_cast<int>(std::min<int64_t>(budget_bytes / block_bytes_, INT_MAX / 2));
+  // Slots (block * block_tokens + offset) are int32 on the device.
+  total_ = static_cast<int>(std::min<int64_t>(budget_bytes / block_bytes_, INT_MAX / 2 / block_tokens));
   const size_t elems = static_cast<size_t>(total_) * static_cast<size_t>(n_layer_) * 2 *
                        static_cast<size_t>(block_tokens_) * static_cast<size_t>(row_);
   // Uninitialised on purpose: a pool of a GiB costs nothing until its blocks
   // are written (pages are committed on first touch), and every position is
   // stored before it is read.
-  if (f16_) data16_.reset(new uint16_t[elems]);
-  else data32_.reset(new float[elems]);
+  const int64_t elem = f16_ ? 2 : 4;
+  data_ = backend.alloc(static_cast<int64_t>(elems) * elem);
+  // Per block, per layer: block_tokens K rows, then block_tokens V rows.
+  layout_.type = f16_ ? kernels::DType::F16 : kernels::DType::F32;
+  layout_.k = data_->data();
+  layout_.v = data_->at<uint8_t>(int64_t{block_tokens_} * row_ * elem);
+  layout_.row_elems = row_;
+  layout_.block_tokens = block_tokens_;
+  layout_.layer_stride_elems = 2 * int64_t{block_tokens_} * row_;
+  layout_.block_stride_elems = int64_t{n_layer_} * layout_.layer_stride_elems;
   const size_t nb = static_cast<size_t>(total_);
   ref_.assign(nb, 0);
   free_.reserve(nb);
@@ -197,30 +183,6 @@ void KvPool::publish_prefix(int block, uint64_t chain_hash, const int32_t* block
               sizeof(int32_t) * static_cast<size_t>(block_tokens_));
 }
 
-size_t KvPool::row_offset(int block, int layer, int kv, int slot) const {
-  return (((static_cast<size_t>(block) * static_cast<size_t>(n_layer_) + static_cast<size_t>(layer)) * 2 +
-           static_cast<size_t>(kv)) * static_cast<size_t>(block_tokens_) + static_cast<size_t>(slot)) *
-         static_cast<size_t>(row_);
-}
-
-void* KvPool::k_row(int block, int layer, int slot) {
-  const size_t off = row_offset(block, layer, 0, slot);
-  return f16_ ? static_cast<void*>(data16_.get() + off) : static_cast<void*>(data32_.get() + off);
-}
-
-void* KvPool::v_row(int block, int layer, int slot) {
-  const size_t off = row_offset(block, layer, 1, slot);
-  return f16_ ? static_cast<void*>(data16_.get() + off) : static_cast<void*>(data32_.get() + off);
-}
-
-const void* KvPool::k_row(int block, int layer, int slot) const {
-  return const_cast<KvPool*>(this)->k_row(block, layer, slot);
-}
-
-const void* KvPool::v_row(int block, int layer, int slot) const {
-  return const_cast<KvPool*>(this)->v_row(block, layer, slot);
-}
-
 // ---------------------------------------------------------------- paged sequence
 
 PagedSeq::PagedSeq(KvPool& pool) : pool_(pool) {}
@@ -235,34 +197,10 @@ void PagedSeq::release_all() {
   hashes_.clear();
 }
 
-void PagedSeq::store(int layer, int pos, const float* k, const float* v) {
+int32_t PagedSeq::store_slot(int pos) const {
   const int bt = pool_.block_tokens();
-  const int b = blocks_[static_cast<size_t>(pos / bt)], slot = pos % bt;
-  if (pool_.published(b)) return;  // shared and immutable: already holds these values
-  const int n = pool_.row_elems();
-  if (pool_.f16()) {
-    kernels::f32_to_fp16_row(k, static_cast<uint16_t*>(pool_.k_row(b, layer, slot)), n);
-    kernels::f32_to_fp16_row(v, static_cast<uint16_t*>(pool_.v_row(b, layer, slot)), n);
-  } else {
-    std::memcpy(pool_.k_row(b, layer, slot), k, sizeof(float) * static_cast<size_t>(n));
-    std::memcpy(pool_.v_row(b, layer, slot), v, sizeof(float) * static_cast<size_t>(n));
-  }
-}
-
-const void* PagedSeq::k_row(int layer, int pos) const {
-  const int bt = pool_.block_tokens();
-  return static_cast<const KvPool&>(pool_).k_row(blocks_[static_cast<size_t>(pos / bt)], layer, pos % bt);
-}
-
-const void* PagedSeq::v_row(int layer, int pos) const {
-  const int bt = pool_.block_tokens();
-  return static_cast<const KvPool&>(pool_).v_row(blocks_[static_cast<size_t>(pos / bt)], layer, pos % bt);
-}
-
-KvSeq::Run PagedSeq::run(int layer, int pos) const {
-  // A block's rows of one layer (K, then V) are row_elems apart (KvPool::row_offset).
-  const int bt = pool_.block_tokens();
-  return Run{k_row(layer, pos), v_row(layer, pos), bt - pos % bt, pool_.row_elems()};
+  const int b = blocks_[static_cast<size_t>(pos / bt)];
+  return pool_.published(b) ? -1 : b * bt + pos % bt;
 }
 
 int PagedSeq::blocks_for(int n_positions) const {

@@ -10,9 +10,15 @@
 //   PagedSeq  one sequence's block table over a pool.
 //
 // Rows are n_head_kv*head_dim floats (F32 pool/cache) or fp16 values (F16).
+// The bookkeeping (block ids, reference counts, prefix hashes, LRU) lives on
+// the host; the rows themselves live in one backend buffer per pool or cache
+// (kernels::KvLayout says where), written by the backend's store_kv and read
+// by its paged_attention, so the decoder never touches a row itself.
 // None of these classes is thread-safe: the executor thread that runs the
 // forward pass owns the pool, its sequences and their block tables.
 #pragma once
+
+#include <atelier/backend.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -24,47 +30,42 @@ namespace atelier::text {
 
 struct LlamaHparams;
 
-// What attention needs from a sequence's cache, contiguous or paged.
+// What the decoder needs from a sequence's cache, contiguous or paged: where
+// the storage is, a slot per position to write, and a block table to read.
 class KvSeq {
  public:
   virtual ~KvSeq() = default;
   virtual bool f16() const = 0;
   virtual int capacity() const = 0;  // positions that can be stored now
-  virtual void store(int layer, int pos, const float* k, const float* v) = 0;
-  virtual const void* k_row(int layer, int pos) const = 0;  // n_head_kv*head_dim floats or fp16
-  virtual const void* v_row(int layer, int pos) const = 0;
-
-  // The contiguous run of rows from `pos`: for i < n, k_row(layer, pos + i)
-  // is k + i * stride elements (floats or fp16), and likewise v. n >= 1 for a
-  // pos below capacity(); it may reach past the stored positions (the caller
-  // limits it). The default is a run of one row.
-  struct Run {
-    const void* k = nullptr;
-    const void* v = nullptr;
-    int n = 0;
-    int64_t stride = 0;  // elements between consecutive rows
-  };
-  virtual Run run(int layer, int pos) const { return Run{k_row(layer, pos), v_row(layer, pos), 1, 0}; }
+  // The storage this sequence's rows live in (shared by the sequences of one pool).
+  virtual const kernels::KvLayout& layout() const = 0;
+  // The slot position pos is written to, or -1 when it must not be written
+  // (a published, shared block already holds the same values). pos < capacity().
+  virtual int32_t store_slot(int pos) const = 0;
+  // Block ids in position order over layout(): position p is in block
+  // block_table()[p / layout().block_tokens]. A contiguous cache is one block.
+  virtual const int32_t* block_table() const = 0;
+  virtual int n_blocks() const = 0;
 };
 
 // Per-sequence contiguous cache: for each layer, n_ctx rows of n_head_kv*head_dim.
 class KvCache final : public KvSeq {
  public:
-  KvCache(const LlamaHparams& hp, int n_ctx, bool f16);
+  // The rows in one buffer of `backend` (K of every layer, then V).
+  KvCache(const LlamaHparams& hp, int n_ctx, bool f16, kernels::Backend& backend = kernels::default_cpu_backend());
   int n_ctx() const { return n_ctx_; }
-  bool f16() const override { return f16_; }
+  bool f16() const override { return layout_.type == kernels::DType::F16; }
   int capacity() const override { return n_ctx_; }
-  void store(int layer, int pos, const float* k, const float* v) override;
-  // Row pointers (float* when !f16, uint16_t* when f16).
-  const void* k_row(int layer, int pos) const override;
-  const void* v_row(int layer, int pos) const override;
-  Run run(int layer, int pos) const override;  // the rest of the cache
+  const kernels::KvLayout& layout() const override { return layout_; }
+  int32_t store_slot(int pos) const override { return pos; }
+  const int32_t* block_table() const override { return &block0_; }
+  int n_blocks() const override { return 1; }
 
  private:
-  int n_ctx_, row_, n_layer_;
-  bool f16_;
-  std::vector<float> k32_, v32_;
-  std::vector<uint16_t> k16_, v16_;
+  int n_ctx_;
+  std::unique_ptr<kernels::Buffer> data_;
+  kernels::KvLayout layout_;
+  int32_t block0_ = 0;
 };
 
 // Fixed-size blocks of block_tokens positions (all layers, K and V) from one
@@ -79,7 +80,9 @@ class KvPool {
  public:
   // Throws atelier::Error for block_tokens < 1 or a negative budget. A budget
   // smaller than one block gives a pool of 0 blocks (every allocate() fails).
-  KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, bool f16);
+  // The rows in one buffer of `backend`.
+  KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, bool f16,
+         kernels::Backend& backend = kernels::default_cpu_backend());
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
@@ -121,11 +124,8 @@ class KvPool {
   int64_t prefix_lookups() const { return lookups_; }
   int64_t prefix_hits() const { return hits_; }
 
-  // Row access for PagedSeq: row_elems() floats or fp16 values.
-  void* k_row(int block, int layer, int slot);
-  void* v_row(int block, int layer, int slot);
-  const void* k_row(int block, int layer, int slot) const;
-  const void* v_row(int block, int layer, int slot) const;
+  // Where the blocks' rows live: block b, layer l, K or V, block_tokens slots.
+  const kernels::KvLayout& layout() const { return layout_; }
   int row_elems() const { return row_; }
 
  private:
@@ -133,14 +133,13 @@ class KvPool {
   void lru_unlink(int block);
   void lru_push_back(int block);
   void unpublish(int block);
-  std::size_t row_offset(int block, int layer, int kv, int slot) const;
 
   int block_tokens_, n_layer_, row_;
   bool f16_;
   int64_t block_bytes_;
   int total_ = 0;
-  std::unique_ptr<float[]> data32_;
-  std::unique_ptr<uint16_t[]> data16_;
+  std::unique_ptr<kernels::Buffer> data_;
+  kernels::KvLayout layout_;
   std::vector<int> ref_;
   std::vector<int> free_;  // stack; back() is allocated next
   // Prefix cache: per block, whether published, its hash and its tokens.
@@ -171,12 +170,12 @@ class PagedSeq final : public KvSeq {
 
   bool f16() const override { return pool_.f16(); }
   int capacity() const override { return static_cast<int>(blocks_.size()) * pool_.block_tokens(); }
-  // Writes into a published (shared, immutable) block are skipped: such a
+  const kernels::KvLayout& layout() const override { return pool_.layout(); }
+  // -1 for a position in a published (shared, immutable) block: such a
   // block already holds the same values for the same tokens at the same positions.
-  void store(int layer, int pos, const float* k, const float* v) override;
-  const void* k_row(int layer, int pos) const override;
-  const void* v_row(int layer, int pos) const override;
-  Run run(int layer, int pos) const override;  // the rest of pos's block
+  int32_t store_slot(int pos) const override;
+  const int32_t* block_table() const override { return blocks_.data(); }
+  int n_blocks() const override { return static_cast<int>(blocks_.size()); }
 
   // For preemption or the end of the sequence: give every block back (last
   // block first, so that cached prefixes are evicted from their tail).

@@ -28,7 +28,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 class GgufLoader {
  public:
-  GgufLoader(const formats::GgufFile& f, LlamaWeights& w) : f_(f), w_(w) {}
+  GgufLoader(const formats::GgufFile& f, LlamaWeights& w, kernels::Backend& be) : f_(f), w_(w), be_(be) {}
 
   // A 2-D matrix of `rows` rows of `cols`. Types matmul cannot read directly are
   // converted once at load (to Q8_0 when the row allows it, else F32).
@@ -54,21 +54,20 @@ class GgufLoader {
     return f_.find_tensor(name) ? vector(name, n) : std::vector<float>{};
   }
 
-  // The copy of v that this CPU's matmul is fastest with (kernels::pack_weights),
-  // or v itself when there is none. Done once at load: the packed Q8_0 tile
-  // on AVX-512 is about 3x faster than the GGML layout's for batched decoding.
-  // With release_source the file's pages of v, no longer read, leave this
-  // process's mapping, so the model is not resident twice (they stay in the
-  // page cache; a later read would fault them back in from the file).
+  // The view of v the backend's matmul is fastest with (on the CPU,
+  // kernels::pack_weights), or v itself when there is none. Done once at
+  // load: the packed Q8_0 tile on AVX-512 is about 3x faster than the GGML
+  // layout's for batched decoding. With release_source the file's pages of
+  // v, no longer read, leave this process's mapping, so the model is not
+  // resident twice (they stay in the page cache; a later read would fault
+  // them back in from the file).
   WeightView packed(const WeightView& v, bool release_source) {
-    const int64_t bytes = kernels::packed_weight_bytes(v);
-    if (bytes == 0) return v;
-    auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes + 64));
-    void* aligned = buf->data() + (64 - reinterpret_cast<uintptr_t>(buf->data()) % 64) % 64;
+    std::unique_ptr<kernels::Buffer> storage;
+    const WeightView p = be_.prepare_weights(v, storage);
+    if (!storage) return p;
     // Only the file's pages: a matrix converted at load lives in `owned`.
     const bool from_file = std::none_of(w_.owned.begin(), w_.owned.end(), [&](const auto& o) { return o->data() == v.data; });
-    w_.owned.push_back(buf);
-    const WeightView p = kernels::pack_weights(v, aligned);
+    w_.prepared.push_back(std::move(storage));
     if (release_source && from_file) {
       const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
       const auto begin = reinterpret_cast<uintptr_t>(v.data), end = begin + static_cast<uintptr_t>(v.rows * v.row_stride_bytes);
@@ -110,12 +109,13 @@ class GgufLoader {
 
   const formats::GgufFile& f_;
   LlamaWeights& w_;
+  kernels::Backend& be_;
   std::map<std::string, int> type_counts_;
 };
 
 }  // namespace
 
-LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
+LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::Backend& backend) {
   const formats::GgufFile& f = *file;
   LlamaWeights w;
   w.format = "gguf";
@@ -161,7 +161,7 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file) {
   if (emb.shape.size() != 2) throw bad("token_embd.weight must be 2-D");
   hp.n_vocab = static_cast<int>(emb.shape[1]);
 
-  GgufLoader ld(f, w);
+  GgufLoader ld(f, w, backend);
   const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
   w.tok_embd = ld.matrix("token_embd.weight", d, hp.n_vocab);
   w.output_norm = ld.vector("output_norm.weight", d);
@@ -247,94 +247,42 @@ LlamaWeights load_llama2c(const std::string& path) {
 
 // ---------------------------------------------------------------- forward pass
 
-LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex) : w_(w), ex_(ex) {}
+LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex)
+    : w_(w), own_backend_(kernels::make_cpu_backend(ex)), be_(*own_backend_) {}
 
-void LlamaRunner::ensure_scratch(int n, int n_logits) {
+LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Backend& backend) : w_(w), be_(backend) {}
+
+void LlamaRunner::ensure_workspace(int n, int n_logits) {
   const LlamaHparams& hp = w_.hp;
-  if (n > cap_) {
-    const size_t N = static_cast<size_t>(n);
-    const size_t d = static_cast<size_t>(hp.n_embd), qd = static_cast<size_t>(hp.n_head * hp.head_dim),
-                 kvd = static_cast<size_t>(hp.n_head_kv * hp.head_dim), ff = static_cast<size_t>(hp.n_ff);
-    x_.resize(N * d);
-    xn_.resize(N * d);
-    q_.resize(N * qd);
-    k_.resize(N * kvd);
-    v_.resize(N * kvd);
-    att_out_.resize(N * qd);
-    tmp_.resize(N * d);
-    gate_.resize(N * ff);
-    up_.resize(N * ff);
-    row_seq_.resize(N);
-    row_pos_.resize(N);
-    cap_ = n;
-  }
-  if (n_logits > cap_logits_) {
-    logits_.resize(static_cast<size_t>(n_logits) * static_cast<size_t>(hp.n_vocab));
-    cap_logits_ = n_logits;
+  if (n <= cap_ && n_logits <= cap_logits_) return;
+  // Grown to the largest step seen (and never shrunk), so a steady state of
+  // steps allocates nothing.
+  cap_ = std::max(cap_, n);
+  cap_logits_ = std::max(cap_logits_, n_logits);
+  const int64_t N = cap_, d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim,
+                kvd = int64_t{hp.n_head_kv} * hp.head_dim, ff = hp.n_ff;
+  // Each array 64-byte aligned (16 floats).
+  auto round = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const int64_t sizes[] = {N * d, N * d, N * d, N * qd, N * qd, N * kvd, N * kvd, N * ff, N * ff,
+                           int64_t{cap_logits_} * hp.n_vocab};
+  int64_t total = 0;
+  for (int64_t z : sizes) total += round(z);
+  work_.reset();
+  work_ = be_.alloc(total * int64_t{sizeof(float)});
+  be_.clear(*work_);  // its pages committed here, once per growth, rather than inside the ops
+  float* base = work_->at<float>(0);
+  float** dst[] = {&x_, &xn_, &tmp_, &q_, &att_, &k_, &v_, &gate_, &up_, &logits_};
+  for (int i = 0; i < 10; ++i) {
+    *dst[i] = base;
+    base += round(sizes[i]);
   }
 }
 
-void LlamaRunner::attention(int rows, int layer, const SeqInput* seqs) {
-  const LlamaHparams& hp = w_.hp;
-  const int hd = hp.head_dim, qd = hp.n_head * hd, group = hp.n_head / hp.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Each task is one row's heads h0..h1: it reads only the row's own
-  // sequence's cache, and each head's arithmetic depends only on that row and
-  // head, so the result is the same whatever else is in the step and however
-  // the tasks are split. A task walks each run of cached positions once for
-  // all its heads, position by position (the *_heads ops), so the run's K and
-  // V rows stream through in address order. Heads are split only as far as
-  // the threads need (generation: one row, one head per task).
-  const int threads = ex_ ? ex_->threads() : 1;
-  const int span = std::clamp(hp.n_head * rows / (4 * threads), 1, hp.n_head);
-  const int chunks = (hp.n_head + span - 1) / span;
-  auto task = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(span) * static_cast<size_t>(max_len_));
-    for (int64_t t = begin; t < end; ++t) {
-      const int i = static_cast<int>(t / chunks), h0 = static_cast<int>(t % chunks) * span;
-      const int h1 = std::min(hp.n_head, h0 + span);
-      const KvSeq& cache = *seqs[row_seq_[static_cast<size_t>(i)]].kv;
-      const bool f16 = cache.f16();
-      const int len = row_pos_[static_cast<size_t>(i)] + 1;
-      const float* q = q_.data() + static_cast<size_t>(i) * qd;
-      float* out = att_out_.data() + static_cast<size_t>(i) * qd;
-      auto head_scores = [&](int h) { return scores.data() + static_cast<size_t>(h - h0) * static_cast<size_t>(len); };
-      // Runs of contiguous cached rows (the whole context for a KvCache, the
-      // rest of a block for a PagedSeq). Each position's dot is the one-row
-      // dot, and the V accumulation is one FMA per position in position order,
-      // so the result does not depend on how the positions are grouped.
-      kernels::AttnHeads heads;
-      heads.h0 = h0;
-      heads.h1 = h1;
-      heads.group = group;
-      heads.head_dim = hd;
-      for (int p = 0; p < len;) {
-        const KvSeq::Run run = cache.run(layer, p);
-        const int n = std::min(run.n, len - p);
-        float* s = scores.data() + p;
-        if (f16) kernels::dot_f16_heads(static_cast<const uint16_t*>(run.k), run.stride, n, heads, q, s, len);
-        else kernels::dot_f32_heads(static_cast<const float*>(run.k), run.stride, n, heads, q, s, len);
-        for (int h = h0; h < h1; ++h)
-          for (int j = 0; j < n; ++j) s[(h - h0) * len + j] *= scale;
-        p += n;
-      }
-      for (int h = h0; h < h1; ++h) {
-        kernels::softmax(head_scores(h), len);
-        std::fill(out + h * hd, out + (h + 1) * hd, 0.0f);
-      }
-      for (int p = 0; p < len;) {
-        const KvSeq::Run run = cache.run(layer, p);
-        const int n = std::min(run.n, len - p);
-        const float* a = scores.data() + p;
-        if (f16) kernels::axpy_f16_heads(a, len, static_cast<const uint16_t*>(run.v), run.stride, n, heads, out);
-        else kernels::axpy_f32_heads(a, len, static_cast<const float*>(run.v), run.stride, n, heads, out);
-        p += n;
-      }
-    }
-  };
-  const int64_t tasks = int64_t{rows} * chunks;
-  if (ex_) ex_->parallel_for(tasks, task);
-  else task(0, tasks);
+void LlamaRunner::ensure_meta(int64_t n) {
+  if (n <= cap_meta_) return;
+  cap_meta_ = std::max(n, 2 * cap_meta_);
+  meta_.reset();
+  meta_ = be_.alloc(cap_meta_ * int64_t{sizeof(int32_t)});
 }
 
 void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits) {
@@ -355,6 +303,8 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   const LlamaHparams& hp = w_.hp;
   // Check everything before computing anything.
   int rows = 0, n_logits = 0, max_len = 0;
+  int64_t table_entries = 0;
+  storages_.clear();
   for (int s = 0; s < count; ++s) {
     const SeqInput& in = seqs[s];
     if (in.n <= 0) continue;
@@ -373,103 +323,120 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     rows += in.n;
     max_len = std::max(max_len, in.pos0 + in.n);
     if (in.logits) ++n_logits;
+    table_entries += in.kv->n_blocks();
+    if (std::none_of(storages_.begin(), storages_.end(), [&](const KvSeq* o) { return o->layout().k == in.kv->layout().k; }))
+      storages_.push_back(in.kv);
   }
   if (rows == 0) return;
-  ensure_scratch(rows, n_logits);
-  max_len_ = max_len;
+  ensure_workspace(rows, n_logits);
+
+  // The step's metadata, in one int32 array: token ids, positions, each
+  // row's block-table offset, the rows whose logits are wanted, then per KV
+  // storage the rows' slots (-1: not this storage's, or a shared block) and
+  // attention lengths (0: not this storage's), then the block tables.
+  const int n_storages = static_cast<int>(storages_.size());
+  const int64_t R = rows;
+  const int64_t o_ids = 0, o_pos = R, o_table = 2 * R, o_logit = 3 * R, o_slots = 3 * R + n_logits;
+  const int64_t o_tables = o_slots + 2 * R * n_storages;
+  const int64_t n_meta = o_tables + table_entries;
+  ensure_meta(n_meta);
+  meta_host_.resize(static_cast<size_t>(std::max<int64_t>(n_meta, int64_t(meta_host_.size()))));
+  int32_t* m = meta_host_.data();
+  std::fill(m + o_slots, m + o_tables, 0);
+  for (int g = 0; g < n_storages; ++g) std::fill(m + o_slots + 2 * R * g, m + o_slots + 2 * R * g + R, -1);
+  int64_t t = o_tables;
+  for (int s = 0, r = 0, lg = 0; s < count; ++s) {
+    const SeqInput& in = seqs[s];
+    if (in.n <= 0) continue;
+    const int g = static_cast<int>(std::find_if(storages_.begin(), storages_.end(), [&](const KvSeq* o) {
+                                     return o->layout().k == in.kv->layout().k;
+                                   }) - storages_.begin());
+    const int32_t* table = in.kv->block_table();
+    std::copy(table, table + in.kv->n_blocks(), m + t);
+    for (int i = 0; i < in.n; ++i, ++r) {
+      const int pos = in.pos0 + i;
+      m[o_ids + r] = in.tokens[i];
+      m[o_pos + r] = pos;
+      m[o_table + r] = static_cast<int32_t>(t - o_tables);
+      m[o_slots + 2 * R * g + r] = in.kv->store_slot(pos);
+      m[o_slots + 2 * R * g + R + r] = pos + 1;
+    }
+    t += in.kv->n_blocks();
+    if (in.logits) m[o_logit + lg++] = r - 1;
+  }
+  be_.upload(*meta_, 0, m, n_meta * int64_t{sizeof(int32_t)});
+  const int32_t* dm = meta_->at<int32_t>(0);
 
   const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
-  for (int s = 0, r = 0; s < count; ++s) {
-    const SeqInput& in = seqs[s];
-    for (int i = 0; i < in.n; ++i, ++r) {
-      row_seq_[static_cast<size_t>(r)] = s;
-      row_pos_[static_cast<size_t>(r)] = in.pos0 + i;
-      const uint8_t* row = static_cast<const uint8_t*>(w_.tok_embd.data) + int64_t{in.tokens[i]} * w_.tok_embd.row_stride_bytes;
-      kernels::dequantize_row(w_.tok_embd.type, row, x_.data() + r * d, d);
-    }
-  }
-  auto add_rows = [&](float* dst, const float* src, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
-  };
-  auto add_bias = [&](float* dst, const std::vector<float>& b, int64_t width) {
-    if (b.empty()) return;
-    for (int r = 0; r < rows; ++r) add_rows(dst + r * width, b.data(), width);
-  };
-  // Row-wise work (norms, residual adds, SwiGLU, RoPE and KV stores, the
-  // logits copy) is split over the threads too: at 16 decode rows, done on
-  // one thread while the other waited, it was about a tenth of the step.
-  auto for_each = [&](int64_t n, auto&& f) {
-    auto body = [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) f(i);
-    };
-    if (ex_ && n > 1) ex_->parallel_for(n, body);
-    else body(0, n);
-  };
-  auto for_rows = [&](auto&& f) { for_each(rows, f); };
-  const float* factors = w_.rope_freq_factors.empty() ? nullptr : w_.rope_freq_factors.data();
-  for_rows([&](int64_t r) {
-    kernels::rms_norm(x_.data() + r * d, w_.layers[0].attn_norm.data(), xn_.data() + r * d, d, hp.rms_eps);
-  });
+  const int64_t ff = hp.n_ff;
+  kernels::RopeParams rq;
+  rq.n_heads = hp.n_head;
+  rq.head_dim = hp.head_dim;
+  rq.rot_dim = hp.n_rot;
+  rq.freq_base = hp.rope_freq_base;
+  rq.freq_scale = hp.rope_freq_scale;
+  rq.neox = hp.rope_neox;
+  rq.freq_factors = w_.rope_freq_factors.empty() ? nullptr : w_.rope_freq_factors.data();
+  kernels::RopeParams rk = rq;
+  rk.n_heads = hp.n_head_kv;
+  kernels::PagedAttention att;
+  att.rows = rows;
+  att.n_head = hp.n_head;
+  att.n_head_kv = hp.n_head_kv;
+  att.head_dim = hp.head_dim;
+  att.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  att.max_len = max_len;
+  att.row_table = dm + o_table;
+  att.block_tables = dm + o_tables;
+
+  be_.get_rows(w_.tok_embd, dm + o_ids, x_, rows);
+  be_.rms_norm(x_, w_.layers[0].attn_norm.data(), xn_, rows, d, hp.rms_eps);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
     {
       const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
-      float* y[] = {q_.data(), k_.data(), v_.data()};
-      kernels::matmul_many(w, y, 3, xn_.data(), rows, ex_);
+      float* y[] = {q_, k_, v_};
+      be_.matmul_many(w, y, 3, xn_, rows);
     }
-    add_bias(q_.data(), L.bq, qd);
-    add_bias(k_.data(), L.bk, kvd);
-    add_bias(v_.data(), L.bv, kvd);
-    // Each row stores its own position (at 16 decode rows: about 1 ms of a 12 ms step).
-    for_rows([&](int64_t r) {
-      const int pos = row_pos_[static_cast<size_t>(r)];
-      kernels::rope(q_.data() + r * qd, hp.n_head, hp.head_dim, hp.n_rot, pos, hp.rope_freq_base, hp.rope_freq_scale,
-                    hp.rope_neox, factors);
-      kernels::rope(k_.data() + r * kvd, hp.n_head_kv, hp.head_dim, hp.n_rot, pos, hp.rope_freq_base,
-                    hp.rope_freq_scale, hp.rope_neox, factors);
-      seqs[row_seq_[static_cast<size_t>(r)]].kv->store(l, pos, k_.data() + r * kvd, v_.data() + r * kvd);
-    });
-    attention(rows, l, seqs);
-    kernels::matmul(L.wo, att_out_.data(), tmp_.data(), rows, ex_);
-    for_rows([&](int64_t r) {
-      add_rows(x_.data() + r * d, tmp_.data() + r * d, d);
-      kernels::rms_norm(x_.data() + r * d, L.ffn_norm.data(), xn_.data() + r * d, d, hp.rms_eps);
-    });
+    if (!L.bq.empty()) be_.add_bias(q_, L.bq.data(), rows, qd);
+    if (!L.bk.empty()) be_.add_bias(k_, L.bk.data(), rows, kvd);
+    if (!L.bv.empty()) be_.add_bias(v_, L.bv.data(), rows, kvd);
+    att.layer = l;
+    if (n_storages == 1) {  // the usual step: every row in one pool
+      be_.rope_store_kv(q_, k_, v_, rows, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
+    } else {
+      be_.rope(q_, rows, dm + o_pos, rq);
+      be_.rope(k_, rows, dm + o_pos, rk);
+      for (int g = 0; g < n_storages; ++g)
+        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * R * g, rows);
+    }
+    for (int g = 0; g < n_storages; ++g) {
+      att.row_len = dm + o_slots + 2 * R * g + R;
+      be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
+    }
+    be_.matmul(L.wo, att_, tmp_, rows);
+    be_.add_rms_norm(x_, tmp_, L.ffn_norm.data(), xn_, rows, d, hp.rms_eps);
     {
       const WeightView* w[] = {&L.w_gate, &L.w_up};
-      float* y[] = {gate_.data(), up_.data()};
-      kernels::matmul_many(w, y, 2, xn_.data(), rows, ex_);
+      float* y[] = {gate_, up_};
+      be_.matmul_many(w, y, 2, xn_, rows);
     }
-    const int64_t ff = hp.n_ff;
-    for_rows([&](int64_t r) { kernels::swiglu(gate_.data() + r * ff, up_.data() + r * ff, gate_.data() + r * ff, ff); });
-    kernels::matmul(L.w_down, gate_.data(), tmp_.data(), rows, ex_);
+    be_.swiglu(gate_, up_, gate_, rows, ff);
+    be_.matmul(L.w_down, gate_, tmp_, rows);
     // The residual, and the next layer's attention norm with it.
     const float* next_norm = l + 1 < hp.n_layer ? w_.layers[static_cast<size_t>(l) + 1].attn_norm.data() : nullptr;
-    for_rows([&](int64_t r) {
-      add_rows(x_.data() + r * d, tmp_.data() + r * d, d);
-      if (next_norm) kernels::rms_norm(x_.data() + r * d, next_norm, xn_.data() + r * d, d, hp.rms_eps);
-    });
+    be_.add_rms_norm(x_, tmp_, next_norm, xn_, rows, d, hp.rms_eps);
   }
   if (n_logits == 0) return;
   // The last row of every sequence that wants logits, gathered, through one
   // matmul (row-invariant, so each row's logits are those it would get alone).
-  int g = 0;
-  for (int s = 0, r = 0; s < count; ++s) {
-    const SeqInput& in = seqs[s];
-    r += in.n;
-    if (in.n <= 0 || !in.logits) continue;
-    kernels::rms_norm(x_.data() + (r - 1) * d, w_.output_norm.data(), xn_.data() + g * d, d, hp.rms_eps);
-    ++g;
-  }
-  kernels::matmul(w_.output, xn_.data(), logits_.data(), n_logits, ex_);
-  std::vector<float*> dst;
-  for (int s = 0; s < count; ++s)
-    if (seqs[s].n > 0 && seqs[s].logits) dst.push_back(seqs[s].logits);
-  // 16 rows of a 32000-word vocabulary are 2 MB: copied by both threads.
-  const size_t nv = static_cast<size_t>(hp.n_vocab);
-  for_each(n_logits, [&](int64_t k) {
-    std::memcpy(dst[static_cast<size_t>(k)], logits_.data() + static_cast<size_t>(k) * nv, sizeof(float) * nv);
-  });
+  be_.copy_rows(x_, dm + o_logit, tmp_, n_logits, d);
+  be_.rms_norm(tmp_, w_.output_norm.data(), xn_, n_logits, d, hp.rms_eps);
+  be_.matmul(w_.output, xn_, logits_, n_logits);
+  const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
+  const int64_t logits_offset = reinterpret_cast<uint8_t*>(logits_) - work_->at<uint8_t>(0);
+  for (int s = 0, k = 0; s < count; ++s)
+    if (seqs[s].n > 0 && seqs[s].logits) be_.download(*work_, logits_offset + k++ * row_bytes, seqs[s].logits, row_bytes);
 }
 
 }  // namespace atelier::text

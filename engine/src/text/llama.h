@@ -5,6 +5,7 @@
 // attention, SwiGLU feed-forward, tied or separate output matrix.
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include <cstdint>
@@ -55,11 +56,15 @@ struct LlamaWeights {
   // Owners of the memory the views point into.
   std::shared_ptr<formats::GgufFile> gguf;
   std::shared_ptr<formats::MappedFile> map;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // matrices converted or packed at load
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // matrices converted at load
+  std::vector<std::shared_ptr<kernels::Buffer>> prepared;     // matrices the backend re-laid out at load
 };
 
 // Throw atelier::Error (Unsupported architecture, missing tensors, shape mismatches).
-LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file);
+// The matrices are prepared for `backend` (Backend::prepare_weights: packed
+// for this CPU's fastest tile on the CPU backend).
+LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file,
+                             kernels::Backend& backend = kernels::default_cpu_backend());
 LlamaWeights load_llama2c(const std::string& path);
 
 // One sequence's share of a forward_batch step.
@@ -71,16 +76,22 @@ struct SeqInput {
   float* logits = nullptr;  // non-null: receive the logits of this sequence's LAST token (n_vocab floats)
 };
 
-// Scratch buffers and the forward pass. One per executor (or per running
-// sequence); the scratch grows to the largest step seen and is then reused.
+// The forward pass on a backend. Activations and the step's metadata
+// (token ids, positions, KV slots, block tables) live in one workspace buffer
+// of the backend, sized for the largest step seen and then reused; every
+// arithmetic step is one row-batched backend op over all the step's rows.
+// One per executor (or per running sequence).
 class LlamaRunner {
  public:
+  // On the CPU backend over `ex` (nullptr: the calling thread).
   LlamaRunner(const LlamaWeights& w, kernels::Executor* ex);
+  // On `backend` (the weights prepared for it, the caches' storage on it).
+  LlamaRunner(const LlamaWeights& w, kernels::Backend& backend);
   // Runs n tokens at positions pos0..pos0+n-1 through the model, appending
   // to the cache. When logits is non-null, writes the last token's n_vocab logits.
   // The same as forward_batch with one sequence.
   void forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits);
-  // One step over several sequences: all their rows go through each matmul
+  // One step over several sequences: all their rows go through each op
   // together; attention of each row reads only its own sequence's cache.
   // Batch-invariant: a sequence's logits and cache contents are bit-identical
   // whatever else shares the step and however many threads run it.
@@ -91,15 +102,23 @@ class LlamaRunner {
   void forward_batch(const SeqInput* seqs, int count);
 
  private:
-  void ensure_scratch(int rows, int n_logits);
-  void attention(int rows, int layer, const SeqInput* seqs);
+  void ensure_workspace(int rows, int n_logits);
+  void ensure_meta(int64_t int32s);
 
   const LlamaWeights& w_;
-  kernels::Executor* ex_;
+  std::unique_ptr<kernels::Backend> own_backend_;  // the CPU backend of the Executor constructor
+  kernels::Backend& be_;
+  // Activations: rows x (x, xn, tmp: n_embd; q, att: n_head*head_dim;
+  // k, v: n_head_kv*head_dim; gate, up: n_ff); logits: n_logits x n_vocab.
+  std::unique_ptr<kernels::Buffer> work_;
   int cap_ = 0, cap_logits_ = 0;
-  std::vector<float> x_, xn_, q_, k_, v_, att_out_, tmp_, gate_, up_, logits_;
-  std::vector<int> row_seq_, row_pos_;  // per row: index into the step's sequences, position
-  int max_len_ = 0;                      // longest attention span in the current step
+  float *x_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *att_ = nullptr, *k_ = nullptr,
+        *v_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr;
+  // The step's int32 metadata, staged on the host and uploaded in one copy.
+  std::unique_ptr<kernels::Buffer> meta_;
+  int64_t cap_meta_ = 0;
+  std::vector<int32_t> meta_host_;
+  std::vector<const KvSeq*> storages_;  // one sequence per distinct KV storage of the step
 };
 
 }  // namespace atelier::text

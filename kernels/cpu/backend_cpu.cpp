@@ -1,0 +1,447 @@
+// The CPU backend: each op forwards to the kernels of kernels.h, split over
+// the executor's threads by whole rows, so its results are bit for bit those
+// of calling the kernels directly (and a row's never depends on the others).
+#include <atelier/backend.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+namespace atelier::kernels {
+
+namespace {
+
+class HostBuffer final : public Buffer {
+ public:
+  explicit HostBuffer(int64_t bytes)
+      : bytes_(bytes),
+        data_(::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 64)), std::align_val_t{64})) {}
+  ~HostBuffer() override { ::operator delete(data_, std::align_val_t{64}); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  void* data() override { return data_; }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  int64_t bytes_;
+  void* data_;
+};
+
+// Row address of slot s in a KV layout (see KvLayout).
+template <class T>
+T* kv_row(void* base, const KvLayout& kv, int layer, int64_t slot) {
+  const int64_t bt = kv.block_tokens;
+  return static_cast<T*>(base) + (slot / bt) * kv.block_stride_elems + layer * kv.layer_stride_elems +
+         (slot % bt) * kv.row_elems;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(Executor* ex) : ex_(ex) {}
+
+  DeviceInfo device() const override {
+    DeviceInfo d;
+    d.name = "cpu";
+    d.description = "x86-64, " + std::string(simd_level()) + ", " + std::to_string(ex_ ? ex_->threads() : 1) +
+                    (ex_ && ex_->threads() > 1 ? " threads" : " thread");
+    d.host_memory = true;
+    return d;
+  }
+
+  std::unique_ptr<Buffer> alloc(int64_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
+  void upload(Buffer& dst, int64_t offset, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst.at<uint8_t>(offset), src, static_cast<size_t>(bytes));
+  }
+  void download(Buffer& src, int64_t offset, void* dst, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src.at<uint8_t>(offset), static_cast<size_t>(bytes));
+  }
+  void synchronize() override {}  // every op has finished when it returns
+  void clear(Buffer& b, uint8_t value) override { std::memset(b.data(), value, static_cast<size_t>(b.bytes())); }
+
+  WeightView prepare_weights(const WeightView& w, std::unique_ptr<Buffer>& storage) override {
+    const int64_t bytes = packed_weight_bytes(w);
+    if (bytes == 0) return w;
+    storage = alloc(bytes);
+    return pack_weights(w, storage->data());
+  }
+
+  void matmul(const WeightView& w, const float* x, float* y, int64_t rows) override {
+    kernels::matmul(w, x, y, rows, ex_);
+  }
+  void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t rows) override {
+    kernels::matmul_many(w, y, count, x, rows, ex_);
+  }
+  void get_rows(const WeightView& table, const int32_t* ids, float* y, int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* row = static_cast<const uint8_t*>(table.data) + int64_t{ids[r]} * table.row_stride_bytes;
+      dequantize_row(table.type, row, y + r * table.cols, table.cols);
+    }
+  }
+  void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) override {
+    for_rows(rows, [&](int64_t r) {
+      std::memcpy(y + r * dim, x + int64_t{ids[r]} * dim, sizeof(float) * static_cast<size_t>(dim));
+    });
+  }
+
+  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
+    for_rows(rows, [&](int64_t r) { kernels::rms_norm(x + r * dim, weight, y + r * dim, dim, eps); });
+  }
+  void add_rms_norm(float* x, const float* delta, const float* weight, float* y, int64_t rows, int64_t dim,
+                    float eps) override {
+    for_rows(rows, [&](int64_t r) {
+      float* xr = x + r * dim;
+      const float* dr = delta + r * dim;
+      for (int64_t j = 0; j < dim; ++j) xr[j] += dr[j];
+      if (weight) kernels::rms_norm(xr, weight, y + r * dim, dim, eps);
+    });
+  }
+  void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
+                  float eps) override {
+    kernels::layer_norm(x, y, rows, dim, gamma, beta, eps, ex_);
+  }
+  void group_norm(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
+                  const float* beta, float eps, bool silu) override {
+    kernels::group_norm(x, y, n, c, hw, groups, gamma, beta, eps, silu, ex_);
+  }
+
+  void rope(float* x, int64_t rows, const int32_t* positions, const RopeParams& p) override {
+    const int64_t width = p.n_heads * p.head_dim;
+    for_rows(rows, [&](int64_t r) {
+      kernels::rope(x + r * width, p.n_heads, p.head_dim, p.rot_dim, positions[r], p.freq_base, p.freq_scale, p.neox,
+                    p.freq_factors);
+    });
+  }
+  void add(const float* a, const float* b, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+  void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < dim; ++j) x[r * dim + j] += bias[j];
+  }
+  void activation(Activation a, const float* x, float* y, int64_t n) override { kernels::activation(a, x, y, n, ex_); }
+  void swiglu(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) override {
+    // Row by row: the SIMD loop's tail would round a row's last elements
+    // differently if rows were run as one long array.
+    for_rows(rows, [&](int64_t r) { kernels::swiglu(gate + r * dim, up + r * dim, out + r * dim, dim); });
+  }
+  void geglu(const float* x, float* y, int64_t rows, int64_t dim) override { kernels::geglu(x, y, rows, dim, ex_); }
+  void softmax(float* x, int64_t rows, int64_t n) override {
+    for_rows(rows, [&](int64_t r) { kernels::softmax(x + r * n, n); });
+  }
+
+  void affine(const float* x, float* y, int64_t n, const Affine& a) override {
+    const bool add = a.add != 0.0f, mul = a.mul != 1.0f, div = a.div != 1.0f;
+    const bool clamp = a.lo != -INFINITY || a.hi != INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      float v = x[i];
+      if (add) v += a.add;
+      if (mul) v *= a.mul;
+      if (div) v /= a.div;
+      if (clamp) v = std::clamp(v, a.lo, a.hi);
+      y[i] = v;
+    }
+  }
+  void copy(const float* x, float* y, int64_t n) override {
+    if (n > 0) std::memcpy(y, x, sizeof(float) * static_cast<size_t>(n));
+  }
+  void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) override {
+    for (int64_t p = 0; p < planes; ++p) {
+      float* r = x + p * hw;
+      const float v = bias[p];
+      for (int64_t i = 0; i < hw; ++i) r[i] += v;
+    }
+  }
+  void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
+                     int64_t hw) override {
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(a + i * planes_a * hw, planes_a * hw, y + i * (planes_a + planes_b) * hw);
+      std::copy_n(b + i * planes_b * hw, planes_b * hw, y + (i * (planes_a + planes_b) + planes_a) * hw);
+    }
+  }
+  void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos,
+                          float downscale_freq_shift, float max_period) override {
+    kernels::timestep_embedding(t, n, dim, out, flip_sin_to_cos, downscale_freq_shift, max_period);
+  }
+  void relu(const float* x, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
+  }
+  void tanh_clamp(const float* x, float* y, int64_t n, float limit) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i] / limit) * limit;
+  }
+  void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = x + (b * rows + r) * cols;
+        float* dst = y + b * rows * cols + r;
+        for (int64_t c = 0; c < cols; ++c) dst[c * rows] = src[c];
+      }
+  }
+  void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const Pad2d& p) override {
+    const int64_t oh = p.top + h + p.bottom, ow = p.left + w + p.right;
+    std::fill(y, y + planes * oh * ow, 0.0f);
+    for (int64_t c = 0; c < planes; ++c)
+      for (int64_t r = 0; r < h; ++r)
+        std::copy_n(x + (c * h + r) * w, w, y + (c * oh + p.top + r) * ow + p.left);
+  }
+
+  void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
+                int64_t rows) override {
+    const int64_t n = kv.row_elems;
+    for_rows(rows, [&](int64_t r) { store_row(kv, layer, k + r * n, v + r * n, slots[r]); });
+  }
+
+  void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions, const RopeParams& rq,
+                     const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) override {
+    const int64_t qw = rq.n_heads * rq.head_dim, n = kv.row_elems;
+    for_rows(rows, [&](int64_t r) {
+      kernels::rope(q + r * qw, rq.n_heads, rq.head_dim, rq.rot_dim, positions[r], rq.freq_base, rq.freq_scale, rq.neox,
+                    rq.freq_factors);
+      kernels::rope(k + r * n, rk.n_heads, rk.head_dim, rk.rot_dim, positions[r], rk.freq_base, rk.freq_scale, rk.neox,
+                    rk.freq_factors);
+      store_row(kv, layer, k + r * n, v + r * n, slots[r]);
+    });
+  }
+  void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) override;
+
+  void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) override {
+    kernels::attention(s, q, k, v, out, ex_);
+  }
+  void causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                        float* out) override;
+  void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias,
+              float* y) override {
+    kernels::conv2d(s, x, w_type, weight, bias, y, ex_);
+  }
+  void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w) override {
+    kernels::upsample_nearest2x(x, y, planes, h, w, ex_);
+  }
+
+ private:
+  // Rows split over the threads from 2 rows on (a decode step's single row
+  // runs on the calling thread: waking the pool would cost more).
+  template <class F>
+  void for_rows(int64_t n, F&& f) {
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) f(i);
+    };
+    if (ex_ && n > 1) ex_->parallel_for(n, body);
+    else body(0, n);
+  }
+
+  static void store_row(const KvLayout& kv, int layer, const float* k, const float* v, int32_t s) {
+    if (s < 0) return;
+    const int64_t n = kv.row_elems;
+    if (kv.type == DType::F16) {
+      f32_to_fp16_row(k, kv_row<uint16_t>(kv.k, kv, layer, s), n);
+      f32_to_fp16_row(v, kv_row<uint16_t>(kv.v, kv, layer, s), n);
+    } else {
+      std::memcpy(kv_row<float>(kv.k, kv, layer, s), k, sizeof(float) * static_cast<size_t>(n));
+      std::memcpy(kv_row<float>(kv.v, kv, layer, s), v, sizeof(float) * static_cast<size_t>(n));
+    }
+  }
+
+  Executor* ex_;
+};
+
+void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {
+  const int64_t hd = a.head_dim, qd = a.n_head * hd;
+  const int group = a.n_head / a.n_head_kv;
+  const bool f16 = kv.type == DType::F16;
+  // Each task is one row's heads h0..h1: it reads only the row's own
+  // sequence's cache, and each head's arithmetic depends only on that row and
+  // head, so the result is the same whatever else is in the step and however
+  // the tasks are split. A task walks each block's run of cached positions
+  // once for all its heads, position by position (the *_heads ops), so the
+  // run's K and V rows stream through in address order. Heads are split only
+  // as far as the threads need (generation: one row, one head per task).
+  const int threads = ex_ ? ex_->threads() : 1;
+  const int span = static_cast<int>(std::clamp<int64_t>(a.n_head * a.rows / (4 * threads), 1, a.n_head));
+  const int chunks = (a.n_head + span - 1) / span;
+  const int bt = kv.block_tokens;
+  auto task = [&](int64_t begin, int64_t end) {
+    // Grown once per thread to the longest span seen, then reused.
+    thread_local std::vector<float> scores;
+    const size_t need = static_cast<size_t>(span) * static_cast<size_t>(std::max(a.max_len, 1));
+    if (scores.size() < need) scores.resize(need);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / chunks;
+      const int h0 = static_cast<int>(t % chunks) * span, h1 = std::min(a.n_head, h0 + span);
+      const int len = a.row_len[i];
+      if (len <= 0) continue;
+      const int32_t* table = a.block_tables + a.row_table[i];
+      const float* qi = q + i * qd;
+      float* o = out + i * qd;
+      AttnHeads heads;
+      heads.h0 = h0;
+      heads.h1 = h1;
+      heads.group = group;
+      heads.head_dim = hd;
+      // Runs of contiguous cached rows: the rest of each block. Each
+      // position's dot is the one-row dot, and the V accumulation is one FMA
+      // per position in position order, so the grouping never changes a bit.
+      for (int p = 0; p < len;) {
+        const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
+        const int n = std::min(bt - p % bt, len - p);
+        float* s = scores.data() + p;
+        if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, len);
+        else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, len);
+        for (int h = h0; h < h1; ++h)
+          for (int j = 0; j < n; ++j) s[(h - h0) * len + j] *= a.scale;
+        p += n;
+      }
+      for (int h = h0; h < h1; ++h) {
+        kernels::softmax(scores.data() + static_cast<size_t>(h - h0) * static_cast<size_t>(len), len);
+        std::fill(o + h * hd, o + (h + 1) * hd, 0.0f);
+      }
+      for (int p = 0; p < len;) {
+        const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
+        const int n = std::min(bt - p % bt, len - p);
+        const float* w = scores.data() + p;
+        if (f16) axpy_f16_heads(w, len, kv_row<const uint16_t>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
+        else axpy_f32_heads(w, len, kv_row<const float>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
+        p += n;
+      }
+    }
+  };
+  const int64_t tasks = a.rows * chunks;
+  if (ex_) ex_->parallel_for(tasks, task);
+  else task(0, tasks);
+}
+
+void CpuBackend::causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                  int64_t stride, float* out) {
+  const int64_t T = s.lq, hd = s.head_dim, H = s.heads, w = H * hd;
+  const float scale = s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  // One task per (sequence, head), each on one thread: scores = q K^T by
+  // matmul with K read in place (rows of hd floats, `stride` apart), the
+  // causal softmax row by row, then P V by matmul against V transposed.
+  auto task = [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> qh, vt, scores, oh;
+    qh.resize(static_cast<size_t>(T * hd));
+    vt.resize(static_cast<size_t>(hd * T));
+    scores.resize(static_cast<size_t>(T * T));
+    oh.resize(static_cast<size_t>(T * hd));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, head = t % H;
+      const float *qb = q + b * T * stride, *kb = k + b * T * stride, *vb = v + b * T * stride;
+      float* ob = out + b * T * w;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < hd; ++d) {
+          qh[static_cast<size_t>(i * hd + d)] = qb[i * stride + head * hd + d];
+          vt[static_cast<size_t>(d * T + i)] = vb[i * stride + head * hd + d];
+        }
+      WeightView kv;
+      kv.data = kb + head * hd;
+      kv.rows = T, kv.cols = hd, kv.row_stride_bytes = stride * 4;
+      kernels::matmul(kv, qh.data(), scores.data(), T, nullptr);
+      for (int64_t i = 0; i < T; ++i) {
+        float* r = scores.data() + i * T;
+        for (int64_t j = 0; j <= i; ++j) r[j] *= scale;
+        kernels::softmax(r, i + 1);
+        for (int64_t j = i + 1; j < T; ++j) r[j] = 0;
+      }
+      WeightView vv;
+      vv.data = vt.data();
+      vv.rows = hd, vv.cols = T, vv.row_stride_bytes = T * 4;
+      kernels::matmul(vv, scores.data(), oh.data(), T, nullptr);
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < hd; ++d) ob[i * w + head * hd + d] = oh[static_cast<size_t>(i * hd + d)];
+    }
+  };
+  const int64_t tasks = s.batch * H;
+  if (ex_ && tasks > 1) ex_->parallel_for(tasks, task);
+  else task(0, tasks);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(Executor* ex) { return std::make_unique<CpuBackend>(ex); }
+
+Backend& default_cpu_backend() {
+  static CpuBackend cpu(nullptr);
+  return cpu;
+}
+
+// ---------------------------------------------------------------- references
+
+void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots, int64_t rows) {
+  const int64_t n = kv.row_elems;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slots[r] < 0) continue;
+    for (int64_t j = 0; j < n; ++j) {
+      if (kv.type == DType::F16) {
+        kv_row<uint16_t>(kv.k, kv, layer, slots[r])[j] = f32_to_fp16(k[r * n + j]);
+        kv_row<uint16_t>(kv.v, kv, layer, slots[r])[j] = f32_to_fp16(v[r * n + j]);
+      } else {
+        kv_row<float>(kv.k, kv, layer, slots[r])[j] = k[r * n + j];
+        kv_row<float>(kv.v, kv, layer, slots[r])[j] = v[r * n + j];
+      }
+    }
+  }
+}
+
+void causal_attention_ref(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                          float* out) {
+  const int64_t T = s.lq, hd = s.head_dim, w = s.heads * hd;
+  const double scale = s.scale > 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> p(static_cast<size_t>(i + 1));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < hd; ++c)
+            d += double{q[(b * T + i) * stride + h * hd + c]} * k[(b * T + j) * stride + h * hd + c];
+          p[static_cast<size_t>(j)] = d * scale;
+          mx = std::max(mx, d * scale);
+        }
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int64_t c = 0; c < hd; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += p[static_cast<size_t>(j)] * v[(b * T + j) * stride + h * hd + c];
+          out[(b * T + i) * w + h * hd + c] = static_cast<float>(acc / sum);
+        }
+      }
+}
+
+void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {
+  const int64_t hd = a.head_dim, qd = a.n_head * hd;
+  const int group = a.n_head / a.n_head_kv;
+  const int bt = kv.block_tokens;
+  auto elem = [&](void* base, int64_t slot, int64_t j) -> double {
+    if (kv.type == DType::F16) return fp16_to_f32(kv_row<const uint16_t>(base, kv, a.layer, slot)[j]);
+    return kv_row<const float>(base, kv, a.layer, slot)[j];
+  };
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const int len = a.row_len[i];
+    if (len <= 0) continue;
+    const int32_t* table = a.block_tables + a.row_table[i];
+    for (int h = 0; h < a.n_head; ++h) {
+      const int64_t kvh = h / group;
+      std::vector<double> s(static_cast<size_t>(len));
+      double mx = -INFINITY;
+      for (int p = 0; p < len; ++p) {
+        const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
+        double d = 0;
+        for (int64_t j = 0; j < hd; ++j) d += double{q[i * qd + h * hd + j]} * elem(kv.k, slot, kvh * hd + j);
+        s[static_cast<size_t>(p)] = d * a.scale;
+        mx = std::max(mx, s[static_cast<size_t>(p)]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < hd; ++j) {
+        double acc = 0;
+        for (int p = 0; p < len; ++p) {
+          const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
+          acc += s[static_cast<size_t>(p)] * elem(kv.v, slot, kvh * hd + j);
+        }
+        out[i * qd + h * hd + j] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
+}  // namespace atelier::kernels

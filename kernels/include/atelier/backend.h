@@ -1,0 +1,231 @@
+// atelier/backend.h — the device seam: a device, its buffers, and one entry
+// point per op, in row-batched form.
+//
+// Shaped after ggml's ggml-backend.h (a backend owns buffers whose memory
+// only it dereferences; upload / download / synchronize move bytes across)
+// and llama.cpp's per-op CUDA dispatch (each op one launch over all the rows
+// of a step). Models hold a `Backend&`, keep their activations and KV in its
+// buffers, and call these ops; they do no arithmetic of their own, so a CUDA
+// backend (ATELIER_CUDA, later) slots in beside the CPU one without a second
+// copy of any model.
+//
+// Pointers passed to the ops are device addresses: `Buffer::data()` plus an
+// offset, of a buffer this backend allocated (or weights it prepared). On
+// the CPU backend they are host memory, so host data (a mapped file, a
+// std::vector) may be passed directly; a device backend would refuse that.
+// Ops are issued in order on one stream; `synchronize()` waits for them, and
+// `download` synchronizes first. Every op is batch-invariant: a row's result
+// never depends on the other rows of the call, nor on the thread count.
+#pragma once
+
+#include <atelier/kernels.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace atelier::kernels {
+
+class Backend;
+
+// A block of device memory. The CPU backend's is 64-byte aligned host
+// memory, uninitialised (pages are committed when first written).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;  // device address of byte 0
+  virtual int64_t bytes() const = 0;
+  template <class T>
+  T* at(int64_t offset_bytes) {
+    return reinterpret_cast<T*>(static_cast<uint8_t*>(data()) + offset_bytes);
+  }
+};
+
+struct DeviceInfo {
+  std::string name;            // "cpu"
+  std::string description;     // "x86-64, avx512, 2 threads"
+  bool host_memory = true;     // buffers are host memory (no copies needed to read them)
+};
+
+// Where a KV cache's rows live: the slot s of layer l (s = block * block_tokens
+// + offset) starts at base + (s / block_tokens) * block_stride_elems +
+// l * layer_stride_elems + (s % block_tokens) * row_elems, for K at `k` and V
+// at `v` (elements of `type`: F32 or F16). Within a block, consecutive slots
+// are row_elems apart. A contiguous cache is one block of n_ctx slots.
+struct KvLayout {
+  DType type = DType::F32;
+  void* k = nullptr;
+  void* v = nullptr;
+  int64_t row_elems = 0;  // n_head_kv * head_dim
+  int block_tokens = 1;
+  int64_t block_stride_elems = 0;
+  int64_t layer_stride_elems = 0;
+};
+
+// Attention of `rows` query rows, each over its own sequence's cached
+// positions 0..len-1 (paged: vLLM's paged attention; causal by construction).
+// Device arrays (int32): row_len[r] positions (0: the row is skipped, its
+// output untouched), row_table[r] the offset in block_tables of the row's
+// block table (block ids, in position order). max_len >= every row_len.
+// q, out: rows x n_head * head_dim. Grouped-query: head h reads KV head
+// h / (n_head / n_head_kv). out = softmax(q k^T * scale) v, scores in f32.
+struct PagedAttention {
+  int64_t rows = 0;
+  int n_head = 1, n_head_kv = 1;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  int layer = 0;
+  int max_len = 0;
+  const int32_t* row_len = nullptr;
+  const int32_t* row_table = nullptr;
+  const int32_t* block_tables = nullptr;
+};
+
+// RoPE over rows: x is rows x n_heads * head_dim, row r rotated at position
+// positions[r] (device int32). See kernels::rope for the pairing and theta.
+struct RopeParams {
+  int64_t n_heads = 1, head_dim = 0, rot_dim = 0;
+  float freq_base = 10000.0f, freq_scale = 1.0f;
+  bool neox = false;
+  const float* freq_factors = nullptr;  // rot_dim / 2 divisors or nullptr
+};
+
+// See Backend::affine.
+struct Affine {
+  float add = 0.0f, mul = 1.0f, div = 1.0f;
+  float lo = -INFINITY, hi = INFINITY;
+};
+
+struct Pad2d {
+  int64_t top = 0, bottom = 0, left = 0, right = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceInfo device() const = 0;
+
+  // ---- buffers
+  // Throws std::bad_alloc when the device has no room.
+  virtual std::unique_ptr<Buffer> alloc(int64_t bytes) = 0;
+  virtual void upload(Buffer& dst, int64_t offset, const void* src, int64_t bytes) = 0;
+  virtual void download(Buffer& src, int64_t offset, void* dst, int64_t bytes) = 0;
+  virtual void synchronize() = 0;
+  // Every byte of b set to value (ggml_backend_buffer_clear). A cache cleared
+  // at creation commits its pages there, not in the first forward pass.
+  virtual void clear(Buffer& b, uint8_t value = 0) = 0;
+
+  // ---- weights
+  // The view of w this device's matmul is fastest with. On the CPU:
+  // kernels::pack_weights into a buffer stored in `storage` (Q8_0 on
+  // AVX-512 VNNI), or w itself (storage left empty) when there is no better
+  // layout. Prepare once at load, then use only the returned view (products
+  // with a packed view are not bit-identical to the unpacked one's).
+  virtual WeightView prepare_weights(const WeightView& w, std::unique_ptr<Buffer>& storage) = 0;
+
+  // ---- matrix products (every weight type of kernels::matmul)
+  // y = x W^T, rows x W.rows; see kernels::matmul / matmul_many.
+  virtual void matmul(const WeightView& w, const float* x, float* y, int64_t rows) = 0;
+  virtual void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t rows) = 0;
+  // y[r] = decoded row ids[r] of table (an embedding lookup); ids device int32.
+  virtual void get_rows(const WeightView& table, const int32_t* ids, float* y, int64_t rows) = 0;
+  // y[r] = x[ids[r]] for rows of dim floats (a gather).
+  virtual void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) = 0;
+
+  // ---- norms over rows of dim floats
+  virtual void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) = 0;
+  // x += delta, then y = rms_norm(x) * weight (the residual and the next norm
+  // in one pass); weight == nullptr: only the add.
+  virtual void add_rms_norm(float* x, const float* delta, const float* weight, float* y, int64_t rows, int64_t dim,
+                            float eps) = 0;
+  virtual void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
+                          float eps) = 0;
+  // x, y: [n][c][hw]; see kernels::group_norm.
+  virtual void group_norm(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups,
+                          const float* gamma, const float* beta, float eps, bool silu) = 0;
+
+  // ---- element-wise
+  virtual void rope(float* x, int64_t rows, const int32_t* positions, const RopeParams& p) = 0;
+  // y = a + b over n floats (y may be a or b).
+  virtual void add(const float* a, const float* b, float* y, int64_t n) = 0;
+  // x[r] += bias for rows of dim floats.
+  virtual void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) = 0;
+  virtual void activation(Activation a, const float* x, float* y, int64_t n) = 0;
+  // out = silu(gate) * up, rows of dim floats (out may be gate).
+  virtual void swiglu(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) = 0;
+  // x rows of 2*dim = [value | gate] -> y rows of dim = value * gelu(gate).
+  virtual void geglu(const float* x, float* y, int64_t rows, int64_t dim) = 0;
+  // In-place softmax of rows of n floats.
+  virtual void softmax(float* x, int64_t rows, int64_t n) = 0;
+  // y = clamp(((x + add) * mul) / div, lo, hi) over n floats, each step
+  // skipped where it is the identity (add 0, mul 1, div 1, infinite bounds),
+  // so x passes bit for bit (-0 stays -0). y may be x.
+  virtual void affine(const float* x, float* y, int64_t n, const Affine& a) = 0;
+  // y = max(x, 0) (nn.ReLU) and y = tanh(x / limit) * limit (TAESD's soft
+  // clamp), n floats; y may be x.
+  virtual void relu(const float* x, float* y, int64_t n) = 0;
+  virtual void tanh_clamp(const float* x, float* y, int64_t n, float limit) = 0;
+  // y = x, n floats.
+  virtual void copy(const float* x, float* y, int64_t n) = 0;
+  // x[p][i] += bias[p] for planes p < planes of hw floats (a per-sample,
+  // per-channel bias: the UNet's time embedding).
+  virtual void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) = 0;
+  // Per sample i < n: y[i] = [a[i] (planes_a planes) | b[i] (planes_b)], planes of hw floats
+  // (torch.cat along channels).
+  virtual void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
+                             int64_t hw) = 0;
+  // See kernels::timestep_embedding; t: n device floats.
+  virtual void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos = true,
+                                  float downscale_freq_shift = 0.0f, float max_period = 10000.0f) = 0;
+  // y[b][c][r] = x[b][r][c] (channels-first planes <-> token-major rows).
+  virtual void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) = 0;
+  // x: [planes][h][w] -> y: [planes][top + h + bottom][left + w + right], zeros around.
+  virtual void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const Pad2d& p) = 0;
+
+  // ---- KV and attention
+  // Stores row r of k and v (rows x kv.row_elems floats) at slot slots[r] of
+  // `layer` (device int32; -1 skips the row: a shared prefix block already
+  // holds it, or the row belongs to another cache), converted to kv.type.
+  virtual void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
+                        int64_t rows) = 0;
+  // rope(q, rq), rope(k, rk), then store_kv(k, v) in one pass over the rows
+  // (as llama.cpp's CUDA backend fuses ROPE with SET_ROWS): bit for bit the
+  // three ops, one split over the threads instead of three.
+  virtual void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions,
+                             const RopeParams& rq, const RopeParams& rk, const KvLayout& kv, int layer,
+                             const int32_t* slots) = 0;
+  virtual void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) = 0;
+  // Unmasked multi-head attention over token-major q, k, v (image models).
+  virtual void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) = 0;
+  // Causal self-attention (position i sees 0..i; a text encoder's mask) of
+  // s.batch sequences of s.lq == s.lk tokens: q, k, v token-major rows
+  // `stride` floats apart (a fused qkv projection: q at 0, k at width, v at
+  // 2 * width, stride 3 * width), sequences lq * stride apart; out: s.batch x
+  // lq x heads * head_dim. Scores in f32; scale <= 0 means 1/sqrt(head_dim).
+  virtual void causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                int64_t stride, float* out) = 0;
+
+  // ---- images (NCHW f32 activations)
+  virtual void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias,
+                      float* y) = 0;
+  virtual void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w) = 0;
+};
+
+// The CPU backend: today's kernels at this CPU's SIMD level, split over `ex`
+// (nullptr: the calling thread). Bit for bit what calling them directly does.
+std::unique_ptr<Backend> make_cpu_backend(Executor* ex = nullptr);
+// A process-wide CPU backend without an executor: the default for loaders
+// (preparing weights needs no threads). CPU backends share host memory, so
+// weights prepared by one are usable by any other.
+Backend& default_cpu_backend();
+
+// ---- plain references of the backend-level ops (one thread, simple loops),
+// for the op suite. The others' references are the kernels' *_ref.
+void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots, int64_t rows);
+// Sums in double, softmax in double.
+void causal_attention_ref(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                          float* out);
+void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const float* q, float* out);
+
+}  // namespace atelier::kernels

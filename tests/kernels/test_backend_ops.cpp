@@ -1,0 +1,794 @@
+// The generic op suite (after llama.cpp's tests/test-backend-ops.cpp): every
+// op of atelier/backend.h, on every backend this build has (today the CPU
+// backend at each SIMD level this CPU runs, on 1 and 3 threads), against the
+// plain references, by relative error (||y - ref|| / ||ref||), over shapes,
+// weight and cache types and odd sizes; and batch invariance: a row's result
+// is bit-identical whether it runs alone or among other rows.
+//
+// Data goes through the backend's own buffers (upload, op, download), so a
+// device backend runs the same suite unchanged: add it to backends().
+#include <atelier/backend.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/test_util.h"
+
+namespace atelier::kernels {
+namespace {
+
+using testing::random_floats;
+
+struct BackendCase {
+  std::string name;
+  std::string simd;  // level to cap the kernels at while it runs
+  int threads;
+};
+
+std::vector<BackendCase> backends() {
+  std::vector<BackendCase> out;
+  for (const auto& level : testing::available_levels())
+    for (int t : {1, 3}) out.push_back({"cpu-" + level + "-" + std::to_string(t) + "t", level, t});
+  return out;
+}
+
+// One backend under test, with its buffers.
+class Dev {
+ public:
+  explicit Dev(const BackendCase& c) : simd_(c.simd), ex_(c.threads) {
+    be_ = make_cpu_backend(c.threads > 1 ? &ex_ : nullptr);
+  }
+  Backend& be() { return *be_; }
+  // A device copy of host data (kept alive with the Dev).
+  template <class T>
+  T* put(const std::vector<T>& v) {
+    bufs_.push_back(be_->alloc(static_cast<int64_t>(v.size() * sizeof(T))));
+    be_->upload(*bufs_.back(), 0, v.data(), static_cast<int64_t>(v.size() * sizeof(T)));
+    return bufs_.back()->template at<T>(0);
+  }
+  template <class T>
+  T* zeros(size_t n) {
+    return put(std::vector<T>(n));
+  }
+  template <class T>
+  std::vector<T> get(const T* p, size_t n) {
+    for (auto& b : bufs_)
+      if (b->template at<T>(0) == p) {
+        std::vector<T> out(n);
+        be_->download(*b, 0, out.data(), static_cast<int64_t>(n * sizeof(T)));
+        return out;
+      }
+    ADD_FAILURE() << "not a buffer of this backend";
+    return {};
+  }
+
+ private:
+  testing::ScopedSimd simd_;
+  testing::TestExecutor ex_;
+  std::unique_ptr<Backend> be_;
+  std::vector<std::unique_ptr<Buffer>> bufs_;
+};
+
+double rel_err(const std::vector<float>& y, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double{y[i]} - ref[i];
+    num += d * d;
+    den += double{ref[i]} * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+#define EXPECT_REL(y, ref, tol) EXPECT_LE(rel_err(y, ref), tol) << what
+
+std::vector<float> rows_of(const std::vector<float>& v, int64_t r0, int64_t n, int64_t dim) {
+  return std::vector<float>(v.begin() + r0 * dim, v.begin() + (r0 + n) * dim);
+}
+
+// Runs `op(rows, in_row0)` on all rows, then on row subsets ({0..2}, {r}),
+// and checks each row's output bits match.
+void expect_batch_invariant(const std::vector<float>& all, int64_t rows, int64_t dim,
+                            const std::function<std::vector<float>(int64_t row0, int64_t n)>& op,
+                            const std::string& what) {
+  for (int64_t r0 : {int64_t{0}, rows / 2, rows - 1}) {
+    const int64_t n = std::min<int64_t>(r0 == 0 ? 3 : 1, rows - r0);
+    const auto part = op(r0, n);
+    EXPECT_EQ(part, rows_of(all, r0, n, dim)) << what << ": rows " << r0 << ".." << r0 + n - 1;
+  }
+}
+
+class BackendOps : public ::testing::TestWithParam<BackendCase> {};
+
+// ---------------------------------------------------------------- matmul
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+};
+
+Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  Weights w;
+  const int64_t rb = dtype_row_bytes(t, cols);
+  w.bytes.resize(static_cast<size_t>(rb * rows));
+  const auto f = random_floats(rows * cols, seed, 0.5f);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, f.data() + r * cols, w.bytes.data() + r * rb, cols);
+  w.view = WeightView{t, w.bytes.data(), rows, cols, rb};
+  return w;
+}
+
+TEST_P(BackendOps, MatmulEveryWeightType) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    const int64_t cols = dtype_block_elems(t) == 256 ? 512 : 96;
+    for (int64_t out : {int64_t{1}, int64_t{37}, int64_t{70}}) {
+      for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{17}}) {
+        const std::string what = std::string(dtype_name(t)) + " " + std::to_string(out) + "x" + std::to_string(cols) +
+                                 ", " + std::to_string(rows) + " rows";
+        Dev dev(GetParam());
+        const Weights w = make_weights(t, out, cols, 11);
+        std::unique_ptr<Buffer> storage;
+        const WeightView pw = dev.be().prepare_weights(w.view, storage);
+        const auto x = random_floats(rows * cols, 12);
+        std::vector<float> ref(static_cast<size_t>(rows * out));
+        matmul_ref(w.view, x.data(), ref.data(), rows);
+        float* dx = dev.put(x);
+        float* dy = dev.zeros<float>(ref.size());
+        dev.be().matmul(pw, dx, dy, rows);
+        const auto y = dev.get(dy, ref.size());
+        // The packed Q8_0 view sums in another order (and groups activation scales).
+        EXPECT_REL(y, ref, t == DType::F32 || t == DType::F16 || t == DType::BF16 ? 1e-5 : 2e-3);
+        expect_batch_invariant(
+            y, rows, out,
+            [&](int64_t r0, int64_t n) {
+              float* py = dev.zeros<float>(static_cast<size_t>(n * out));
+              dev.be().matmul(pw, dx + r0 * cols, py, n);
+              return dev.get(py, static_cast<size_t>(n * out));
+            },
+            what);
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, MatmulManyIsOneMatmulPerMatrix) {
+  Dev dev(GetParam());
+  const int64_t cols = 128, rows = 6;
+  const Weights a = make_weights(DType::Q8_0, 48, cols, 1), b = make_weights(DType::Q8_0, 24, cols, 2);
+  std::unique_ptr<Buffer> sa, sb;
+  const WeightView pa = dev.be().prepare_weights(a.view, sa), pb = dev.be().prepare_weights(b.view, sb);
+  float* dx = dev.put(random_floats(rows * cols, 3));
+  float *ya = dev.zeros<float>(rows * 48), *yb = dev.zeros<float>(rows * 24);
+  float *za = dev.zeros<float>(rows * 48), *zb = dev.zeros<float>(rows * 24);
+  const WeightView* w[] = {&pa, &pb};
+  float* y[] = {ya, yb};
+  dev.be().matmul_many(w, y, 2, dx, rows);
+  dev.be().matmul(pa, dx, za, rows);
+  dev.be().matmul(pb, dx, zb, rows);
+  EXPECT_EQ(dev.get(ya, rows * 48), dev.get(za, rows * 48));
+  EXPECT_EQ(dev.get(yb, rows * 24), dev.get(zb, rows * 24));
+}
+
+TEST_P(BackendOps, GetRowsAndCopyRows) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_K}) {
+    const std::string what = std::string(dtype_name(t));
+    Dev dev(GetParam());
+    const int64_t cols = dtype_block_elems(t) == 256 ? 256 : 64;
+    const Weights w = make_weights(t, 50, cols, 5);
+    const std::vector<int32_t> ids = {7, 0, 49, 7, 13};
+    std::vector<float> ref(ids.size() * static_cast<size_t>(cols));
+    for (size_t r = 0; r < ids.size(); ++r)
+      dequantize_row(t, w.bytes.data() + ids[r] * w.view.row_stride_bytes, ref.data() + r * cols, cols);
+    float* dy = dev.zeros<float>(ref.size());
+    dev.be().get_rows(w.view, dev.put(ids), dy, static_cast<int64_t>(ids.size()));
+    EXPECT_EQ(dev.get(dy, ref.size()), ref) << what;
+    // And a gather of those rows.
+    const std::vector<int32_t> pick = {4, 1};
+    float* dz = dev.zeros<float>(2 * static_cast<size_t>(cols));
+    dev.be().copy_rows(dy, dev.put(pick), dz, 2, cols);
+    auto want = rows_of(ref, 4, 1, cols);
+    const auto r1 = rows_of(ref, 1, 1, cols);
+    want.insert(want.end(), r1.begin(), r1.end());
+    EXPECT_EQ(dev.get(dz, want.size()), want) << what;
+  }
+}
+
+// ---------------------------------------------------------------- norms
+
+TEST_P(BackendOps, RmsNormAndAddRmsNorm) {
+  for (int64_t dim : {int64_t{1}, int64_t{33}, int64_t{768}}) {
+    const int64_t rows = 9;
+    const std::string what = "dim " + std::to_string(dim);
+    Dev dev(GetParam());
+    const auto x = random_floats(rows * dim, 1), delta = random_floats(rows * dim, 2), w = random_floats(dim, 3);
+    std::vector<float> ref(x.size()), sum(x.size()), ref2(x.size());
+    for (int64_t r = 0; r < rows; ++r) rms_norm_ref(x.data() + r * dim, w.data(), ref.data() + r * dim, dim, 1e-5f);
+    for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + delta[i];
+    for (int64_t r = 0; r < rows; ++r) rms_norm_ref(sum.data() + r * dim, w.data(), ref2.data() + r * dim, dim, 1e-5f);
+    float *dx = dev.put(x), *dw = dev.put(w), *dy = dev.zeros<float>(x.size());
+    dev.be().rms_norm(dx, dw, dy, rows, dim, 1e-5f);
+    const auto y = dev.get(dy, x.size());
+    EXPECT_REL(y, ref, 1e-6);
+    expect_batch_invariant(
+        y, rows, dim,
+        [&](int64_t r0, int64_t n) {
+          float* p = dev.zeros<float>(static_cast<size_t>(n * dim));
+          dev.be().rms_norm(dx + r0 * dim, dw, p, n, dim, 1e-5f);
+          return dev.get(p, static_cast<size_t>(n * dim));
+        },
+        what);
+    float *dd = dev.put(delta), *dy2 = dev.zeros<float>(x.size());
+    dev.be().add_rms_norm(dx, dd, dw, dy2, rows, dim, 1e-5f);
+    EXPECT_EQ(dev.get(dx, x.size()), sum) << what;  // the residual, exactly
+    EXPECT_REL(dev.get(dy2, x.size()), ref2, 1e-6);
+    dev.be().add_rms_norm(dx, dd, nullptr, dy2, rows, dim, 1e-5f);  // only the add
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += delta[i];
+    EXPECT_EQ(dev.get(dx, x.size()), sum) << what;
+  }
+}
+
+TEST_P(BackendOps, LayerNormAndGroupNorm) {
+  Dev dev(GetParam());
+  {
+    const int64_t rows = 7, dim = 77;
+    const std::string what = "layer norm";
+    const auto x = random_floats(rows * dim, 1), g = random_floats(dim, 2), b = random_floats(dim, 3);
+    std::vector<float> ref(x.size());
+    layer_norm_ref(x.data(), ref.data(), rows, dim, g.data(), b.data(), 1e-5f);
+    float *dx = dev.put(x), *dg = dev.put(g), *db = dev.put(b), *dy = dev.zeros<float>(x.size());
+    dev.be().layer_norm(dx, dy, rows, dim, dg, db, 1e-5f);
+    const auto y = dev.get(dy, x.size());
+    EXPECT_REL(y, ref, 1e-5);
+    expect_batch_invariant(
+        y, rows, dim,
+        [&](int64_t r0, int64_t n) {
+          float* p = dev.zeros<float>(static_cast<size_t>(n * dim));
+          dev.be().layer_norm(dx + r0 * dim, p, n, dim, dg, db, 1e-5f);
+          return dev.get(p, static_cast<size_t>(n * dim));
+        },
+        what);
+  }
+  for (bool silu : {false, true}) {
+    const int64_t n = 3, c = 12, hw = 37, groups = 4;
+    const std::string what = std::string("group norm") + (silu ? " + silu" : "");
+    const auto x = random_floats(n * c * hw, 4), g = random_floats(c, 5), b = random_floats(c, 6);
+    std::vector<float> ref(x.size());
+    group_norm_ref(x.data(), ref.data(), n, c, hw, groups, g.data(), b.data(), 1e-5f, silu);
+    float *dx = dev.put(x), *dg = dev.put(g), *db = dev.put(b), *dy = dev.zeros<float>(x.size());
+    dev.be().group_norm(dx, dy, n, c, hw, groups, dg, db, 1e-5f, silu);
+    const auto y = dev.get(dy, x.size());
+    EXPECT_REL(y, ref, 1e-5);
+    expect_batch_invariant(
+        y, n, c * hw,
+        [&](int64_t r0, int64_t k) {
+          float* p = dev.zeros<float>(static_cast<size_t>(k * c * hw));
+          dev.be().group_norm(dx + r0 * c * hw, p, k, c, hw, groups, dg, db, 1e-5f, silu);
+          return dev.get(p, static_cast<size_t>(k * c * hw));
+        },
+        what);
+  }
+}
+
+// ---------------------------------------------------------------- element-wise
+
+TEST_P(BackendOps, RopeWithPositions) {
+  for (bool neox : {false, true}) {
+    for (bool factors : {false, true}) {
+      const std::string what = std::string(neox ? "neox" : "normal") + (factors ? " + factors" : "");
+      Dev dev(GetParam());
+      RopeParams p;
+      p.n_heads = 3;
+      p.head_dim = 16;
+      p.rot_dim = 12;
+      p.freq_base = 10000.0f;
+      p.freq_scale = 0.5f;
+      p.neox = neox;
+      std::vector<float> f(6);
+      for (size_t i = 0; i < f.size(); ++i) f[i] = 1.0f + static_cast<float>(i);
+      const int64_t rows = 6, width = p.n_heads * p.head_dim;
+      const std::vector<int32_t> pos = {0, 1, 5, 100, 4095, 7};
+      const auto x = random_floats(rows * width, 9);
+      std::vector<float> ref = x;
+      for (int64_t r = 0; r < rows; ++r)
+        rope_ref(ref.data() + r * width, p.n_heads, p.head_dim, p.rot_dim, pos[static_cast<size_t>(r)], p.freq_base,
+                 p.freq_scale, p.neox, factors ? f.data() : nullptr);
+      if (factors) p.freq_factors = dev.put(f);
+      float* dx = dev.put(x);
+      const int32_t* dpos = dev.put(pos);
+      dev.be().rope(dx, rows, dpos, p);
+      const auto y = dev.get(dx, x.size());
+      EXPECT_REL(y, ref, 1e-5);
+      expect_batch_invariant(
+          y, rows, width,
+          [&](int64_t r0, int64_t n) {
+            float* px = dev.put(rows_of(x, r0, n, width));
+            dev.be().rope(px, n, dpos + r0, p);
+            return dev.get(px, static_cast<size_t>(n * width));
+          },
+          what);
+    }
+  }
+}
+
+TEST_P(BackendOps, AddsAndActivations) {
+  Dev dev(GetParam());
+  const int64_t rows = 5, dim = 45, n = rows * dim;
+  const auto a = random_floats(n, 1, 3.0f), b = random_floats(n, 2), bias = random_floats(dim, 3);
+  float *da = dev.put(a), *db = dev.put(b), *dy = dev.zeros<float>(static_cast<size_t>(n));
+  std::vector<float> ref(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ref[static_cast<size_t>(i)] = a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)];
+  dev.be().add(da, db, dy, n);
+  EXPECT_EQ(dev.get(dy, ref.size()), ref);
+  for (int64_t i = 0; i < n; ++i) ref[static_cast<size_t>(i)] += bias[static_cast<size_t>(i % dim)];
+  dev.be().add_bias(dy, dev.put(bias), rows, dim);
+  EXPECT_EQ(dev.get(dy, ref.size()), ref);
+  for (Activation act : {Activation::silu, Activation::gelu, Activation::gelu_tanh, Activation::quick_gelu}) {
+    const std::string what = "activation " + std::to_string(static_cast<int>(act));
+    std::vector<float> want(static_cast<size_t>(n));
+    activation_ref(act, a.data(), want.data(), n);
+    dev.be().activation(act, da, dy, n);
+    EXPECT_REL(dev.get(dy, want.size()), want, 1e-5);
+  }
+  {
+    const std::string what = "swiglu";
+    std::vector<float> want(static_cast<size_t>(n));
+    for (int64_t r = 0; r < rows; ++r) swiglu_ref(a.data() + r * dim, b.data() + r * dim, want.data() + r * dim, dim);
+    dev.be().swiglu(da, db, dy, rows, dim);
+    const auto y = dev.get(dy, want.size());
+    EXPECT_REL(y, want, 1e-5);
+    expect_batch_invariant(
+        y, rows, dim,
+        [&](int64_t r0, int64_t k) {
+          float* p = dev.zeros<float>(static_cast<size_t>(k * dim));
+          dev.be().swiglu(da + r0 * dim, db + r0 * dim, p, k, dim);
+          return dev.get(p, static_cast<size_t>(k * dim));
+        },
+        what);
+  }
+  {
+    const std::string what = "geglu";
+    const int64_t half = 23, grows = 4;
+    const auto x = random_floats(grows * 2 * half, 7, 2.0f);
+    std::vector<float> want(static_cast<size_t>(grows * half));
+    geglu_ref(x.data(), want.data(), grows, half);
+    float *dx = dev.put(x), *dg = dev.zeros<float>(want.size());
+    dev.be().geglu(dx, dg, grows, half);
+    const auto y = dev.get(dg, want.size());
+    EXPECT_REL(y, want, 1e-5);
+    expect_batch_invariant(
+        y, grows, half,
+        [&](int64_t r0, int64_t k) {
+          float* p = dev.zeros<float>(static_cast<size_t>(k * half));
+          dev.be().geglu(dx + r0 * 2 * half, p, k, half);
+          return dev.get(p, static_cast<size_t>(k * half));
+        },
+        what);
+  }
+  {
+    const std::string what = "softmax";
+    std::vector<float> want = a;
+    for (int64_t r = 0; r < rows; ++r) softmax_ref(want.data() + r * dim, dim);
+    float* dx = dev.put(a);
+    dev.be().softmax(dx, rows, dim);
+    const auto y = dev.get(dx, want.size());
+    EXPECT_REL(y, want, 1e-5);
+    expect_batch_invariant(
+        y, rows, dim,
+        [&](int64_t r0, int64_t k) {
+          float* p = dev.put(rows_of(a, r0, k, dim));
+          dev.be().softmax(p, k, dim);
+          return dev.get(p, static_cast<size_t>(k * dim));
+        },
+        what);
+  }
+}
+
+TEST_P(BackendOps, AffineTransposePad) {
+  Dev dev(GetParam());
+  auto x = random_floats(2 * 3 * 5, 1, 2.0f);
+  x[0] = -0.0f;
+  float* dx = dev.put(x);
+  float* dy = dev.zeros<float>(x.size());
+  Affine a;  // the identity: every bit through, -0 included
+  dev.be().affine(dx, dy, 30, a);
+  const auto id = dev.get(dy, x.size());
+  EXPECT_EQ(std::memcmp(id.data(), x.data(), x.size() * sizeof(float)), 0);
+  a.add = 1.0f, a.mul = 0.5f, a.div = 0.18215f, a.lo = 0.0f, a.hi = 1.0f;
+  dev.be().affine(dx, dy, 30, a);
+  const auto y = dev.get(dy, x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], std::clamp((x[i] + 1.0f) * 0.5f / 0.18215f, 0.0f, 1.0f)) << i;
+  dev.be().relu(dx, dy, 30);
+  const auto r = dev.get(dy, x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(r[i], x[i] > 0 ? x[i] : (i == 0 ? -0.0f : 0.0f)) << i;
+  dev.be().tanh_clamp(dx, dy, 30, 3.0f);
+  std::vector<float> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = static_cast<float>(std::tanh(double{x[i]} / 3.0) * 3.0);
+  const std::string what = "tanh_clamp";
+  EXPECT_REL(dev.get(dy, x.size()), want, 1e-6);
+  // [2][3][5] -> [2][5][3]
+  dev.be().transpose(dx, dy, 2, 3, 5);
+  const auto t = dev.get(dy, x.size());
+  for (int b = 0; b < 2; ++b)
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 5; ++c) EXPECT_EQ(t[static_cast<size_t>((b * 5 + c) * 3 + r)], x[static_cast<size_t>((b * 3 + r) * 5 + c)]);
+  Pad2d p;
+  p.bottom = 1, p.right = 2, p.top = 1;
+  float* dp = dev.zeros<float>(2 * 5 * 9);
+  dev.be().pad2d(dx, dp, 2, 3, 5, p);  // planes of 3 x 5
+  const auto pd = dev.get(dp, 2 * 5 * 9);
+  for (int c = 0; c < 2; ++c)
+    for (int r = 0; r < 5; ++r)
+      for (int q = 0; q < 7; ++q) {
+        const bool in = r >= 1 && r < 4 && q < 5;
+        EXPECT_EQ(pd[static_cast<size_t>((c * 5 + r) * 7 + q)], in ? x[static_cast<size_t>((c * 3 + r - 1) * 5 + q)] : 0.0f);
+      }
+}
+
+TEST_P(BackendOps, CopyPlaneBiasConcatTimestep) {
+  Dev dev(GetParam());
+  const int64_t n = 2, pa = 3, pb = 2, hw = 5;
+  const auto a = random_floats(n * pa * hw, 1), b = random_floats(n * pb * hw, 2), bias = random_floats(n * pa, 3);
+  float *da = dev.put(a), *db = dev.put(b), *dy = dev.zeros<float>(static_cast<size_t>(n * (pa + pb) * hw));
+  float* dc = dev.zeros<float>(a.size());
+  dev.be().copy(da, dc, static_cast<int64_t>(a.size()));
+  EXPECT_EQ(dev.get(dc, a.size()), a);
+  dev.be().add_plane_bias(dc, dev.put(bias), n * pa, hw);
+  const auto biased = dev.get(dc, a.size());
+  for (int64_t p = 0; p < n * pa; ++p)
+    for (int64_t i = 0; i < hw; ++i)
+      EXPECT_EQ(biased[static_cast<size_t>(p * hw + i)], a[static_cast<size_t>(p * hw + i)] + bias[static_cast<size_t>(p)]);
+  dev.be().concat_planes(da, pa, db, pb, dy, n, hw);
+  const auto cat = dev.get(dy, static_cast<size_t>(n * (pa + pb) * hw));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = 0; p < pa + pb; ++p)
+      for (int64_t j = 0; j < hw; ++j)
+        EXPECT_EQ(cat[static_cast<size_t>((i * (pa + pb) + p) * hw + j)],
+                  p < pa ? a[static_cast<size_t>((i * pa + p) * hw + j)] : b[static_cast<size_t>((i * pb + p - pa) * hw + j)]);
+  const std::vector<float> t = {0.0f, 999.0f, 37.5f};
+  const int64_t dim = 33;
+  std::vector<float> ref(t.size() * dim), want(ref.size());
+  timestep_embedding(t.data(), 3, dim, want.data());
+  float* de = dev.zeros<float>(ref.size());
+  dev.be().timestep_embedding(dev.put(t), 3, dim, de);
+  EXPECT_EQ(dev.get(de, ref.size()), want);
+  // Against the definition in double.
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const double f = std::exp(-std::log(10000.0) * static_cast<double>(i) / static_cast<double>(dim / 2));
+      EXPECT_NEAR(want[static_cast<size_t>(r * dim + i)], std::cos(t[static_cast<size_t>(r)] * f), 2e-3);
+      EXPECT_NEAR(want[static_cast<size_t>(r * dim + dim / 2 + i)], std::sin(t[static_cast<size_t>(r)] * f), 2e-3);
+    }
+}
+
+// ---------------------------------------------------------------- KV and attention
+
+// A paged cache of n_blocks blocks (layers x K/V x block_tokens rows) in one buffer.
+struct Cache {
+  KvLayout layout;
+  int64_t elems = 0;
+};
+
+Cache paged_layout(DType t, int n_layer, int block_tokens, int n_blocks, int64_t row) {
+  Cache c;
+  c.layout.type = t;
+  c.layout.row_elems = row;
+  c.layout.block_tokens = block_tokens;
+  c.layout.layer_stride_elems = 2 * int64_t{block_tokens} * row;
+  c.layout.block_stride_elems = n_layer * c.layout.layer_stride_elems;
+  c.elems = n_blocks * c.layout.block_stride_elems;
+  return c;
+}
+
+// K of block 0 at base, V block_tokens rows after it.
+void place(Cache& c, void* base) {
+  const int64_t esize = c.layout.type == DType::F16 ? 2 : 4;
+  c.layout.k = base;
+  c.layout.v = static_cast<uint8_t*>(base) + int64_t{c.layout.block_tokens} * c.layout.row_elems * esize;
+}
+
+TEST_P(BackendOps, StoreKvBySlotMapping) {
+  for (DType t : {DType::F32, DType::F16}) {
+    const std::string what = std::string(dtype_name(t));
+    Dev dev(GetParam());
+    const int64_t row = 24;
+    Cache c = paged_layout(t, 2, 4, 5, row);
+    const size_t bytes = static_cast<size_t>(c.elems) * (t == DType::F16 ? 2 : 4);
+    std::vector<uint8_t> host(bytes, 0x5a);
+    place(c, dev.put(host));
+    const std::vector<int32_t> slots = {0, 19, -1, 5, 6};
+    const auto k = random_floats(5 * row, 1), v = random_floats(5 * row, 2);
+    dev.be().store_kv(c.layout, 1, dev.put(k), dev.put(v), dev.put(slots), 5);
+    std::vector<uint8_t> got = dev.get(static_cast<uint8_t*>(c.layout.k), bytes);
+    Cache r = c;
+    place(r, host.data());
+    store_kv_ref(r.layout, 1, k.data(), v.data(), slots.data(), 5);
+    EXPECT_EQ(got, host) << what;  // every stored byte, and nothing else touched
+  }
+}
+
+TEST_P(BackendOps, RopeStoreKvIsTheThreeOps) {
+  for (DType t : {DType::F32, DType::F16}) {
+    Dev dev(GetParam());
+    RopeParams rq;
+    rq.n_heads = 4, rq.head_dim = 8, rq.rot_dim = 8;
+    RopeParams rk = rq;
+    rk.n_heads = 2;
+    const int64_t rows = 5, qw = 32, kw = 16;
+    Cache a = paged_layout(t, 2, 4, 3, kw), b = a;
+    const size_t bytes = static_cast<size_t>(a.elems) * (t == DType::F16 ? 2 : 4);
+    place(a, dev.put(std::vector<uint8_t>(bytes, 0)));
+    place(b, dev.put(std::vector<uint8_t>(bytes, 0)));
+    const std::vector<int32_t> pos = {0, 3, 9, 2, 11}, slots = {0, 3, -1, 2, 11};
+    const auto q = random_floats(rows * qw, 1), k = random_floats(rows * kw, 2), v = random_floats(rows * kw, 3);
+    float *q1 = dev.put(q), *k1 = dev.put(k), *q2 = dev.put(q), *k2 = dev.put(k), *dv = dev.put(v);
+    const int32_t *dp = dev.put(pos), *ds = dev.put(slots);
+    dev.be().rope_store_kv(q1, k1, dv, rows, dp, rq, rk, a.layout, 1, ds);
+    dev.be().rope(q2, rows, dp, rq);
+    dev.be().rope(k2, rows, dp, rk);
+    dev.be().store_kv(b.layout, 1, k2, dv, ds, rows);
+    EXPECT_EQ(dev.get(q1, q.size()), dev.get(q2, q.size()));
+    EXPECT_EQ(dev.get(k1, k.size()), dev.get(k2, k.size()));
+    EXPECT_EQ(dev.get(static_cast<uint8_t*>(a.layout.k), bytes), dev.get(static_cast<uint8_t*>(b.layout.k), bytes));
+  }
+}
+
+TEST_P(BackendOps, PagedAttentionOverBlockTables) {
+  for (DType t : {DType::F32, DType::F16}) {
+    for (int bt : {1, 4, 16}) {
+      for (int n_head_kv : {1, 2, 4}) {
+        const std::string what = std::string(dtype_name(t)) + ", block " + std::to_string(bt) + ", kv heads " +
+                                 std::to_string(n_head_kv);
+        Dev dev(GetParam());
+        const int n_head = 4, n_layer = 2, layer = 1;
+        const int64_t hd = 18, row = n_head_kv * hd, qd = n_head * hd;
+        const int n_blocks = 100 / bt + 4;  // both sequences fit, with room to spare
+        Cache c = paged_layout(t, n_layer, bt, n_blocks, row);
+        const size_t esize = t == DType::F16 ? 2 : 4;
+        std::vector<uint8_t> store(static_cast<size_t>(c.elems) * esize);
+        Cache h = c;
+        place(h, store.data());
+        // Two sequences: blocks taken in a scrambled order, 37 and 61 positions.
+        const std::vector<int> lens = {37, 61};
+        std::vector<int32_t> tables, seq_table;
+        int next = n_blocks - 1;
+        for (int len : lens) {
+          seq_table.push_back(static_cast<int32_t>(tables.size()));
+          for (int b = 0; b < (len + bt - 1) / bt; ++b) tables.push_back(next--);
+        }
+        for (size_t s = 0; s < lens.size(); ++s) {
+          const int len = lens[s];
+          std::vector<int32_t> slots;
+          for (int p = 0; p < len; ++p) slots.push_back(tables[static_cast<size_t>(seq_table[s] + p / bt)] * bt + p % bt);
+          const auto k = random_floats(len * row, 10 + static_cast<uint32_t>(s)), v = random_floats(len * row, 20 + static_cast<uint32_t>(s));
+          store_kv_ref(h.layout, layer, k.data(), v.data(), slots.data(), len);
+        }
+        if (t == DType::F16) place(c, dev.put(std::vector<uint16_t>(reinterpret_cast<uint16_t*>(store.data()), reinterpret_cast<uint16_t*>(store.data()) + c.elems)));
+        else place(c, dev.put(std::vector<float>(reinterpret_cast<float*>(store.data()), reinterpret_cast<float*>(store.data()) + c.elems)));
+        // Query rows: prefill-like rows of each sequence at assorted lengths.
+        std::vector<int32_t> row_len, row_table;
+        for (int len : {1, 2, 37, 16, 17}) row_len.push_back(len), row_table.push_back(seq_table[0]);
+        for (int len : {61, 1, 33}) row_len.push_back(len), row_table.push_back(seq_table[1]);
+        const int64_t rows = static_cast<int64_t>(row_len.size());
+        const auto q = random_floats(rows * qd, 30);
+        PagedAttention a;
+        a.rows = rows;
+        a.n_head = n_head;
+        a.n_head_kv = n_head_kv;
+        a.head_dim = hd;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        a.layer = layer;
+        a.max_len = 61;
+        PagedAttention ha = a;
+        ha.row_len = row_len.data();
+        ha.row_table = row_table.data();
+        ha.block_tables = tables.data();
+        std::vector<float> ref(static_cast<size_t>(rows * qd));
+        paged_attention_ref(h.layout, ha, q.data(), ref.data());
+        a.row_len = dev.put(row_len);
+        a.row_table = dev.put(row_table);
+        a.block_tables = dev.put(tables);
+        float *dq = dev.put(q), *dout = dev.zeros<float>(ref.size());
+        dev.be().paged_attention(c.layout, a, dq, dout);
+        const auto y = dev.get(dout, ref.size());
+        EXPECT_REL(y, ref, 1e-5);
+        expect_batch_invariant(
+            y, rows, qd,
+            [&](int64_t r0, int64_t n) {
+              PagedAttention b = a;
+              b.rows = n;
+              b.row_len = a.row_len + r0;
+              b.row_table = a.row_table + r0;
+              float* p = dev.zeros<float>(static_cast<size_t>(n * qd));
+              dev.be().paged_attention(c.layout, b, dq + r0 * qd, p);
+              return dev.get(p, static_cast<size_t>(n * qd));
+            },
+            what);
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, ContiguousCacheIsOneBlock) {
+  // A contiguous cache (one block of n_ctx slots, K and V apart) reads as a
+  // block table {0}, bit for bit the same as a paged copy of it.
+  Dev dev(GetParam());
+  const int n_ctx = 40, n_layer = 1;
+  const int64_t hd = 16, row = 2 * hd, qd = 2 * hd;
+  const auto k = random_floats(n_ctx * row, 1), v = random_floats(n_ctx * row, 2);
+  KvLayout flat;
+  flat.type = DType::F32;
+  flat.row_elems = row;
+  flat.block_tokens = n_ctx;
+  flat.layer_stride_elems = n_ctx * row;
+  flat.k = dev.put(k);
+  flat.v = dev.put(v);
+  Cache paged = paged_layout(DType::F32, n_layer, 8, 5, row);
+  place(paged, dev.zeros<float>(static_cast<size_t>(paged.elems)));
+  std::vector<int32_t> slots(n_ctx);
+  for (int p = 0; p < n_ctx; ++p) slots[static_cast<size_t>(p)] = p;
+  dev.be().store_kv(paged.layout, 0, static_cast<float*>(flat.k), static_cast<float*>(flat.v), dev.put(slots), n_ctx);
+  const std::vector<int32_t> lens = {40, 9}, zero = {0, 0}, one_block = {0}, blocks = {0, 1, 2, 3, 4};
+  PagedAttention a;
+  a.rows = 2;
+  a.n_head = 2;
+  a.n_head_kv = 2;
+  a.head_dim = hd;
+  a.scale = 0.25f;
+  a.max_len = n_ctx;
+  a.row_len = dev.put(lens);
+  a.row_table = dev.put(zero);
+  a.block_tables = dev.put(one_block);
+  float *dq = dev.put(random_floats(2 * qd, 3)), *y1 = dev.zeros<float>(2 * qd), *y2 = dev.zeros<float>(2 * qd);
+  dev.be().paged_attention(flat, a, dq, y1);
+  a.block_tables = dev.put(blocks);
+  dev.be().paged_attention(paged.layout, a, dq, y2);
+  EXPECT_EQ(dev.get(y1, 2 * qd), dev.get(y2, 2 * qd));
+}
+
+TEST_P(BackendOps, ImageAttention) {
+  Dev dev(GetParam());
+  for (int64_t lk : {int64_t{77}, int64_t{130}}) {
+    AttentionShape s;
+    s.batch = 2;
+    s.heads = 3;
+    s.lq = 21;
+    s.lk = lk;
+    s.head_dim = 40;
+    const std::string what = "lk " + std::to_string(lk);
+    const int64_t w = s.heads * s.head_dim;
+    const auto q = random_floats(s.batch * s.lq * w, 1), k = random_floats(s.batch * lk * w, 2),
+               v = random_floats(s.batch * lk * w, 3);
+    std::vector<float> ref(q.size());
+    attention_ref(s, q.data(), k.data(), v.data(), ref.data());
+    float *dq = dev.put(q), *dk = dev.put(k), *dv = dev.put(v), *dy = dev.zeros<float>(q.size());
+    dev.be().attention(s, dq, dk, dv, dy);
+    const auto y = dev.get(dy, q.size());
+    EXPECT_REL(y, ref, 1e-5);
+    expect_batch_invariant(
+        y, s.batch, s.lq * w,
+        [&](int64_t r0, int64_t n) {
+          AttentionShape one = s;
+          one.batch = n;
+          float* p = dev.zeros<float>(static_cast<size_t>(n * s.lq * w));
+          dev.be().attention(one, dq + r0 * s.lq * w, dk + r0 * lk * w, dv + r0 * lk * w, p);
+          return dev.get(p, static_cast<size_t>(n * s.lq * w));
+        },
+        what);
+  }
+}
+
+TEST_P(BackendOps, CausalAttentionOverFusedQkv) {
+  Dev dev(GetParam());
+  for (int64_t T : {int64_t{1}, int64_t{13}, int64_t{77}}) {
+    AttentionShape s;
+    s.batch = 2;
+    s.heads = 3;
+    s.lq = s.lk = T;
+    s.head_dim = 24;
+    const std::string what = "T " + std::to_string(T);
+    const int64_t w = s.heads * s.head_dim, stride = 3 * w;
+    const auto qkv = random_floats(s.batch * T * stride, 4);
+    std::vector<float> ref(static_cast<size_t>(s.batch * T * w));
+    causal_attention_ref(s, qkv.data(), qkv.data() + w, qkv.data() + 2 * w, stride, ref.data());
+    float *dqkv = dev.put(qkv), *dy = dev.zeros<float>(ref.size());
+    dev.be().causal_attention(s, dqkv, dqkv + w, dqkv + 2 * w, stride, dy);
+    const auto y = dev.get(dy, ref.size());
+    EXPECT_REL(y, ref, 1e-5);
+    expect_batch_invariant(
+        y, s.batch, T * w,
+        [&](int64_t r0, int64_t n) {
+          AttentionShape one = s;
+          one.batch = n;
+          float* p = dev.zeros<float>(static_cast<size_t>(n * T * w));
+          const float* base = dqkv + r0 * T * stride;
+          dev.be().causal_attention(one, base, base + w, base + 2 * w, stride, p);
+          return dev.get(p, static_cast<size_t>(n * T * w));
+        },
+        what);
+  }
+}
+
+// ---------------------------------------------------------------- images
+
+TEST_P(BackendOps, Conv2dEveryWeightType) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    for (int64_t k : {int64_t{1}, int64_t{3}}) {
+      Dev dev(GetParam());
+      Conv2dShape s;
+      s.n = 2;
+      s.c_in = 5;
+      s.h = 9;
+      s.w = 7;
+      s.c_out = 6;
+      s.kh = s.kw = k;
+      s.pad_h = s.pad_w = k / 2;
+      s.stride_h = s.stride_w = k == 3 ? 2 : 1;
+      const std::string what = std::string(dtype_name(t)) + " " + std::to_string(k) + "x" + std::to_string(k);
+      const int64_t wn = s.c_out * s.c_in * k * k;
+      const Weights wt = make_weights(t, 1, wn, 4);
+      const auto x = random_floats(s.n * s.c_in * s.h * s.w, 5), bias = random_floats(s.c_out, 6);
+      const int64_t out_plane = s.c_out * s.out_h() * s.out_w();
+      std::vector<float> ref(static_cast<size_t>(s.n * out_plane));
+      conv2d_ref(s, x.data(), t, wt.bytes.data(), bias.data(), ref.data());
+      float *dx = dev.put(x), *db = dev.put(bias), *dy = dev.zeros<float>(ref.size());
+      const uint8_t* dw = dev.put(wt.bytes);
+      dev.be().conv2d(s, dx, t, dw, db, dy);
+      const auto y = dev.get(dy, ref.size());
+      EXPECT_REL(y, ref, 1e-5);
+      expect_batch_invariant(
+          y, s.n, out_plane,
+          [&](int64_t r0, int64_t n) {
+            Conv2dShape one = s;
+            one.n = n;
+            float* p = dev.zeros<float>(static_cast<size_t>(n * out_plane));
+            dev.be().conv2d(one, dx + r0 * s.c_in * s.h * s.w, t, dw, db, p);
+            return dev.get(p, static_cast<size_t>(n * out_plane));
+          },
+          what);
+    }
+  }
+}
+
+TEST_P(BackendOps, UpsampleNearest2x) {
+  Dev dev(GetParam());
+  const int64_t planes = 5, h = 3, w = 7;
+  const auto x = random_floats(planes * h * w, 1);
+  std::vector<float> ref(static_cast<size_t>(planes * 4 * h * w));
+  upsample_nearest2x_ref(x.data(), ref.data(), planes, h, w);
+  float* dy = dev.zeros<float>(ref.size());
+  dev.be().upsample_nearest2x(dev.put(x), dy, planes, h, w);
+  EXPECT_EQ(dev.get(dy, ref.size()), ref);
+}
+
+TEST_P(BackendOps, BuffersRoundTrip) {
+  Dev dev(GetParam());
+  const DeviceInfo info = dev.be().device();
+  EXPECT_FALSE(info.name.empty());
+  auto buf = dev.be().alloc(1000);
+  ASSERT_GE(buf->bytes(), 1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % 64, 0u);
+  std::vector<uint8_t> a(300), b(300);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7);
+  dev.be().upload(*buf, 123, a.data(), 300);
+  dev.be().synchronize();
+  dev.be().download(*buf, 123, b.data(), 300);
+  EXPECT_EQ(a, b);
+  dev.be().clear(*buf, 0x3c);
+  std::vector<uint8_t> c(static_cast<size_t>(buf->bytes()));
+  dev.be().download(*buf, 0, c.data(), buf->bytes());
+  EXPECT_EQ(c, std::vector<uint8_t>(c.size(), 0x3c));
+}
+
+INSTANTIATE_TEST_SUITE_P(KernelBackends, BackendOps, ::testing::ValuesIn(backends()),
+                         [](const ::testing::TestParamInfo<BackendCase>& i) {
+                           std::string n = i.param.name;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace atelier::kernels
