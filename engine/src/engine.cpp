@@ -21,6 +21,20 @@ namespace atelier {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+std::string_view status_code_name(StatusCode c) {
+  switch (c) {
+    case StatusCode::Ok: return "ok";
+    case StatusCode::InvalidArgument: return "invalid_argument";
+    case StatusCode::NotFound: return "not_found";
+    case StatusCode::InvalidModel: return "invalid_model";
+    case StatusCode::Unsupported: return "unsupported";
+    case StatusCode::Io: return "io";
+    case StatusCode::Internal: return "internal";
+    case StatusCode::Cancelled: return "cancelled";
+  }
+  return "internal";
+}
+
 std::string_view job_state_name(JobState s) {
   switch (s) {
     case JobState::Queued: return "queued";
@@ -78,6 +92,7 @@ JobInfo to_info(const runtime::JobRow& row) {
   j.model_name = row.model_name;
   j.attempts = row.attempts;
   if (!row.error_message.empty()) j.error = row.error_message;
+  j.error_code = row.error_code;
   if (!row.result_json.empty()) {
     const json r = json::parse(row.result_json, nullptr, false);
     if (r.is_object()) {

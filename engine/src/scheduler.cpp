@@ -88,6 +88,7 @@ struct ImageJob {
 
 Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics)
     : config_(config), db_(db), hub_(hub), metrics_(metrics) {
+  image_thread_ = std::thread([this] { image_loop(); });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -95,6 +96,7 @@ Scheduler::~Scheduler() {
   stop_ = true;
   notify();
   thread_.join();
+  image_thread_.join();
 }
 
 void Scheduler::notify() {
@@ -103,6 +105,38 @@ void Scheduler::notify() {
     wake_ = true;
   }
   cv_.notify_one();
+  {
+    // A resume (or a stop) concerns the image lane's waiting jobs too.
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    lane_wake_ = true;
+  }
+  lane_cv_.notify_one();
+}
+
+bool Scheduler::idle() const {
+  if (!idle_.load()) return false;
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return lane_ids_.empty();
+}
+
+bool Scheduler::ended_here(JobId id) const {
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return finished_.count(id) > 0;
+}
+
+bool Scheduler::in_lane(JobId id) const {
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return lane_ids_.count(id) > 0;
+}
+
+void Scheduler::hand_to_lane(std::unique_ptr<ImageJob> job) {
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    lane_ids_.insert(job->id);
+    image_inbox_.push_back(std::move(job));
+    lane_wake_ = true;
+  }
+  lane_cv_.notify_one();
 }
 
 void Scheduler::request_cancel(JobId id) {
@@ -123,8 +157,8 @@ void Scheduler::fill_metrics(EngineMetrics& m) const {
   m.kv_blocks_used = kv_stats_.used;
   m.kv_blocks_free = kv_stats_.free;
   m.kv_blocks_cached = kv_stats_.cached;
-  m.queue_depth = queue_depth_;
-  m.running = running_count_;
+  m.queue_depth = queue_depth_ + image_queue_depth_.load();
+  m.running = running_count_ + image_running_count_.load();
 }
 
 int Scheduler::live_new_tokens(JobId id) const {
@@ -133,10 +167,21 @@ int Scheduler::live_new_tokens(JobId id) const {
   return it == live_tokens_.end() ? -1 : it->second;
 }
 
+namespace {
+// Aging: a waiting job gains a point per aging_ms, so low priorities are not
+// starved; the same rule for text and image jobs.
+double aged_priority(int priority, bool interactive, int64_t created_ms, int64_t now_ms, int aging_ms) {
+  const double age = static_cast<double>(std::max<int64_t>(0, now_ms - created_ms)) / std::max(1, aging_ms);
+  return priority + (interactive ? TextRequest::kInteractiveBoost : 0) + age;
+}
+}  // namespace
+
 double Scheduler::effective_priority(const Sequence& s, int64_t now_ms) const {
-  // Aging: a waiting job gains a point per aging_ms, so low priorities are not starved.
-  const double age = static_cast<double>(std::max<int64_t>(0, now_ms - s.created_ms)) / std::max(1, config_.aging_ms);
-  return s.priority + (s.req.interactive ? TextRequest::kInteractiveBoost : 0) + age;
+  return aged_priority(s.priority, s.req.interactive, s.created_ms, now_ms, config_.aging_ms);
+}
+
+double Scheduler::effective_priority(const ImageJob& j, int64_t now_ms) const {
+  return aged_priority(j.priority, j.req.interactive, j.created_ms, now_ms, config_.aging_ms);
 }
 
 LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
@@ -208,14 +253,16 @@ void Scheduler::run() {
           finish(*s, JobState::Cancelled, "cancelled");
           found = true;
         }
-      for (auto& j : image_running_)
-        if (j->id == id) j->cancel = found = true;
-      for (auto& j : image_waiting_)
-        if (j->id == id && !j->done) {
-          finish_image(*j, JobState::Cancelled);
-          found = true;
+      if (!found && in_lane(id)) {
+        {
+          std::lock_guard<std::mutex> lock(lane_mu_);
+          image_cancels_.insert(id);
+          lane_wake_ = true;
         }
-      if (!found && !finished_.count(id)) announce_cancelled(id, now);  // cancelled while still only in the database
+        lane_cv_.notify_one();
+        found = true;
+      }
+      if (!found && !ended_here(id)) announce_cancelled(id, now);  // cancelled while still only in the database
       known_.insert(id);
     }
     std::erase_if(waiting_, [](const auto& s) { return s->done; });
@@ -256,11 +303,10 @@ void Scheduler::run() {
       }
     }
     if (!hold) admit(now);
-    admit_images(now);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_depth_ = static_cast<int>(waiting_.size() + image_waiting_.size());
-      running_count_ = static_cast<int>(running_.size() + image_running_.size());
+      queue_depth_ = static_cast<int>(waiting_.size());
+      running_count_ = static_cast<int>(running_.size());
       kv_stats_ = {};
       for (const auto& [path, m] : models_) {
         kv_stats_.used += m->pool->used_blocks();
@@ -268,7 +314,7 @@ void Scheduler::run() {
         kv_stats_.cached += m->pool->cached_blocks();
       }
     }
-    idle_ = running_.empty() && waiting_.empty() && image_running_.empty() && image_waiting_.empty();
+    idle_ = running_.empty() && waiting_.empty();  // and the image lane's (idle())
     if (now - last_alert_check >= 1000) {
       last_alert_check = now;
       EngineMetrics m;
@@ -286,9 +332,8 @@ void Scheduler::run() {
         hub_.publish(ev);
       }
     }
-    if (!running_.empty() || !image_running_.empty()) {
-      if (!running_.empty()) step();
-      if (!image_running_.empty()) image_step();
+    if (!running_.empty()) {
+      step();
       continue;
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -298,7 +343,6 @@ void Scheduler::run() {
   for (auto& s : running_) db_.requeue(s->id);
   for (auto& s : waiting_)
     if (s->started_once) db_.requeue(s->id);
-  for (auto& j : image_running_) db_.requeue(j->id);
 }
 
 void Scheduler::refresh_queue(int64_t now) {
@@ -309,6 +353,8 @@ void Scheduler::refresh_queue(int64_t now) {
     if (known_.count(row.id)) {
       for (auto& s : waiting_)
         if (s->id == row.id) s->priority = row.priority;
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      if (lane_ids_.count(row.id)) image_priorities_[row.id] = row.priority;
       continue;
     }
     known_.insert(row.id);
@@ -320,7 +366,7 @@ void Scheduler::refresh_queue(int64_t now) {
         j->req = ireq.value();
         j->priority = row.priority;
         j->created_ms = row.created_ms;
-        image_waiting_.push_back(std::move(j));
+        hand_to_lane(std::move(j));
         continue;
       }
       fail_unreadable(row.id, ireq.status(), now);
@@ -339,15 +385,14 @@ void Scheduler::refresh_queue(int64_t now) {
     s->enqueued = Clock::now();
     waiting_.push_back(std::move(s));
   }
-  // Jobs another process cancelled or cleared while they waited here.
-  for (auto& j : image_waiting_) {
-    if (!queued.count(j->id)) {
-      j->done = true;
-      finished_.insert(j->id);
-      announce_cancelled(j->id, now);
-    }
+  // Jobs another process cancelled or cleared while they waited here (the
+  // image lane compares its waiting jobs with the same snapshot).
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    image_queued_ = std::make_unique<std::set<JobId>>(queued);
+    lane_wake_ = true;
   }
-  std::erase_if(image_waiting_, [](const auto& j) { return j->done; });
+  lane_cv_.notify_one();
   for (auto& s : waiting_) {
     if (!s->started_once && !queued.count(s->id)) {
       s->done = true;
@@ -358,8 +403,14 @@ void Scheduler::refresh_queue(int64_t now) {
   // Cancels requested by other processes: running sequences stop at the next
   // step; preempted ones (still "running" in the database) end here.
   for (int64_t id : db_.cancel_requests()) {
-    for (auto& j : image_running_)
-      if (j->id == id) j->cancel = true;
+    if (in_lane(id)) {
+      {
+        std::lock_guard<std::mutex> lock(lane_mu_);
+        image_cancels_.insert(id);
+        lane_wake_ = true;
+      }
+      lane_cv_.notify_one();
+    }
     for (auto& s : running_)
       if (s->id == id) s->cancel = true;
     for (auto& s : waiting_)
@@ -708,12 +759,16 @@ void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string
     db_.cancel(ev.job, now);
     ev.type = EventType::Cancelled;
   } else {
-    db_.fail(ev.job, std::to_string(static_cast<int>(error.code)), error.message, now);
+    db_.fail(ev.job, std::string(status_code_name(error.code)), error.message, now);
     ev.type = EventType::Failed;
     ev.code = error.code;
     ev.message = error.message;
   }
-  finished_.insert(ev.job);
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    finished_.insert(ev.job);
+    lane_ids_.erase(ev.job);
+  }
   hub_.publish(ev);
   metrics_.on_finish(state, now);
 }
@@ -727,7 +782,7 @@ void Scheduler::announce_cancelled(JobId id, int64_t now) {
 }
 
 void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
-  db_.fail(id, "invalid_request", error.message, now);
+  db_.fail(id, std::string(status_code_name(StatusCode::InvalidArgument)), error.message, now);
   Event ev;
   ev.type = EventType::Failed;
   ev.job = id;
@@ -739,6 +794,72 @@ void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
 
 // ---- image jobs ----------------------------------------------------------------
 
+void Scheduler::image_loop() {
+  // This thread takes part in its pool's loops: it yields to text too.
+  ThreadPool::lower_this_thread_priority(config_.image_nice);
+  auto sweep = [this](std::vector<std::unique_ptr<ImageJob>>& jobs) {
+    // Jobs that left without end_job (cancelled between reading and starting) leave the lane too.
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    for (const auto& j : jobs)
+      if (!j || j->done) lane_ids_.erase(j ? j->id : 0);
+    std::erase_if(jobs, [](const auto& j) { return !j || j->done; });
+  };
+  while (!stop_) {
+    const int64_t now = epoch_ms();
+    std::vector<std::unique_ptr<ImageJob>> inbox;
+    std::set<JobId> cancels;
+    std::map<JobId, int> priorities;
+    std::unique_ptr<std::set<JobId>> queued;
+    {
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      inbox.swap(image_inbox_);
+      cancels.swap(image_cancels_);
+      priorities.swap(image_priorities_);
+      queued = std::move(image_queued_);
+      lane_wake_ = false;
+    }
+    for (auto& j : inbox) image_waiting_.push_back(std::move(j));
+    for (auto& j : image_waiting_)
+      if (auto it = priorities.find(j->id); it != priorities.end()) j->priority = it->second;
+    for (JobId id : cancels) {
+      for (auto& j : image_running_)
+        if (j->id == id) j->cancel = true;
+      for (auto& j : image_waiting_)
+        if (j->id == id && !j->done) finish_image(*j, JobState::Cancelled);
+    }
+    if (queued) {
+      // Another process cancelled or cleared these while they waited here.
+      for (auto& j : image_waiting_) {
+        if (!j->done && !queued->count(j->id)) {
+          j->done = true;
+          {
+            std::lock_guard<std::mutex> lock(lane_mu_);
+            finished_.insert(j->id);
+          }
+          announce_cancelled(j->id, now);
+        }
+      }
+    }
+    sweep(image_waiting_);
+    admit_images(now);
+    sweep(image_waiting_);
+    image_queue_depth_ = static_cast<int>(image_waiting_.size());
+    image_running_count_ = static_cast<int>(image_running_.size());
+    if (!image_running_.empty()) {
+      image_step();
+      sweep(image_running_);
+      image_running_count_ = static_cast<int>(image_running_.size());
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(lane_mu_);
+    // Waiting jobs (a paused queue) are looked at again every poll_ms.
+    lane_cv_.wait_for(lock, std::chrono::milliseconds(std::max(1, config_.poll_ms)),
+                      [this] { return lane_wake_ || stop_.load(); });
+  }
+  // Shutdown: what was running goes back to the queue; its partial output is discarded.
+  for (auto& j : image_running_) db_.requeue(j->id);
+}
+
 LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {
   // What load_diffusion reads from the request is part of the key.
   const std::string key = resolved.path + "|" + r.prediction + "|" + r.preview_decoder + "|" + r.tokenizer;
@@ -747,7 +868,7 @@ LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedMod
   lm->key = key;
   lm->version = resolved.digest;
   lm->name = resolved.in_store ? resolved.display : resolved.path;
-  lm->pool = std::make_unique<ThreadPool>(config_.threads);
+  lm->pool = std::make_unique<ThreadPool>(config_.threads, config_.image_nice);
   error = guarded([&]() -> Status {
     lm->model = load_diffusion(r, resolved, resolved.path, lm->pool.get());
     return Status{};
@@ -760,9 +881,8 @@ LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedMod
 
 void Scheduler::admit_images(int64_t now) {
   if (db_.paused() || image_waiting_.empty()) return;
-  std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [](const auto& a, const auto& b) {
-    const int pa = a->priority + (a->req.interactive ? TextRequest::kInteractiveBoost : 0);
-    const int pb = b->priority + (b->req.interactive ? TextRequest::kInteractiveBoost : 0);
+  std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [&](const auto& a, const auto& b) {
+    const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
     return pa > pb || (pa == pb && a->id < b->id);
   });
   int images = 0;
@@ -836,7 +956,7 @@ void Scheduler::admit_images(int64_t now) {
     images += j.req.batch_size;
     image_running_.push_back(std::move(jp));
   }
-  std::erase_if(image_waiting_, [](const auto& j) { return !j || j->done; });
+  // The lane's sweep removes the moved and finished entries (and releases their ids).
 }
 
 void Scheduler::image_step() {

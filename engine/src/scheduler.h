@@ -6,11 +6,16 @@
 // blocks, and the lowest-priority sequence is preempted (and later
 // recomputed) when memory runs out.
 //
-// Image jobs run on the same executor, interleaved with text steps: every
-// image step advances the running image jobs of one model by one network
-// evaluation, all their images in one UNet call per latent size (each row its
-// own timestep), so a new image job joins at the next step and a cancelled
-// one leaves before the next call. A Preview event follows every step.
+// Image jobs run on an image lane: a second thread of the same executor with
+// its own thread pool, whose threads run at a lower OS priority
+// (EngineConfig::image_nice), so a text step never waits for a UNet call (a
+// 512x512 one takes seconds here) and takes the cores while it runs; alone,
+// images use every core. The executor thread reads the queue and hands image
+// jobs, cancels and priority changes to the lane. Every image step advances
+// the running image jobs of one model by one network evaluation, all their
+// images in one UNet call per latent size (each row its own timestep), so a
+// new image job joins at the next step and a cancelled one leaves before the
+// next call. A Preview event follows every step.
 #pragma once
 
 #include <atelier/engine.h>
@@ -42,7 +47,7 @@ class Scheduler {
 
   void notify();                      // something changed in the queue
   void request_cancel(JobId id);      // in-process fast path (takes effect at the next step)
-  bool idle() const { return idle_.load(); }
+  bool idle() const;
   void fill_metrics(EngineMetrics& m) const;
   // New tokens a running job has produced so far (-1 when not running here).
   int live_new_tokens(JobId id) const;
@@ -64,7 +69,12 @@ class Scheduler {
   bool preempt_lowest(const Sequence* keep);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
   double effective_priority(const Sequence& s, int64_t now_ms) const;
-  // Image jobs (scheduler.cpp, bottom).
+  bool ended_here(JobId id) const;  // finished_ (either thread)
+  // Image jobs (scheduler.cpp, bottom), on the image lane's thread.
+  void image_loop();
+  void hand_to_lane(std::unique_ptr<ImageJob> job);  // executor thread
+  bool in_lane(JobId id) const;
+  double effective_priority(const ImageJob& j, int64_t now_ms) const;
   void admit_images(int64_t now_ms);
   void image_step();
   void finish_image(ImageJob& j, JobState state, const Status& error = {});
@@ -91,14 +101,28 @@ class Scheduler {
   // Executor-thread state.
   std::map<std::string, std::unique_ptr<LoadedModel>> models_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
+  std::set<JobId> known_;
+  int64_t last_poll_ms_ = 0;
+  int64_t step_counter_ = 0;
+
+  // Between the executor thread and the image lane.
+  mutable std::mutex lane_mu_;
+  std::condition_variable lane_cv_;
+  bool lane_wake_ = false;
+  std::vector<std::unique_ptr<ImageJob>> image_inbox_;  // queued jobs handed over, not yet taken
+  std::set<JobId> image_cancels_;
+  std::map<JobId, int> image_priorities_;                // priority changes of waiting image jobs
+  std::unique_ptr<std::set<JobId>> image_queued_;        // the queue's ids at the last refresh
+  std::set<JobId> lane_ids_;  // handed to the lane and not yet ended there
+  std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
+  std::atomic<int> image_queue_depth_{0}, image_running_count_{0};
+
+  // Image-lane state.
   std::map<std::string, std::unique_ptr<LoadedImage>> image_models_;
   std::vector<std::unique_ptr<ImageJob>> image_waiting_, image_running_;
   size_t image_turn_ = 0;  // which model's image jobs step next (round robin)
-  std::set<JobId> known_;
-  std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
-  int64_t last_poll_ms_ = 0;
-  int64_t step_counter_ = 0;
-  std::thread thread_;
+
+  std::thread thread_, image_thread_;
 };
 
 }  // namespace atelier

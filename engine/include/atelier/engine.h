@@ -30,6 +30,10 @@ enum class StatusCode {
   Cancelled,        // the caller cancelled the work (e.g. a progress callback said stop)
 };
 
+// "ok", "invalid_argument", "not_found", "invalid_model", "unsupported", "io",
+// "internal", "cancelled": what the job database records as a failed job's error_code.
+std::string_view status_code_name(StatusCode code);
+
 struct Status {
   StatusCode code = StatusCode::Ok;
   std::string message;
@@ -310,6 +314,10 @@ struct EngineConfig {
   int kv_block_tokens = 16;           // paged KV block size
   int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
   int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
+  // Image steps run on their own thread and thread pool, this much lower in
+  // OS priority (Linux nice) than text steps: text keeps streaming while an
+  // image renders, and an image alone still uses every core. 0: equal.
+  int image_nice = 10;
   KvType kv_type = KvType::F16;
   double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
   int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms
@@ -339,6 +347,7 @@ struct JobInfo {
   std::string stop_reason;
   JobStats stats;             // final figures; while running, new_tokens is live progress
   std::string error;          // failed jobs
+  std::string error_code;     // failed jobs: status_code_name of the failure ("not_found", ...)
 };
 
 struct JobFilter {
@@ -599,6 +608,32 @@ struct ImageBenchResult {
   double images_per_s = 0;
 };
 Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageBenchOptions& options);
+
+// `atelier bench mixed`: interactive text while a Stable Diffusion image
+// renders on the same engine. After a warm-up (both models loaded), it runs
+// the text jobs alone, the image alone, then the image again with the text
+// jobs submitted one after another from text_start_s after the image started
+// (each interactive, end-of-sequence ignored). Text figures are the engine's
+// own (time to first token from submission, inter-token gaps at sampling);
+// image seconds are from its start to its PNG.
+struct MixedBenchOptions {
+  int width = 512, height = 512;  // the image, multiples of 8
+  int steps = 4;                  // its denoising steps (euler_a, CFG 7: two UNet rows a step)
+  int text_jobs = 3;              // interactive text jobs while the image renders, one after another
+  int gen_tokens = 64;            // new tokens per text job
+  double text_start_s = 2.0;      // after the image job started (its prompt encoded, the UNet running)
+  int threads = 0;
+  int image_nice = EngineConfig{}.image_nice;
+};
+struct MixedBenchResult {
+  Percentiles text_alone_ttft_ms, text_alone_itl_ms;  // the text jobs with nothing else running
+  Percentiles text_ttft_ms, text_itl_ms;              // the same jobs while the image renders
+  int text_jobs_during_image = 0;                     // text jobs that finished before the image did
+  double image_seconds_alone = 0, image_seconds_with_text = 0;
+  double image_slowdown = 0;                          // with text / alone
+};
+Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const std::string& image_model_path,
+                                     const MixedBenchOptions& options);
 
 // ---------------------------------------------------------------- synthetic models
 
