@@ -1,5 +1,5 @@
-// Engine: the public handle over the durable job queue (runtime/job_db), the
-// batching executor (scheduler.cpp), event delivery and metrics.
+// Engine: the public handle over the durable job queue (serve/job_db), the
+// batching executor (serve/scheduler.cpp), event delivery and metrics.
 #include <atelier/engine.h>
 
 #include <chrono>
@@ -9,11 +9,11 @@
 #include <random>
 #include <thread>
 
-#include "events.h"
+#include "serve/events.h"
 #include "image_job.h"
-#include "metrics.h"
-#include "runtime/job_db.h"
-#include "scheduler.h"
+#include "serve/metrics.h"
+#include "serve/job_db.h"
+#include "serve/scheduler.h"
 #include "text_model_impl.h"
 
 namespace atelier {

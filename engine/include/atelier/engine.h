@@ -311,6 +311,11 @@ struct EngineConfig {
   int max_batch = 32;                 // sequences decoded together per step
   int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
   int64_t kv_memory_bytes = int64_t{1} << 30;  // KV cache budget per loaded model
+  // Loaded models (text: weights and KV pool; image: the checkpoint's
+  // networks) stay loaded for the next job until their bytes would pass this;
+  // then the least recently used ones no job is using are unloaded first. A
+  // model in use is never unloaded; one larger than the budget still loads.
+  int64_t model_cache_bytes = int64_t{8} << 30;
   int kv_block_tokens = 16;           // paged KV block size
   int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
   int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
@@ -392,6 +397,8 @@ struct EngineMetrics {
   int kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   double prefix_cache_hit_rate = 0;     // prompt tokens served from shared blocks / prompt tokens
   double busy_fraction = 0;             // executor time spent in model steps over the last 10 s
+  int64_t image_steps = 0;              // image-lane steps (one network evaluation of every image it advanced)
+  Percentiles image_step_ms;            // their durations
   std::vector<std::string> active_alerts;
 };
 
@@ -611,9 +618,9 @@ Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageB
 
 // `atelier bench mixed`: interactive text while a Stable Diffusion image
 // renders on the same engine. After a warm-up (both models loaded), it runs
-// the text jobs alone, the image alone, then the image again with the text
-// jobs submitted one after another from text_start_s after the image started
-// (each interactive, end-of-sequence ignored). Text figures are the engine's
+// the text jobs alone, the image alone, the image again with the text jobs
+// submitted one after another from text_start_s after the image started
+// (each interactive, end-of-sequence ignored), and the image alone once more. Text figures are the engine's
 // own (time to first token from submission, inter-token gaps at sampling);
 // image seconds are from its start to its PNG.
 struct MixedBenchOptions {
@@ -629,7 +636,8 @@ struct MixedBenchResult {
   Percentiles text_alone_ttft_ms, text_alone_itl_ms;  // the text jobs with nothing else running
   Percentiles text_ttft_ms, text_itl_ms;              // the same jobs while the image renders
   int text_jobs_during_image = 0;                     // text jobs that finished before the image did
-  double image_seconds_alone = 0, image_seconds_with_text = 0;
+  double image_seconds_alone = 0, image_seconds_with_text = 0;  // alone: the mean of the runs before and after
+  std::vector<double> image_seconds_alone_runs;
   double image_slowdown = 0;                          // with text / alone
 };
 Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const std::string& image_model_path,

@@ -1,4 +1,4 @@
-#include "runtime/job_db.h"
+#include "serve/job_db.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>

@@ -1,4 +1,4 @@
-#include "scheduler.h"
+#include "serve/scheduler.h"
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +45,7 @@ struct LoadedModel {
   std::unique_ptr<text::KvPool> pool;
   std::unique_ptr<text::LlamaRunner> runner;
   int n_ctx = 0;
+  int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
   TextModel::Impl& impl() { return model->impl(); }
 };
 
@@ -71,6 +72,7 @@ struct LoadedImage {
   std::string key, version, name;  // version: "sha256:<hex>" ("" for a diffusers folder)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LoadedDiffusion> model;
+  int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
 };
 
 struct ImageJob {
@@ -197,7 +199,16 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   }
   const std::string path = resolved->path;
   auto it = models_.find(path);
-  if (it != models_.end()) return it->second.get();
+  if (it != models_.end()) {
+    it->second->last_used = ++use_clock_;
+    return it->second.get();
+  }
+  {
+    // Room first (the file's size and the KV budget: what it will hold).
+    std::error_code ec;
+    const auto file_bytes = std::filesystem::file_size(path, ec);
+    evict_text_models((ec ? 0 : static_cast<int64_t>(file_bytes)) + config_.kv_memory_bytes);
+  }
   TextModelOptions o;
   o.threads = config_.threads;
   o.kv_type = config_.kv_type;
@@ -226,9 +237,40 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     return Status{};
   });
   if (!error.ok()) return nullptr;
+  lm->bytes = lm->model->info().weight_bytes + int64_t{lm->pool->total_blocks()} * lm->pool->block_bytes();
+  lm->last_used = ++use_clock_;
+  model_bytes_ += lm->bytes;
   LoadedModel* raw = lm.get();
   models_[path] = std::move(lm);
   return raw;
+}
+
+void Scheduler::evict_text_models(int64_t need) {
+  while (!models_.empty() && model_bytes_.load() + need > config_.model_cache_bytes) {
+    LoadedModel* victim = nullptr;
+    for (const auto& [path, m] : models_) {
+      const auto uses = [&](const auto& s) { return s->model == m.get(); };
+      if (std::any_of(running_.begin(), running_.end(), uses) || std::any_of(waiting_.begin(), waiting_.end(), uses)) continue;
+      if (!victim || m->last_used < victim->last_used) victim = m.get();
+    }
+    if (!victim) return;  // every loaded model is in use
+    model_bytes_ -= victim->bytes;
+    models_.erase(victim->path);
+  }
+}
+
+void Scheduler::evict_image_models(int64_t need) {
+  while (!image_models_.empty() && model_bytes_.load() + need > config_.model_cache_bytes) {
+    LoadedImage* victim = nullptr;
+    for (const auto& [key, m] : image_models_) {
+      if (std::any_of(image_running_.begin(), image_running_.end(), [&](const auto& j) { return j && j->model == m.get(); }))
+        continue;
+      if (!victim || m->last_used < victim->last_used) victim = m.get();
+    }
+    if (!victim) return;
+    model_bytes_ -= victim->bytes;
+    image_models_.erase(victim->key);
+  }
 }
 
 void Scheduler::run() {
@@ -347,6 +389,7 @@ void Scheduler::run() {
 
 void Scheduler::refresh_queue(int64_t now) {
   last_poll_ms_ = now;
+  const bool paused = db_.paused();  // before the queue: every job queued before a resume is in it
   std::set<JobId> queued;
   for (const runtime::JobRow& row : db_.next_queued(0)) {
     queued.insert(row.id);
@@ -390,6 +433,7 @@ void Scheduler::refresh_queue(int64_t now) {
   {
     std::lock_guard<std::mutex> lock(lane_mu_);
     image_queued_ = std::make_unique<std::set<JobId>>(queued);
+    image_paused_ = paused;
     lane_wake_ = true;
   }
   lane_cv_.notify_one();
@@ -816,6 +860,7 @@ void Scheduler::image_loop() {
       cancels.swap(image_cancels_);
       priorities.swap(image_priorities_);
       queued = std::move(image_queued_);
+      lane_paused_ = image_paused_;
       lane_wake_ = false;
     }
     for (auto& j : inbox) image_waiting_.push_back(std::move(j));
@@ -863,8 +908,26 @@ void Scheduler::image_loop() {
 LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {
   // What load_diffusion reads from the request is part of the key.
   const std::string key = resolved.path + "|" + r.prediction + "|" + r.preview_decoder + "|" + r.tokenizer;
-  if (auto it = image_models_.find(key); it != image_models_.end()) return it->second.get();
+  if (auto it = image_models_.find(key); it != image_models_.end()) {
+    it->second->last_used = ++use_clock_;
+    return it->second.get();
+  }
+  // The checkpoint's size stands for what it holds loaded (F16 stays F16;
+  // a diffusers folder: the sum of its files).
+  int64_t bytes = 0;
+  {
+    std::error_code ec;
+    if (std::filesystem::is_directory(resolved.path, ec)) {
+      for (const auto& f : std::filesystem::recursive_directory_iterator(resolved.path, ec))
+        if (f.is_regular_file(ec)) bytes += static_cast<int64_t>(f.file_size(ec));
+    } else {
+      const auto n = std::filesystem::file_size(resolved.path, ec);
+      bytes = ec ? 0 : static_cast<int64_t>(n);
+    }
+  }
+  evict_image_models(bytes);
   auto lm = std::make_unique<LoadedImage>();
+  lm->bytes = bytes;
   lm->key = key;
   lm->version = resolved.digest;
   lm->name = resolved.in_store ? resolved.display : resolved.path;
@@ -874,13 +937,15 @@ LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedMod
     return Status{};
   });
   if (!error.ok()) return nullptr;
+  lm->last_used = ++use_clock_;
+  model_bytes_ += lm->bytes;
   LoadedImage* raw = lm.get();
   image_models_[key] = std::move(lm);
   return raw;
 }
 
 void Scheduler::admit_images(int64_t now) {
-  if (db_.paused() || image_waiting_.empty()) return;
+  if (lane_paused_ || image_waiting_.empty()) return;
   std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [&](const auto& a, const auto& b) {
     const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
     return pa > pb || (pa == pb && a->id < b->id);
@@ -976,10 +1041,12 @@ void Scheduler::image_step() {
       jobs.push_back(j.get());
       for (image::ImageTask* t : j->run->live()) tasks.push_back(t);
     }
+  const auto t0 = Clock::now();
   Status st = guarded([&]() -> Status {
     image::run_step(*m->model->model, tasks);
     return Status{};
   });
+  metrics_.on_image_step(static_cast<int>(tasks.size()), ms_between(t0, Clock::now()));
   if (!st.ok()) {
     for (ImageJob* j : jobs) finish_image(*j, JobState::Failed, st);
     std::erase_if(image_running_, [](const auto& j) { return j->done; });

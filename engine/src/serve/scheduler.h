@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include "events.h"
-#include "metrics.h"
-#include "runtime/job_db.h"
+#include "serve/events.h"
+#include "serve/metrics.h"
+#include "serve/job_db.h"
 
 namespace atelier {
 
@@ -68,6 +68,10 @@ class Scheduler {
   void announce_cancelled(JobId id, int64_t now_ms);  // a job cancelled before it ran here: event and count
   bool preempt_lowest(const Sequence* keep);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
+  // The model cache (both threads, each its own models): unloads this
+  // thread's least recently used idle models until NEED_BYTES more fit.
+  void evict_text_models(int64_t need_bytes);
+  void evict_image_models(int64_t need_bytes);
   double effective_priority(const Sequence& s, int64_t now_ms) const;
   bool ended_here(JobId id) const;  // finished_ (either thread)
   // Image jobs (scheduler.cpp, bottom), on the image lane's thread.
@@ -113,14 +117,20 @@ class Scheduler {
   std::set<JobId> image_cancels_;
   std::map<JobId, int> image_priorities_;                // priority changes of waiting image jobs
   std::unique_ptr<std::set<JobId>> image_queued_;        // the queue's ids at the last refresh
+  // The pause flag read just before that refresh: the lane admits on what
+  // the executor has handed over, so a job queued before a resume is seen first.
+  bool image_paused_ = true;
   std::set<JobId> lane_ids_;  // handed to the lane and not yet ended there
   std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
   std::atomic<int> image_queue_depth_{0}, image_running_count_{0};
+  std::atomic<int64_t> model_bytes_{0};  // loaded models of both threads (the cache budget)
+  std::atomic<int64_t> use_clock_{0};    // LRU order of the models of both threads
 
   // Image-lane state.
   std::map<std::string, std::unique_ptr<LoadedImage>> image_models_;
   std::vector<std::unique_ptr<ImageJob>> image_waiting_, image_running_;
   size_t image_turn_ = 0;  // which model's image jobs step next (round robin)
+  bool lane_paused_ = true;  // image_paused_ as the lane last took it
 
   std::thread thread_, image_thread_;
 };
