@@ -238,3 +238,48 @@ TEST(Serve, FailedJobsRecordTheirStatusName) {
   e.reset();
   fs::remove_all(dir);
 }
+
+// A cancel of a text job takes effect within one text step even while an
+// image step (a long UNet call) is running on the lane.
+TEST(Serve, TextCancelDoesNotWaitForAnImageStep) {
+  const fs::path dir = fresh_dir("cancel");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  auto log = std::make_shared<EventLog>();
+  e->subscribe(0, [log](const Event& ev) { (*log)(ev); });
+  ImageRequest ir = image_request(128, 6, 7);
+  ir.output = (dir / "img.png").string();
+  auto img = e->submit(ir);
+  ASSERT_TRUE(img.ok());
+  TextRequest tr = text_request(kText, 300);  // long enough to be cancelled mid-stream
+  auto txt = e->submit(tr);
+  ASSERT_TRUE(txt.ok());
+  // Until the text job has streamed a few tokens.
+  for (int i = 0; i < 60'000 / 2; ++i) {
+    const auto ev = log->snapshot();
+    if (std::count_if(ev.begin(), ev.end(), [&](const Event& x) { return x.job == txt.value() && x.type == EventType::Token; }) >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(e->cancel(txt.value()).ok());
+  ASSERT_EQ(wait_final(*e, txt.value()), JobState::Cancelled);
+  const double cancel_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto img_info = e->job(img.value());
+  ASSERT_TRUE(img_info.ok());
+  EXPECT_NE(img_info->state, JobState::Cancelled);
+  ASSERT_TRUE(e->wait_idle(120'000));
+  EXPECT_EQ(e->job(img.value())->state, JobState::Completed);
+  EXPECT_LT(cancel_ms, e->metrics().image_step_ms.p50) << "the cancel waited for an image step";
+  // Nothing of the text job after its Cancelled event.
+  const auto events = log->snapshot();
+  size_t cancelled_at = events.size();
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].job == txt.value() && events[i].type == EventType::Cancelled) cancelled_at = i;
+  ASSERT_LT(cancelled_at, events.size());
+  int tokens_after_cancel = 0;
+  for (size_t i = cancelled_at; i < events.size(); ++i)
+    if (events[i].job == txt.value() && events[i].type == EventType::Token) ++tokens_after_cancel;
+  EXPECT_EQ(tokens_after_cancel, 0);
+  e.reset();
+  fs::remove_all(dir);
+}
