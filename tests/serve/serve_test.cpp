@@ -283,3 +283,58 @@ TEST(Serve, TextCancelDoesNotWaitForAnImageStep) {
   e.reset();
   fs::remove_all(dir);
 }
+
+// Admission and preemption under a tiny KV budget still hold while an image
+// job renders on the lane: jobs that fit run (taking memory back from lower
+// ones when they must) to the tokens they make alone; one that can never fit
+// is refused with its reason.
+TEST(Serve, TinyKvBudgetAdmitsPreemptsAndRefusesBesideAnImage) {
+  const fs::path dir = fresh_dir("kv");
+  EngineConfig c;
+  c.kv_block_tokens = 16;
+  c.kv_memory_bytes = 7 * 10240;  // stories260K: 10240 bytes per 16-token block; two 40-token jobs at a time
+  auto e = open_engine(dir, c);
+  ASSERT_TRUE(e);
+  e->pause();
+  ImageRequest ir = image_request(128, 6, 9);
+  ir.output = (dir / "img.png").string();
+  auto img = e->submit(ir);
+  ASSERT_TRUE(img.ok());
+  std::vector<TextRequest> reqs;
+  std::vector<JobId> ids;
+  for (int i = 0; i < 4; ++i) {
+    TextRequest r = text_request(kText, 36);
+    r.interactive = false;
+    r.priority = i;  // later ones rank higher: they take memory back
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 100 + i;
+    reqs.push_back(r);
+    auto id = e->submit(r);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(id.value());
+  }
+  TextRequest huge = text_request(kText, 400);  // 400+ tokens never fit in 7 blocks
+  auto hj = e->submit(huge);
+  ASSERT_TRUE(hj.ok());
+  e->resume();
+  ASSERT_TRUE(e->wait_idle(120'000));
+  auto model = TextModel::open(kText);
+  ASSERT_TRUE(model.ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto info = e->job(ids[i]);
+    ASSERT_TRUE(info.ok());
+    ASSERT_EQ(info->state, JobState::Completed) << info->error;
+    auto alone = model.value()->generate(reqs[i]);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(info->text, alone->text) << "job " << i;
+  }
+  auto h = e->job(hj.value());
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, JobState::Failed);
+  EXPECT_EQ(h->error_code, "invalid_argument");
+  EXPECT_NE(h->error.find("KV"), std::string::npos) << h->error;
+  EXPECT_EQ(e->job(img.value())->state, JobState::Completed);
+  EXPECT_GT(e->metrics().preemptions, 0) << "memory never ran out";
+  e.reset();
+  fs::remove_all(dir);
+}
