@@ -582,8 +582,30 @@ bool Scheduler::admit(int64_t now) {
   return admitted;
 }
 
+// A text step, shaped as vLLM's: schedule() picks the sequences and their
+// token counts (a plan), the runner executes it (forward pass and sampling),
+// update_from_output() applies the sampled tokens (events, stops, finishing).
+struct TextPlan {
+  int64_t now_ms = 0;
+  LoadedModel* model = nullptr;
+  std::vector<text::SeqInput> inputs;  // what the runner computes
+  std::vector<Sequence*> owners;       // whose each input is
+};
+
+struct TextOutput {
+  Status status;
+  std::vector<int32_t> sampled;  // per input, -1 where it computed no logits
+  double step_ms = 0;
+};
+
 void Scheduler::step() {
-  const int64_t now = epoch_ms();
+  TextPlan plan;
+  if (!schedule_text(plan)) return;
+  update_from_output(plan, execute_text(plan));
+}
+
+bool Scheduler::schedule_text(TextPlan& plan) {
+  const int64_t now = plan.now_ms = epoch_ms();
   ++step_counter_;
   const bool latency_pressure = metrics_.interactive_p99_inter_token_ms() > config_.interactive_p99_itl_ms;
   bool any_interactive = false;
@@ -647,31 +669,49 @@ void Scheduler::step() {
       live_owners.push_back(owners[i]);
     }
   }
-  if (live.empty()) return;
-  LoadedModel* m = live_owners.front()->model;
+  if (live.empty()) return false;
+  plan.model = live_owners.front()->model;
+  plan.inputs = std::move(live);
+  plan.owners = std::move(live_owners);
+  return true;
+}
+
+TextOutput Scheduler::execute_text(const TextPlan& plan) {
+  TextOutput out;
+  LoadedModel* m = plan.model;
   const auto t0 = Clock::now();
-  Status st = guarded([&]() -> Status {
-    m->runner->forward_batch(live);
+  out.status = guarded([&]() -> Status {
+    m->runner->forward_batch(plan.inputs);
     return Status{};
   });
-  const double step_ms = ms_between(t0, Clock::now());
-  if (!st.ok()) {
-    for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", st);
+  out.step_ms = ms_between(t0, Clock::now());
+  if (!out.status.ok()) return out;
+  // Sampling is per sequence (its own logits, sampler and random stream), so
+  // the sequences sample in parallel; the same tokens as one after another.
+  out.sampled.assign(plan.inputs.size(), -1);
+  m->impl().pool->parallel_for(static_cast<int64_t>(plan.inputs.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Sequence& s = *plan.owners[static_cast<size_t>(i)];
+      if (plan.inputs[static_cast<size_t>(i)].logits)
+        out.sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
+    }
+  });
+  return out;
+}
+
+void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) {
+  const int64_t now = plan.now_ms;
+  const std::vector<text::SeqInput>& live = plan.inputs;
+  const std::vector<Sequence*>& live_owners = plan.owners;
+  if (!out.status.ok()) {
+    for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", out.status);
     std::erase_if(running_, [](const auto& s) { return s->done; });
     return;
   }
+  const std::vector<int32_t>& sampled = out.sampled;
+  const double step_ms = out.step_ms;
   int decoded = 0, generated = 0;
-  const tok::Tokenizer& tokenizer = *m->impl().tokenizer;
-  // Sampling is per sequence (its own logits, sampler and random stream), so
-  // the sequences sample in parallel; the same tokens as one after another.
-  std::vector<int32_t> sampled(live.size(), -1);
-  m->impl().pool->parallel_for(static_cast<int64_t>(live.size()), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      Sequence& s = *live_owners[static_cast<size_t>(i)];
-      if (live[static_cast<size_t>(i)].logits)
-        sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
-    }
-  });
+  const tok::Tokenizer& tokenizer = *plan.model->impl().tokenizer;
   // Every token of a step is sampled at the same moment: one timestamp for all.
   const auto t = Clock::now();
   std::vector<std::pair<Sequence*, const char*>> ending;

@@ -39,6 +39,8 @@ struct Sequence;
 struct LoadedModel;
 struct ImageJob;
 struct LoadedImage;
+struct TextPlan;
+struct TextOutput;
 
 class Scheduler {
  public:
@@ -58,7 +60,10 @@ class Scheduler {
   void run();
   void refresh_queue(int64_t now_ms);
   bool admit(int64_t now_ms);
-  void step();
+  void step();  // schedule_text, execute_text, update_from_output
+  bool schedule_text(TextPlan& plan);                 // false: nothing to run this step
+  TextOutput execute_text(const TextPlan& plan);      // the runner: forward pass and sampling
+  void update_from_output(const TextPlan& plan, const TextOutput& out);
   void finish(Sequence& s, JobState state, const std::string& reason, const Status& error = {});
   // Records a job's end in the database (Completed: with its result, unless
   // another process cancelled it that instant) and publishes EV as the final event.
