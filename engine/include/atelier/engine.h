@@ -321,8 +321,10 @@ struct EngineConfig {
   int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
   // Image steps run on their own thread and thread pool, this much lower in
   // OS priority (Linux nice) than text steps: text keeps streaming while an
-  // image renders, and an image alone still uses every core. 0: equal.
-  int image_nice = 10;
+  // image renders, and an image alone still uses every core. 0: equal. 4:
+  // a text thread weighs 2.4 image threads; higher values favour text more
+  // but also starve images behind the session's other busy programs.
+  int image_nice = 4;
   KvType kv_type = KvType::F16;
   double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
   int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms
