@@ -177,6 +177,58 @@ int run_bench_image(const BenchImageOptions& o) {
   return 0;
 }
 
+struct BenchMixedOptions {
+  std::string text_model, image_model, store;
+  MixedBenchOptions bench;
+  bool json = false;
+};
+
+int run_bench_mixed(const BenchMixedOptions& o) {
+  auto text = model_path(o.text_model, o.store);
+  if (!text.ok()) return fail(text.status());
+  auto image = model_path(o.image_model, o.store);
+  if (!image.ok()) return fail(image.status());
+  auto res = bench_mixed(text.value(), image.value(), o.bench);
+  if (!res.ok()) return fail(res.status());
+  const MixedBenchResult& r = res.value();
+  if (o.json) {
+    print_json_line({{"text_model", o.text_model},
+                     {"image_model", o.image_model},
+                     {"width", o.bench.width},
+                     {"height", o.bench.height},
+                     {"steps", o.bench.steps},
+                     {"text_jobs", o.bench.text_jobs},
+                     {"gen_tokens", o.bench.gen_tokens},
+                     {"image_nice", o.bench.image_nice},
+                     {"text_jobs_during_image", r.text_jobs_during_image},
+                     {"text_alone_ttft_ms_p50", r.text_alone_ttft_ms.p50},
+                     {"text_alone_ttft_ms_p99", r.text_alone_ttft_ms.p99},
+                     {"text_alone_itl_ms_p50", r.text_alone_itl_ms.p50},
+                     {"text_alone_itl_ms_p99", r.text_alone_itl_ms.p99},
+                     {"text_ttft_ms_p50", r.text_ttft_ms.p50},
+                     {"text_ttft_ms_p99", r.text_ttft_ms.p99},
+                     {"text_itl_ms_p50", r.text_itl_ms.p50},
+                     {"text_itl_ms_p99", r.text_itl_ms.p99},
+                     {"image_seconds_alone", r.image_seconds_alone},
+                     {"image_seconds_alone_runs", r.image_seconds_alone_runs},
+                     {"image_seconds_with_text", r.image_seconds_with_text},
+                     {"image_slowdown", r.image_slowdown}});
+    return 0;
+  }
+  std::printf("text  %s: %d interactive jobs of %d tokens, one after another\n", o.text_model.c_str(), o.bench.text_jobs,
+              o.bench.gen_tokens);
+  std::printf("image %s: %dx%d, %d steps (image lane nice %d)\n", o.image_model.c_str(), o.bench.width, o.bench.height,
+              o.bench.steps, o.bench.image_nice);
+  std::printf("text alone           TTFT p50/p99 %8.1f / %-8.1f ms   ITL p50/p99 %7.1f / %-7.1f ms\n", r.text_alone_ttft_ms.p50,
+              r.text_alone_ttft_ms.p99, r.text_alone_itl_ms.p50, r.text_alone_itl_ms.p99);
+  std::printf("text while rendering TTFT p50/p99 %8.1f / %-8.1f ms   ITL p50/p99 %7.1f / %-7.1f ms   (%d of %d jobs inside the render)\n",
+              r.text_ttft_ms.p50, r.text_ttft_ms.p99, r.text_itl_ms.p50, r.text_itl_ms.p99, r.text_jobs_during_image,
+              o.bench.text_jobs);
+  std::printf("image alone %.2f s (before %.2f, after %.2f), with text %.2f s: %.3fx\n", r.image_seconds_alone,
+              r.image_seconds_alone_runs.at(0), r.image_seconds_alone_runs.at(1), r.image_seconds_with_text, r.image_slowdown);
+  return 0;
+}
+
 void add_bench_commands(CLI::App& root, int& exit_code) {
   CLI::App* bench = root.add_subcommand("bench", "Benchmarks, reported against this machine's measured limits");
   bench->require_subcommand(1);
@@ -221,6 +273,22 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   serve->add_option("--rounds", so->bench.rounds, "Runs of each level; figures are the medians over them")->check(CLI::Range(1, 1000))->capture_default_str();
   serve->add_flag("--json", so->json, "Print one JSON object");
   serve->callback([so, &exit_code] { exit_code = run_bench_serve(*so); });
+
+  auto mo = std::make_shared<BenchMixedOptions>();
+  CLI::App* mixed = bench->add_subcommand("mixed", "Interactive text latency while an image renders, and the image's slowdown");
+  mixed->add_option("-m,--model", mo->text_model, "Text model: a store reference or a file")->required();
+  mixed->add_option("--image-model", mo->image_model, "Image model: a store reference or a Stable Diffusion checkpoint")->required();
+  mixed->add_option("--store", mo->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
+  mixed->add_option("-W,--width", mo->bench.width, "Image width (multiple of 8)")->check(CLI::Range(8, 4096))->capture_default_str();
+  mixed->add_option("-H,--height", mo->bench.height, "Image height (multiple of 8)")->check(CLI::Range(8, 4096))->capture_default_str();
+  mixed->add_option("--steps", mo->bench.steps, "Image denoising steps")->check(CLI::Range(1, 1000))->capture_default_str();
+  mixed->add_option("--text-jobs", mo->bench.text_jobs, "Interactive text jobs while the image renders")->check(CLI::Range(1, 1000))->capture_default_str();
+  mixed->add_option("-n,--gen-tokens", mo->bench.gen_tokens, "New tokens per text job")->check(CLI::Range(2, 1 << 16))->capture_default_str();
+  mixed->add_option("--text-start", mo->bench.text_start_s, "Seconds after the image started that text begins")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+  mixed->add_option("--image-nice", mo->bench.image_nice, "How much lower the image lane's OS priority is (0: equal)")->check(CLI::Range(0, 19))->capture_default_str();
+  mixed->add_option("--threads", mo->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
+  mixed->add_flag("--json", mo->json, "Print one JSON object");
+  mixed->callback([mo, &exit_code] { exit_code = run_bench_mixed(*mo); });
 }
 
 }  // namespace atelier::app

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <thread>
 #include <unistd.h>
 
 #include "image/sd_model.h"
@@ -248,6 +250,147 @@ Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageB
     r.images_per_s = 1.0 / r.seconds_per_image;
     return r;
   });
+}
+
+}  // namespace atelier
+
+namespace atelier {
+
+namespace {
+// Polls until the job has ended (the engine's own events would do too; a
+// database read every 20 ms does not disturb the measurement).
+Result<JobInfo> wait_job(Engine& e, JobId id) {
+  for (;;) {
+    auto info = e.job(id);
+    if (!info.ok()) return info.status();
+    const JobState s = info->state;
+    if (s == JobState::Completed) return info;
+    if (s == JobState::Failed || s == JobState::Cancelled)
+      return Status::error(StatusCode::Internal, "bench mixed: job " + std::to_string(id) + " ended " +
+                                                     std::string(job_state_name(s)) + ": " + info->error);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+}  // namespace
+
+Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const std::string& image_model_path,
+                                     const MixedBenchOptions& o) {
+  if (o.width < 8 || o.height < 8 || o.width % 8 || o.height % 8 || o.steps < 1 || o.text_jobs < 1 || o.gen_tokens < 2 ||
+      o.text_start_s < 0 || o.threads < 0)
+    return Status::error(StatusCode::InvalidArgument,
+                         "bench mixed needs a size in multiples of 8, steps >= 1, text jobs >= 1, gen tokens >= 2, threads >= 0");
+  const std::string dir = (std::filesystem::temp_directory_path() / ("atelier-bench-mixed-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  EngineConfig cfg;
+  cfg.data_dir = dir;
+  cfg.threads = o.threads;
+  cfg.image_nice = o.image_nice;
+  auto opened = Engine::open(cfg);
+  if (!opened.ok()) return opened.status();
+  Engine& e = *opened.value();
+  int seed = 0;
+  auto text_request = [&](int n) {
+    TextRequest r;
+    r.model = text_model_path;
+    r.prompt = "Once upon a time, in a small house by the sea, there lived a painter who";
+    r.max_new_tokens = n;
+    r.ignore_eos = true;
+    r.interactive = true;
+    r.sampling.seed = static_cast<uint64_t>(++seed);
+    return r;
+  };
+  auto image_request = [&](int w, int h, int steps) {
+    ImageRequest r;
+    r.model = image_model_path;
+    r.prompt = "a lighthouse on a cliff at dusk, oil painting";
+    r.width = w;
+    r.height = h;
+    r.steps = steps;
+    r.seed = 1;
+    r.output = dir + "/image.png";
+    return r;
+  };
+  auto run_text = [&](int jobs, const std::function<bool()>& go_on) -> Result<int> {
+    int done = 0;
+    for (int i = 0; i < jobs && go_on(); ++i) {
+      auto id = e.submit(text_request(o.gen_tokens));
+      if (!id.ok()) return id.status();
+      if (auto info = wait_job(e, id.value()); !info.ok()) return info.status();
+      ++done;
+    }
+    return done;
+  };
+  auto image_seconds = [](const JobInfo& info) { return static_cast<double>(info.finished_ms - info.started_ms) / 1000.0; };
+  MixedBenchResult r;
+  Status st = [&]() -> Status {
+    // Warm-up: loads both models (the image one under the same key, at a tiny size).
+    auto warm_text = e.submit(text_request(4));
+    if (!warm_text.ok()) return warm_text.status();
+    if (auto info = wait_job(e, warm_text.value()); !info.ok()) return info.status();
+    auto warm_image = e.submit(image_request(64, 64, 1));
+    if (!warm_image.ok()) return warm_image.status();
+    if (auto info = wait_job(e, warm_image.value()); !info.ok()) return info.status();
+
+    e.reset_metrics();
+    if (auto n = run_text(o.text_jobs, [] { return true; }); !n.ok()) return n.status();
+    EngineMetrics m = e.metrics();
+    r.text_alone_ttft_ms = m.time_to_first_token_ms;
+    r.text_alone_itl_ms = m.inter_token_ms;
+
+    auto alone = e.submit(image_request(o.width, o.height, o.steps));
+    if (!alone.ok()) return alone.status();
+    auto alone_info = wait_job(e, alone.value());
+    if (!alone_info.ok()) return alone_info.status();
+    r.image_seconds_alone = image_seconds(alone_info.value());
+
+    e.reset_metrics();
+    auto mixed = e.submit(image_request(o.width, o.height, o.steps));
+    if (!mixed.ok()) return mixed.status();
+    for (;;) {  // until it has run text_start_s
+      auto info = e.job(mixed.value());
+      if (!info.ok()) return info.status();
+      if (info->state != JobState::Queued && info->state != JobState::Running) break;
+      if (info->state == JobState::Running) {
+        const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch()).count();
+        if (now_ms - info->started_ms >= static_cast<int64_t>(o.text_start_s * 1000)) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    auto image_running = [&] {
+      auto info = e.job(mixed.value());
+      return info.ok() && info->state == JobState::Running;
+    };
+    auto during = run_text(o.text_jobs, image_running);
+    if (!during.ok()) return during.status();
+    m = e.metrics();  // before the image ends: only gaps while it rendered
+    r.text_ttft_ms = m.time_to_first_token_ms;
+    r.text_itl_ms = m.inter_token_ms;
+    auto mixed_info = wait_job(e, mixed.value());
+    if (!mixed_info.ok()) return mixed_info.status();
+    r.text_jobs_during_image = during.value();
+    // A text job that ended after the image did was not "during" it.
+    if (r.text_jobs_during_image > 0) {
+      auto last = e.list(JobFilter{std::nullopt, 1, true});
+      if (!last.empty() && last.front().kind == "text" && last.front().finished_ms > mixed_info->finished_ms)
+        --r.text_jobs_during_image;
+    }
+    r.image_seconds_with_text = image_seconds(mixed_info.value());
+    // Alone once more, after: the mean of the two runs around the mixed one
+    // cancels a shared machine's drifting load out of the ratio.
+    auto after = e.submit(image_request(o.width, o.height, o.steps));
+    if (!after.ok()) return after.status();
+    auto after_info = wait_job(e, after.value());
+    if (!after_info.ok()) return after_info.status();
+    r.image_seconds_alone_runs = {r.image_seconds_alone, image_seconds(after_info.value())};
+    r.image_seconds_alone = 0.5 * (r.image_seconds_alone_runs[0] + r.image_seconds_alone_runs[1]);
+    r.image_slowdown = r.image_seconds_alone > 0 ? r.image_seconds_with_text / r.image_seconds_alone : 0;
+    return Status{};
+  }();
+  opened.value().reset();
+  std::filesystem::remove_all(dir);
+  if (!st.ok()) return st;
+  return r;
 }
 
 }  // namespace atelier

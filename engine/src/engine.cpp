@@ -1,5 +1,5 @@
-// Engine: the public handle over the durable job queue (runtime/job_db), the
-// batching executor (scheduler.cpp), event delivery and metrics.
+// Engine: the public handle over the durable job queue (serve/job_db), the
+// batching executor (serve/scheduler.cpp), event delivery and metrics.
 #include <atelier/engine.h>
 #include <atelier/models.h>
 
@@ -10,17 +10,31 @@
 #include <random>
 #include <thread>
 
-#include "events.h"
+#include "serve/events.h"
 #include "image_job.h"
-#include "metrics.h"
-#include "runtime/job_db.h"
-#include "scheduler.h"
+#include "serve/metrics.h"
+#include "serve/job_db.h"
+#include "serve/scheduler.h"
 #include "text_model_impl.h"
 
 namespace atelier {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+std::string_view status_code_name(StatusCode c) {
+  switch (c) {
+    case StatusCode::Ok: return "ok";
+    case StatusCode::InvalidArgument: return "invalid_argument";
+    case StatusCode::NotFound: return "not_found";
+    case StatusCode::InvalidModel: return "invalid_model";
+    case StatusCode::Unsupported: return "unsupported";
+    case StatusCode::Io: return "io";
+    case StatusCode::Internal: return "internal";
+    case StatusCode::Cancelled: return "cancelled";
+  }
+  return "internal";
+}
 
 std::string_view job_state_name(JobState s) {
   switch (s) {
@@ -79,6 +93,7 @@ JobInfo to_info(const runtime::JobRow& row) {
   j.model_name = row.model_name;
   j.attempts = row.attempts;
   if (!row.error_message.empty()) j.error = row.error_message;
+  j.error_code = row.error_code;
   if (!row.result_json.empty()) {
     const json r = json::parse(row.result_json, nullptr, false);
     if (r.is_object()) {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/job_db.h"
+#include "serve/job_db.h"
 
 using atelier::runtime::JobDb;
 using atelier::runtime::JobRow;

@@ -31,9 +31,20 @@ struct EngineConfig {
   int max_batch = 32;                 // sequences decoded together per step
   int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
   int64_t kv_memory_bytes = int64_t{1} << 30;  // KV cache budget per loaded model
+  // Loaded models (text: weights and KV pool; image: the checkpoint's
+  // networks) stay loaded for the next job until their bytes would pass this;
+  // then the least recently used ones no job is using are unloaded first. A
+  // model in use is never unloaded; one larger than the budget still loads.
+  int64_t model_cache_bytes = int64_t{8} << 30;
   int kv_block_tokens = 16;           // paged KV block size
   int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
   int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
+  // Image steps run on their own thread and thread pool, this much lower in
+  // OS priority (Linux nice) than text steps: text keeps streaming while an
+  // image renders, and an image alone still uses every core. 0: equal. 4:
+  // a text thread weighs 2.4 image threads; higher values favour text more
+  // but also starve images behind the session's other busy programs.
+  int image_nice = 4;
   KvType kv_type = KvType::F16;
   double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
   int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms
@@ -63,6 +74,7 @@ struct JobInfo {
   std::string stop_reason;
   JobStats stats;             // final figures; while running, new_tokens is live progress
   std::string error;          // failed jobs
+  std::string error_code;     // failed jobs: status_code_name of the failure ("not_found", ...)
 };
 
 struct JobFilter {
@@ -107,6 +119,8 @@ struct EngineMetrics {
   int kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   double prefix_cache_hit_rate = 0;     // prompt tokens served from shared blocks / prompt tokens
   double busy_fraction = 0;             // executor time spent in model steps over the last 10 s
+  int64_t image_steps = 0;              // image-lane steps (one network evaluation of every image it advanced)
+  Percentiles image_step_ms;            // their durations
   std::vector<std::string> active_alerts;
 };
 

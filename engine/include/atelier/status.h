@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace atelier {
@@ -22,6 +23,10 @@ enum class StatusCode {
   Internal,         // a bug: please report it
   Cancelled,        // the caller cancelled the work (e.g. a progress callback said stop)
 };
+
+// "ok", "invalid_argument", "not_found", "invalid_model", "unsupported", "io",
+// "internal", "cancelled": what the job database records as a failed job's error_code.
+std::string_view status_code_name(StatusCode code);
 
 struct Status {
   StatusCode code = StatusCode::Ok;

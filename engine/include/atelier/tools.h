@@ -110,6 +110,33 @@ struct ImageBenchResult {
 };
 Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageBenchOptions& options);
 
+// `atelier bench mixed`: interactive text while a Stable Diffusion image
+// renders on the same engine. After a warm-up (both models loaded), it runs
+// the text jobs alone, the image alone, the image again with the text jobs
+// submitted one after another from text_start_s after the image started
+// (each interactive, end-of-sequence ignored), and the image alone once more.
+// Text figures are the engine's own (time to first token from submission,
+// inter-token gaps at sampling); image seconds are from its start to its PNG.
+struct MixedBenchOptions {
+  int width = 512, height = 512;  // the image, multiples of 8
+  int steps = 4;                  // its denoising steps (euler_a, CFG 7: two UNet rows a step)
+  int text_jobs = 3;              // interactive text jobs while the image renders, one after another
+  int gen_tokens = 64;            // new tokens per text job
+  double text_start_s = 2.0;      // after the image job started (its prompt encoded, the UNet running)
+  int threads = 0;
+  int image_nice = EngineConfig{}.image_nice;
+};
+struct MixedBenchResult {
+  Percentiles text_alone_ttft_ms, text_alone_itl_ms;  // the text jobs with nothing else running
+  Percentiles text_ttft_ms, text_itl_ms;              // the same jobs while the image renders
+  int text_jobs_during_image = 0;                     // text jobs that finished before the image did
+  double image_seconds_alone = 0, image_seconds_with_text = 0;  // alone: the mean of the runs before and after
+  std::vector<double> image_seconds_alone_runs;
+  double image_slowdown = 0;                          // with text / alone
+};
+Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const std::string& image_model_path,
+                                     const MixedBenchOptions& options);
+
 // ---------------------------------------------------------------- synthetic models
 
 struct SynthTextSpec {

@@ -1,7 +1,14 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace atelier {
 
@@ -51,9 +58,26 @@ int ThreadPool::hardware_threads() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
-ThreadPool::ThreadPool(int threads)
+void ThreadPool::lower_this_thread_priority(int nice) {
+#if defined(__linux__)
+  if (nice <= 0) return;
+  // On Linux a nice value belongs to a thread (its tid), not to the process.
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(19, now + nice));
+#else
+  (void)nice;
+#endif
+}
+
+ThreadPool::ThreadPool(int threads, int nice)
     : n_threads_(threads > 0 ? threads : hardware_threads()), shares_(new Share[static_cast<size_t>(n_threads_)]) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  for (int i = 1; i < n_threads_; ++i)
+    workers_.emplace_back([this, i, nice] {
+      lower_this_thread_priority(nice);
+      worker(i);
+    });
 }
 
 ThreadPool::~ThreadPool() {

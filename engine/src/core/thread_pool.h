@@ -15,8 +15,13 @@ namespace atelier {
 
 class ThreadPool final : public kernels::Executor {
  public:
-  // threads <= 0: one per hardware thread.
-  explicit ThreadPool(int threads = 0);
+  // threads <= 0: one per hardware thread. nice > 0 lowers the workers' OS
+  // priority by that much (Linux: per thread), so a background pool (image
+  // steps) yields its cores to the text pool whenever both have work.
+  explicit ThreadPool(int threads = 0, int nice = 0);
+  // Lowers the calling thread's OS priority by NICE (no-op for nice <= 0 or
+  // where threads have no priority of their own). Cannot be undone.
+  static void lower_this_thread_priority(int nice);
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

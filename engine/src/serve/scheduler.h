@@ -6,11 +6,16 @@
 // blocks, and the lowest-priority sequence is preempted (and later
 // recomputed) when memory runs out.
 //
-// Image jobs run on the same executor, interleaved with text steps: every
-// image step advances the running image jobs of one model by one network
-// evaluation, all their images in one UNet call per latent size (each row its
-// own timestep), so a new image job joins at the next step and a cancelled
-// one leaves before the next call. A Preview event follows every step.
+// Image jobs run on an image lane: a second thread of the same executor with
+// its own thread pool, whose threads run at a lower OS priority
+// (EngineConfig::image_nice), so a text step never waits for a UNet call (a
+// 512x512 one takes seconds here) and takes the cores while it runs; alone,
+// images use every core. The executor thread reads the queue and hands image
+// jobs, cancels and priority changes to the lane. Every image step advances
+// the running image jobs of one model by one network evaluation, all their
+// images in one UNet call per latent size (each row its own timestep), so a
+// new image job joins at the next step and a cancelled one leaves before the
+// next call. A Preview event follows every step.
 #pragma once
 
 #include <atelier/engine.h>
@@ -25,9 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include "events.h"
-#include "metrics.h"
-#include "runtime/job_db.h"
+#include "serve/events.h"
+#include "serve/metrics.h"
+#include "serve/job_db.h"
 
 namespace atelier {
 
@@ -35,6 +40,8 @@ struct Sequence;
 struct LoadedModel;
 struct ImageJob;
 struct LoadedImage;
+struct TextPlan;
+struct TextOutput;
 
 class Scheduler {
  public:
@@ -43,7 +50,7 @@ class Scheduler {
 
   void notify();                      // something changed in the queue
   void request_cancel(JobId id);      // in-process fast path (takes effect at the next step)
-  bool idle() const { return idle_.load(); }
+  bool idle() const;
   void fill_metrics(EngineMetrics& m) const;
   // New tokens a running job has produced so far (-1 when not running here).
   int live_new_tokens(JobId id) const;
@@ -54,7 +61,10 @@ class Scheduler {
   void run();
   void refresh_queue(int64_t now_ms);
   bool admit(int64_t now_ms);
-  void step();
+  void step();  // schedule_text, execute_text, update_from_output
+  bool schedule_text(TextPlan& plan);                 // false: nothing to run this step
+  TextOutput execute_text(const TextPlan& plan);      // the runner: forward pass and sampling
+  void update_from_output(const TextPlan& plan, const TextOutput& out);
   void finish(Sequence& s, JobState state, const std::string& reason, const Status& error = {});
   // Records a job's end in the database (Completed: with its result, unless
   // another process cancelled it that instant) and publishes EV as the final event.
@@ -64,8 +74,17 @@ class Scheduler {
   void announce_cancelled(JobId id, int64_t now_ms);  // a job cancelled before it ran here: event and count
   bool preempt_lowest(const Sequence* keep);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
+  // The model cache (both threads, each its own models): unloads this
+  // thread's least recently used idle models until NEED_BYTES more fit.
+  void evict_text_models(int64_t need_bytes);
+  void evict_image_models(int64_t need_bytes);
   double effective_priority(const Sequence& s, int64_t now_ms) const;
-  // Image jobs (scheduler.cpp, bottom).
+  bool ended_here(JobId id) const;  // finished_ (either thread)
+  // Image jobs (scheduler.cpp, bottom), on the image lane's thread.
+  void image_loop();
+  void hand_to_lane(std::unique_ptr<ImageJob> job);  // executor thread
+  bool in_lane(JobId id) const;
+  double effective_priority(const ImageJob& j, int64_t now_ms) const;
   void admit_images(int64_t now_ms);
   void image_step();
   void finish_image(ImageJob& j, JobState state, const Status& error = {});
@@ -92,14 +111,34 @@ class Scheduler {
   // Executor-thread state.
   std::map<std::string, std::unique_ptr<LoadedModel>> models_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
+  std::set<JobId> known_;
+  int64_t last_poll_ms_ = 0;
+  int64_t step_counter_ = 0;
+
+  // Between the executor thread and the image lane.
+  mutable std::mutex lane_mu_;
+  std::condition_variable lane_cv_;
+  bool lane_wake_ = false;
+  std::vector<std::unique_ptr<ImageJob>> image_inbox_;  // queued jobs handed over, not yet taken
+  std::set<JobId> image_cancels_;
+  std::map<JobId, int> image_priorities_;                // priority changes of waiting image jobs
+  std::unique_ptr<std::set<JobId>> image_queued_;        // the queue's ids at the last refresh
+  // The pause flag read just before that refresh: the lane admits on what
+  // the executor has handed over, so a job queued before a resume is seen first.
+  bool image_paused_ = true;
+  std::set<JobId> lane_ids_;  // handed to the lane and not yet ended there
+  std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
+  std::atomic<int> image_queue_depth_{0}, image_running_count_{0};
+  std::atomic<int64_t> model_bytes_{0};  // loaded models of both threads (the cache budget)
+  std::atomic<int64_t> use_clock_{0};    // LRU order of the models of both threads
+
+  // Image-lane state.
   std::map<std::string, std::unique_ptr<LoadedImage>> image_models_;
   std::vector<std::unique_ptr<ImageJob>> image_waiting_, image_running_;
   size_t image_turn_ = 0;  // which model's image jobs step next (round robin)
-  std::set<JobId> known_;
-  std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
-  int64_t last_poll_ms_ = 0;
-  int64_t step_counter_ = 0;
-  std::thread thread_;
+  bool lane_paused_ = true;  // image_paused_ as the lane last took it
+
+  std::thread thread_, image_thread_;
 };
 
 }  // namespace atelier

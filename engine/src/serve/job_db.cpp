@@ -1,4 +1,4 @@
-#include "runtime/job_db.h"
+#include "serve/job_db.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -49,6 +49,15 @@ ALTER TABLE jobs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
     // 3: the model version a job used, for people ("stories260k@1"); model_version holds its sha256.
     R"sql(
 ALTER TABLE jobs ADD COLUMN model_name TEXT NOT NULL DEFAULT '';
+)sql",
+    // 4: failed jobs' error_code is the status name ("not_found"), no longer
+    // StatusCode's number; older rows are renamed (other codes stay as they are).
+    R"sql(
+UPDATE jobs SET error_code = CASE error_code
+    WHEN '1' THEN 'invalid_argument' WHEN '2' THEN 'not_found' WHEN '3' THEN 'invalid_model'
+    WHEN '4' THEN 'unsupported' WHEN '5' THEN 'io' WHEN '6' THEN 'internal' WHEN '7' THEN 'cancelled'
+    WHEN 'invalid_request' THEN 'invalid_argument' ELSE error_code END
+  WHERE state = 'failed';
 )sql",
 };
 static_assert(std::size(kMigrations) == JobDb::kSchemaVersion, "one migration per schema version");

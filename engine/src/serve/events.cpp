@@ -1,4 +1,4 @@
-#include "events.h"
+#include "serve/events.h"
 
 namespace atelier {
 

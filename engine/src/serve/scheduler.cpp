@@ -1,4 +1,4 @@
-#include "scheduler.h"
+#include "serve/scheduler.h"
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +45,7 @@ struct LoadedModel {
   std::unique_ptr<text::KvPool> pool;
   std::unique_ptr<text::LlamaRunner> runner;
   int n_ctx = 0;
+  int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
   TextModel::Impl& impl() { return model->impl(); }
 };
 
@@ -71,6 +72,7 @@ struct LoadedImage {
   std::string key, version, name;  // version: "sha256:<hex>" ("" for a diffusers folder)
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LoadedDiffusion> model;
+  int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
 };
 
 struct ImageJob {
@@ -88,6 +90,7 @@ struct ImageJob {
 
 Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics)
     : config_(config), db_(db), hub_(hub), metrics_(metrics) {
+  image_thread_ = std::thread([this] { image_loop(); });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -95,6 +98,7 @@ Scheduler::~Scheduler() {
   stop_ = true;
   notify();
   thread_.join();
+  image_thread_.join();
 }
 
 void Scheduler::notify() {
@@ -103,6 +107,38 @@ void Scheduler::notify() {
     wake_ = true;
   }
   cv_.notify_one();
+  {
+    // A resume (or a stop) concerns the image lane's waiting jobs too.
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    lane_wake_ = true;
+  }
+  lane_cv_.notify_one();
+}
+
+bool Scheduler::idle() const {
+  if (!idle_.load()) return false;
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return lane_ids_.empty();
+}
+
+bool Scheduler::ended_here(JobId id) const {
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return finished_.count(id) > 0;
+}
+
+bool Scheduler::in_lane(JobId id) const {
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return lane_ids_.count(id) > 0;
+}
+
+void Scheduler::hand_to_lane(std::unique_ptr<ImageJob> job) {
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    lane_ids_.insert(job->id);
+    image_inbox_.push_back(std::move(job));
+    lane_wake_ = true;
+  }
+  lane_cv_.notify_one();
 }
 
 void Scheduler::request_cancel(JobId id) {
@@ -123,8 +159,8 @@ void Scheduler::fill_metrics(EngineMetrics& m) const {
   m.kv_blocks_used = kv_stats_.used;
   m.kv_blocks_free = kv_stats_.free;
   m.kv_blocks_cached = kv_stats_.cached;
-  m.queue_depth = queue_depth_;
-  m.running = running_count_;
+  m.queue_depth = queue_depth_ + image_queue_depth_.load();
+  m.running = running_count_ + image_running_count_.load();
 }
 
 int Scheduler::live_new_tokens(JobId id) const {
@@ -133,10 +169,21 @@ int Scheduler::live_new_tokens(JobId id) const {
   return it == live_tokens_.end() ? -1 : it->second;
 }
 
+namespace {
+// Aging: a waiting job gains a point per aging_ms, so low priorities are not
+// starved; the same rule for text and image jobs.
+double aged_priority(int priority, bool interactive, int64_t created_ms, int64_t now_ms, int aging_ms) {
+  const double age = static_cast<double>(std::max<int64_t>(0, now_ms - created_ms)) / std::max(1, aging_ms);
+  return priority + (interactive ? TextRequest::kInteractiveBoost : 0) + age;
+}
+}  // namespace
+
 double Scheduler::effective_priority(const Sequence& s, int64_t now_ms) const {
-  // Aging: a waiting job gains a point per aging_ms, so low priorities are not starved.
-  const double age = static_cast<double>(std::max<int64_t>(0, now_ms - s.created_ms)) / std::max(1, config_.aging_ms);
-  return s.priority + (s.req.interactive ? TextRequest::kInteractiveBoost : 0) + age;
+  return aged_priority(s.priority, s.req.interactive, s.created_ms, now_ms, config_.aging_ms);
+}
+
+double Scheduler::effective_priority(const ImageJob& j, int64_t now_ms) const {
+  return aged_priority(j.priority, j.req.interactive, j.created_ms, now_ms, config_.aging_ms);
 }
 
 LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
@@ -152,7 +199,16 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   }
   const std::string path = resolved->path;
   auto it = models_.find(path);
-  if (it != models_.end()) return it->second.get();
+  if (it != models_.end()) {
+    it->second->last_used = ++use_clock_;
+    return it->second.get();
+  }
+  {
+    // Room first (the file's size and the KV budget: what it will hold).
+    std::error_code ec;
+    const auto file_bytes = std::filesystem::file_size(path, ec);
+    evict_text_models((ec ? 0 : static_cast<int64_t>(file_bytes)) + config_.kv_memory_bytes);
+  }
   TextModelOptions o;
   o.threads = config_.threads;
   o.kv_type = config_.kv_type;
@@ -181,9 +237,40 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     return Status{};
   });
   if (!error.ok()) return nullptr;
+  lm->bytes = lm->model->info().weight_bytes + int64_t{lm->pool->total_blocks()} * lm->pool->block_bytes();
+  lm->last_used = ++use_clock_;
+  model_bytes_ += lm->bytes;
   LoadedModel* raw = lm.get();
   models_[path] = std::move(lm);
   return raw;
+}
+
+void Scheduler::evict_text_models(int64_t need) {
+  while (!models_.empty() && model_bytes_.load() + need > config_.model_cache_bytes) {
+    LoadedModel* victim = nullptr;
+    for (const auto& [path, m] : models_) {
+      const auto uses = [&](const auto& s) { return s->model == m.get(); };
+      if (std::any_of(running_.begin(), running_.end(), uses) || std::any_of(waiting_.begin(), waiting_.end(), uses)) continue;
+      if (!victim || m->last_used < victim->last_used) victim = m.get();
+    }
+    if (!victim) return;  // every loaded model is in use
+    model_bytes_ -= victim->bytes;
+    models_.erase(victim->path);
+  }
+}
+
+void Scheduler::evict_image_models(int64_t need) {
+  while (!image_models_.empty() && model_bytes_.load() + need > config_.model_cache_bytes) {
+    LoadedImage* victim = nullptr;
+    for (const auto& [key, m] : image_models_) {
+      if (std::any_of(image_running_.begin(), image_running_.end(), [&](const auto& j) { return j && j->model == m.get(); }))
+        continue;
+      if (!victim || m->last_used < victim->last_used) victim = m.get();
+    }
+    if (!victim) return;
+    model_bytes_ -= victim->bytes;
+    image_models_.erase(victim->key);
+  }
 }
 
 void Scheduler::run() {
@@ -208,14 +295,16 @@ void Scheduler::run() {
           finish(*s, JobState::Cancelled, "cancelled");
           found = true;
         }
-      for (auto& j : image_running_)
-        if (j->id == id) j->cancel = found = true;
-      for (auto& j : image_waiting_)
-        if (j->id == id && !j->done) {
-          finish_image(*j, JobState::Cancelled);
-          found = true;
+      if (!found && in_lane(id)) {
+        {
+          std::lock_guard<std::mutex> lock(lane_mu_);
+          image_cancels_.insert(id);
+          lane_wake_ = true;
         }
-      if (!found && !finished_.count(id)) announce_cancelled(id, now);  // cancelled while still only in the database
+        lane_cv_.notify_one();
+        found = true;
+      }
+      if (!found && !ended_here(id)) announce_cancelled(id, now);  // cancelled while still only in the database
       known_.insert(id);
     }
     std::erase_if(waiting_, [](const auto& s) { return s->done; });
@@ -256,11 +345,10 @@ void Scheduler::run() {
       }
     }
     if (!hold) admit(now);
-    admit_images(now);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_depth_ = static_cast<int>(waiting_.size() + image_waiting_.size());
-      running_count_ = static_cast<int>(running_.size() + image_running_.size());
+      queue_depth_ = static_cast<int>(waiting_.size());
+      running_count_ = static_cast<int>(running_.size());
       kv_stats_ = {};
       for (const auto& [path, m] : models_) {
         kv_stats_.used += m->pool->used_blocks();
@@ -268,7 +356,7 @@ void Scheduler::run() {
         kv_stats_.cached += m->pool->cached_blocks();
       }
     }
-    idle_ = running_.empty() && waiting_.empty() && image_running_.empty() && image_waiting_.empty();
+    idle_ = running_.empty() && waiting_.empty();  // and the image lane's (idle())
     if (now - last_alert_check >= 1000) {
       last_alert_check = now;
       EngineMetrics m;
@@ -286,9 +374,8 @@ void Scheduler::run() {
         hub_.publish(ev);
       }
     }
-    if (!running_.empty() || !image_running_.empty()) {
-      if (!running_.empty()) step();
-      if (!image_running_.empty()) image_step();
+    if (!running_.empty()) {
+      step();
       continue;
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -298,17 +385,19 @@ void Scheduler::run() {
   for (auto& s : running_) db_.requeue(s->id);
   for (auto& s : waiting_)
     if (s->started_once) db_.requeue(s->id);
-  for (auto& j : image_running_) db_.requeue(j->id);
 }
 
 void Scheduler::refresh_queue(int64_t now) {
   last_poll_ms_ = now;
+  const bool paused = db_.paused();  // before the queue: every job queued before a resume is in it
   std::set<JobId> queued;
   for (const runtime::JobRow& row : db_.next_queued(0)) {
     queued.insert(row.id);
     if (known_.count(row.id)) {
       for (auto& s : waiting_)
         if (s->id == row.id) s->priority = row.priority;
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      if (lane_ids_.count(row.id)) image_priorities_[row.id] = row.priority;
       continue;
     }
     known_.insert(row.id);
@@ -320,7 +409,7 @@ void Scheduler::refresh_queue(int64_t now) {
         j->req = ireq.value();
         j->priority = row.priority;
         j->created_ms = row.created_ms;
-        image_waiting_.push_back(std::move(j));
+        hand_to_lane(std::move(j));
         continue;
       }
       fail_unreadable(row.id, ireq.status(), now);
@@ -339,15 +428,15 @@ void Scheduler::refresh_queue(int64_t now) {
     s->enqueued = Clock::now();
     waiting_.push_back(std::move(s));
   }
-  // Jobs another process cancelled or cleared while they waited here.
-  for (auto& j : image_waiting_) {
-    if (!queued.count(j->id)) {
-      j->done = true;
-      finished_.insert(j->id);
-      announce_cancelled(j->id, now);
-    }
+  // Jobs another process cancelled or cleared while they waited here (the
+  // image lane compares its waiting jobs with the same snapshot).
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    image_queued_ = std::make_unique<std::set<JobId>>(queued);
+    image_paused_ = paused;
+    lane_wake_ = true;
   }
-  std::erase_if(image_waiting_, [](const auto& j) { return j->done; });
+  lane_cv_.notify_one();
   for (auto& s : waiting_) {
     if (!s->started_once && !queued.count(s->id)) {
       s->done = true;
@@ -358,8 +447,14 @@ void Scheduler::refresh_queue(int64_t now) {
   // Cancels requested by other processes: running sequences stop at the next
   // step; preempted ones (still "running" in the database) end here.
   for (int64_t id : db_.cancel_requests()) {
-    for (auto& j : image_running_)
-      if (j->id == id) j->cancel = true;
+    if (in_lane(id)) {
+      {
+        std::lock_guard<std::mutex> lock(lane_mu_);
+        image_cancels_.insert(id);
+        lane_wake_ = true;
+      }
+      lane_cv_.notify_one();
+    }
     for (auto& s : running_)
       if (s->id == id) s->cancel = true;
     for (auto& s : waiting_)
@@ -487,8 +582,30 @@ bool Scheduler::admit(int64_t now) {
   return admitted;
 }
 
+// A text step, shaped as vLLM's: schedule() picks the sequences and their
+// token counts (a plan), the runner executes it (forward pass and sampling),
+// update_from_output() applies the sampled tokens (events, stops, finishing).
+struct TextPlan {
+  int64_t now_ms = 0;
+  LoadedModel* model = nullptr;
+  std::vector<text::SeqInput> inputs;  // what the runner computes
+  std::vector<Sequence*> owners;       // whose each input is
+};
+
+struct TextOutput {
+  Status status;
+  std::vector<int32_t> sampled;  // per input, -1 where it computed no logits
+  double step_ms = 0;
+};
+
 void Scheduler::step() {
-  const int64_t now = epoch_ms();
+  TextPlan plan;
+  if (!schedule_text(plan)) return;
+  update_from_output(plan, execute_text(plan));
+}
+
+bool Scheduler::schedule_text(TextPlan& plan) {
+  const int64_t now = plan.now_ms = epoch_ms();
   ++step_counter_;
   const bool latency_pressure = metrics_.interactive_p99_inter_token_ms() > config_.interactive_p99_itl_ms;
   bool any_interactive = false;
@@ -552,31 +669,49 @@ void Scheduler::step() {
       live_owners.push_back(owners[i]);
     }
   }
-  if (live.empty()) return;
-  LoadedModel* m = live_owners.front()->model;
+  if (live.empty()) return false;
+  plan.model = live_owners.front()->model;
+  plan.inputs = std::move(live);
+  plan.owners = std::move(live_owners);
+  return true;
+}
+
+TextOutput Scheduler::execute_text(const TextPlan& plan) {
+  TextOutput out;
+  LoadedModel* m = plan.model;
   const auto t0 = Clock::now();
-  Status st = guarded([&]() -> Status {
-    m->runner->forward_batch(live);
+  out.status = guarded([&]() -> Status {
+    m->runner->forward_batch(plan.inputs);
     return Status{};
   });
-  const double step_ms = ms_between(t0, Clock::now());
-  if (!st.ok()) {
-    for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", st);
+  out.step_ms = ms_between(t0, Clock::now());
+  if (!out.status.ok()) return out;
+  // Sampling is per sequence (its own logits, sampler and random stream), so
+  // the sequences sample in parallel; the same tokens as one after another.
+  out.sampled.assign(plan.inputs.size(), -1);
+  m->impl().pool->parallel_for(static_cast<int64_t>(plan.inputs.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Sequence& s = *plan.owners[static_cast<size_t>(i)];
+      if (plan.inputs[static_cast<size_t>(i)].logits)
+        out.sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
+    }
+  });
+  return out;
+}
+
+void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) {
+  const int64_t now = plan.now_ms;
+  const std::vector<text::SeqInput>& live = plan.inputs;
+  const std::vector<Sequence*>& live_owners = plan.owners;
+  if (!out.status.ok()) {
+    for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", out.status);
     std::erase_if(running_, [](const auto& s) { return s->done; });
     return;
   }
+  const std::vector<int32_t>& sampled = out.sampled;
+  const double step_ms = out.step_ms;
   int decoded = 0, generated = 0;
-  const tok::Tokenizer& tokenizer = *m->impl().tokenizer;
-  // Sampling is per sequence (its own logits, sampler and random stream), so
-  // the sequences sample in parallel; the same tokens as one after another.
-  std::vector<int32_t> sampled(live.size(), -1);
-  m->impl().pool->parallel_for(static_cast<int64_t>(live.size()), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      Sequence& s = *live_owners[static_cast<size_t>(i)];
-      if (live[static_cast<size_t>(i)].logits)
-        sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
-    }
-  });
+  const tok::Tokenizer& tokenizer = *plan.model->impl().tokenizer;
   // Every token of a step is sampled at the same moment: one timestamp for all.
   const auto t = Clock::now();
   std::vector<std::pair<Sequence*, const char*>> ending;
@@ -708,12 +843,16 @@ void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string
     db_.cancel(ev.job, now);
     ev.type = EventType::Cancelled;
   } else {
-    db_.fail(ev.job, std::to_string(static_cast<int>(error.code)), error.message, now);
+    db_.fail(ev.job, std::string(status_code_name(error.code)), error.message, now);
     ev.type = EventType::Failed;
     ev.code = error.code;
     ev.message = error.message;
   }
-  finished_.insert(ev.job);
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    finished_.insert(ev.job);
+    lane_ids_.erase(ev.job);
+  }
   hub_.publish(ev);
   metrics_.on_finish(state, now);
 }
@@ -727,7 +866,7 @@ void Scheduler::announce_cancelled(JobId id, int64_t now) {
 }
 
 void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
-  db_.fail(id, "invalid_request", error.message, now);
+  db_.fail(id, std::string(status_code_name(StatusCode::InvalidArgument)), error.message, now);
   Event ev;
   ev.type = EventType::Failed;
   ev.job = id;
@@ -739,30 +878,116 @@ void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
 
 // ---- image jobs ----------------------------------------------------------------
 
+void Scheduler::image_loop() {
+  // This thread takes part in its pool's loops: it yields to text too.
+  ThreadPool::lower_this_thread_priority(config_.image_nice);
+  auto sweep = [this](std::vector<std::unique_ptr<ImageJob>>& jobs) {
+    // Jobs that left without end_job (cancelled between reading and starting) leave the lane too.
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    for (const auto& j : jobs)
+      if (!j || j->done) lane_ids_.erase(j ? j->id : 0);
+    std::erase_if(jobs, [](const auto& j) { return !j || j->done; });
+  };
+  while (!stop_) {
+    const int64_t now = epoch_ms();
+    std::vector<std::unique_ptr<ImageJob>> inbox;
+    std::set<JobId> cancels;
+    std::map<JobId, int> priorities;
+    std::unique_ptr<std::set<JobId>> queued;
+    {
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      inbox.swap(image_inbox_);
+      cancels.swap(image_cancels_);
+      priorities.swap(image_priorities_);
+      queued = std::move(image_queued_);
+      lane_paused_ = image_paused_;
+      lane_wake_ = false;
+    }
+    for (auto& j : inbox) image_waiting_.push_back(std::move(j));
+    for (auto& j : image_waiting_)
+      if (auto it = priorities.find(j->id); it != priorities.end()) j->priority = it->second;
+    for (JobId id : cancels) {
+      for (auto& j : image_running_)
+        if (j->id == id) j->cancel = true;
+      for (auto& j : image_waiting_)
+        if (j->id == id && !j->done) finish_image(*j, JobState::Cancelled);
+    }
+    if (queued) {
+      // Another process cancelled or cleared these while they waited here.
+      for (auto& j : image_waiting_) {
+        if (!j->done && !queued->count(j->id)) {
+          j->done = true;
+          {
+            std::lock_guard<std::mutex> lock(lane_mu_);
+            finished_.insert(j->id);
+          }
+          announce_cancelled(j->id, now);
+        }
+      }
+    }
+    sweep(image_waiting_);
+    admit_images(now);
+    sweep(image_waiting_);
+    image_queue_depth_ = static_cast<int>(image_waiting_.size());
+    image_running_count_ = static_cast<int>(image_running_.size());
+    if (!image_running_.empty()) {
+      image_step();
+      sweep(image_running_);
+      image_running_count_ = static_cast<int>(image_running_.size());
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(lane_mu_);
+    // Waiting jobs (a paused queue) are looked at again every poll_ms.
+    lane_cv_.wait_for(lock, std::chrono::milliseconds(std::max(1, config_.poll_ms)),
+                      [this] { return lane_wake_ || stop_.load(); });
+  }
+  // Shutdown: what was running goes back to the queue; its partial output is discarded.
+  for (auto& j : image_running_) db_.requeue(j->id);
+}
+
 LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {
   // What load_diffusion reads from the request is part of the key.
   const std::string key = resolved.path + "|" + r.prediction + "|" + r.preview_decoder + "|" + r.tokenizer;
-  if (auto it = image_models_.find(key); it != image_models_.end()) return it->second.get();
+  if (auto it = image_models_.find(key); it != image_models_.end()) {
+    it->second->last_used = ++use_clock_;
+    return it->second.get();
+  }
+  // The checkpoint's size stands for what it holds loaded (F16 stays F16;
+  // a diffusers folder: the sum of its files).
+  int64_t bytes = 0;
+  {
+    std::error_code ec;
+    if (std::filesystem::is_directory(resolved.path, ec)) {
+      for (const auto& f : std::filesystem::recursive_directory_iterator(resolved.path, ec))
+        if (f.is_regular_file(ec)) bytes += static_cast<int64_t>(f.file_size(ec));
+    } else {
+      const auto n = std::filesystem::file_size(resolved.path, ec);
+      bytes = ec ? 0 : static_cast<int64_t>(n);
+    }
+  }
+  evict_image_models(bytes);
   auto lm = std::make_unique<LoadedImage>();
+  lm->bytes = bytes;
   lm->key = key;
   lm->version = resolved.digest;
   lm->name = resolved.in_store ? resolved.display : resolved.path;
-  lm->pool = std::make_unique<ThreadPool>(config_.threads);
+  lm->pool = std::make_unique<ThreadPool>(config_.threads, config_.image_nice);
   error = guarded([&]() -> Status {
     lm->model = load_diffusion(r, resolved, resolved.path, lm->pool.get());
     return Status{};
   });
   if (!error.ok()) return nullptr;
+  lm->last_used = ++use_clock_;
+  model_bytes_ += lm->bytes;
   LoadedImage* raw = lm.get();
   image_models_[key] = std::move(lm);
   return raw;
 }
 
 void Scheduler::admit_images(int64_t now) {
-  if (db_.paused() || image_waiting_.empty()) return;
-  std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [](const auto& a, const auto& b) {
-    const int pa = a->priority + (a->req.interactive ? TextRequest::kInteractiveBoost : 0);
-    const int pb = b->priority + (b->req.interactive ? TextRequest::kInteractiveBoost : 0);
+  if (lane_paused_ || image_waiting_.empty()) return;
+  std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [&](const auto& a, const auto& b) {
+    const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
     return pa > pb || (pa == pb && a->id < b->id);
   });
   int images = 0;
@@ -836,7 +1061,7 @@ void Scheduler::admit_images(int64_t now) {
     images += j.req.batch_size;
     image_running_.push_back(std::move(jp));
   }
-  std::erase_if(image_waiting_, [](const auto& j) { return !j || j->done; });
+  // The lane's sweep removes the moved and finished entries (and releases their ids).
 }
 
 void Scheduler::image_step() {
@@ -856,10 +1081,12 @@ void Scheduler::image_step() {
       jobs.push_back(j.get());
       for (image::ImageTask* t : j->run->live()) tasks.push_back(t);
     }
+  const auto t0 = Clock::now();
   Status st = guarded([&]() -> Status {
     image::run_step(*m->model->model, tasks);
     return Status{};
   });
+  metrics_.on_image_step(static_cast<int>(tasks.size()), ms_between(t0, Clock::now()));
   if (!st.ok()) {
     for (ImageJob* j : jobs) finish_image(*j, JobState::Failed, st);
     std::erase_if(image_running_, [](const auto& j) { return j->done; });

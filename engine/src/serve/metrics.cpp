@@ -1,4 +1,4 @@
-#include "metrics.h"
+#include "serve/metrics.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +25,8 @@ void MetricsRecorder::reset() {
   ttft_.clear();
   itl_.clear();
   itl_interactive_.clear();
+  image_step_ms_.clear();
+  image_steps_ = 0;
   batch_hist_.assign(buckets, 0);
   prompt_tokens_ = cached_tokens_ = completed_ = failed_ = cancelled_ = preemptions_ = 0;
   recent_failures_.clear();
@@ -41,6 +43,13 @@ void MetricsRecorder::on_step(int64_t now_ms, int decoded, int tokens, double st
   while (!busy_.empty() && busy_.front().first < now_ms - kShortMs) busy_.pop_front();
   const size_t k = std::min(static_cast<size_t>(std::max(decoded, 0)), batch_hist_.size() - 1);
   ++batch_hist_[k];
+}
+
+void MetricsRecorder::on_image_step(int images, double step_ms) {
+  (void)images;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++image_steps_;
+  push_sample(image_step_ms_, step_ms);
 }
 
 void MetricsRecorder::on_first_token(double ttft_ms) {
@@ -113,6 +122,8 @@ void MetricsRecorder::fill(EngineMetrics& m, int64_t now_ms) const {
   m.failed = failed_;
   m.cancelled = cancelled_;
   m.preemptions = preemptions_;
+  m.image_steps = image_steps_;
+  m.image_step_ms = percentiles(image_step_ms_);
   m.prefix_cache_hit_rate = prompt_tokens_ > 0 ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0;
   double busy_ms = 0;
   for (const auto& [t, ms] : busy_) busy_ms += ms;

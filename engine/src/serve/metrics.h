@@ -23,6 +23,8 @@ class MetricsRecorder {
   void on_prompt(int prompt_tokens, int cached_tokens);
   void on_finish(JobState state, int64_t now_ms);
   void on_preempt();
+  // One image-lane step (a UNet call over `images` images); busy_fraction stays the text steps'.
+  void on_image_step(int images, double step_ms);
   double interactive_p99_inter_token_ms() const;
 
   // Fills the recorder's part of m (queue and KV figures are the caller's).
@@ -38,6 +40,8 @@ class MetricsRecorder {
   std::deque<std::pair<int64_t, int>> tokens_;      // (time, tokens) of recent steps, last 60 s
   std::deque<std::pair<int64_t, double>> busy_;     // (time, step ms), last 10 s
   std::deque<double> ttft_, itl_, itl_interactive_; // last kSamples samples
+  std::deque<double> image_step_ms_;
+  int64_t image_steps_ = 0;
   std::vector<int64_t> batch_hist_;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
   int64_t completed_ = 0, failed_ = 0, cancelled_ = 0, preemptions_ = 0;

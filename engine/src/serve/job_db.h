@@ -59,7 +59,7 @@ struct NewJob {
 class JobDb {
  public:
   // The schema version this build creates and understands.
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens or creates PATH (SQLite, WAL, synchronous=FULL, busy timeout 5 s,
   // foreign keys on) and applies pending migrations, each in its own
@@ -87,7 +87,8 @@ class JobDb {
   bool complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms,
                 const std::string& model_name = "");
   // queued or running -> failed (a queued job may fail admission without
-  // ever running); false if already finished or unknown.
+  // ever running); false if already finished or unknown. CODE: the engine's
+  // status name ("not_found", "invalid_model", ... see status_code_name).
   bool fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms);
   // queued or running -> cancelled; false if already finished or unknown.
   bool cancel(int64_t id, int64_t now_ms);
