@@ -63,6 +63,7 @@ void EngineBridge::start() {
     config.store_dir = options_.storeDir.toStdString();
     config.threads = options_.threads;
     config.poll_ms = 200;
+    config.nice = options_.engineNice;
     auto result = Engine::open(config);
     bool executes = true;
     QString message;

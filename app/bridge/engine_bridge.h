@@ -47,6 +47,7 @@ class EngineBridge : public QObject {
     QStringList modelFolders;  // loose model files the pickers list too
     int threads = 0;
     int pollMs = 500;   // how often the job list is re-read (client mode: the only source of news)
+    int engineNice = 5; // the engine's threads yield to the window's (EngineConfig::nice)
   };
   explicit EngineBridge(Options options, QObject* parent = nullptr);
   ~EngineBridge() override;  // closes the engine on the worker thread and waits for it

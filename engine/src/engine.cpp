@@ -139,6 +139,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   if (c.prefill_tokens_per_step < 1) return bad("prefill_tokens_per_step must be at least 1");
   if (c.threads < 0) return bad("threads must be >= 0 (0: one per core)");
   if (c.poll_ms < 1) return bad("poll_ms must be at least 1");
+  if (c.nice < 0 || c.nice > 19 || c.image_nice < 0 || c.image_nice > 19) return bad("nice and image_nice must be between 0 and 19");
   if (c.devices.size() != 1 || c.devices.front() != "cpu")
     return Status::error(StatusCode::Unsupported, "devices: only \"cpu\" is available in this build (the CUDA backend is not built)");
   return guarded([&]() -> Result<std::unique_ptr<Engine>> {

@@ -4,6 +4,8 @@
 // as to text jobs, the model cache unloads and reloads models without
 // changing their output, and failed jobs record their status name.
 #include <atelier/engine.h>
+#include <atelier/models.h>
+#include <atelier/tools.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -176,7 +176,8 @@ class StudioTest : public QObject {
       if (ticks++ > 0) worst = std::max(worst, now - last);
       last = now;
     });
-    connect(w->bridge(), &bridge::EngineBridge::event, this, [&](const Event& ev) {
+    QObject scope;  // disconnects the lambdas below when this test returns, even early
+    connect(w->bridge(), &bridge::EngineBridge::event, &scope, [&](const Event& ev) {
       if (ev.type == EventType::Completed || ev.type == EventType::Failed || ev.type == EventType::Cancelled) ++done;
     });
     clock.start();

@@ -87,7 +87,8 @@ class WriteTest : public QObject {
     child<QSpinBox>("maxTokens")->setValue(40);
     auto* view = child<QTextBrowser>("chatView");
     QVector<int> lengths;
-    auto conn = connect(bridge_.get(), &bridge::EngineBridge::event, view, [&](const Event& ev) {
+    QObject scope;  // disconnects the lambda when this test returns, even early
+    connect(bridge_.get(), &bridge::EngineBridge::event, &scope, [&](const Event& ev) {
       if (ev.type == EventType::Token) lengths << view->toPlainText().size();
     });
     auto* prompt = child<PromptEdit>("prompt");
@@ -97,7 +98,6 @@ class WriteTest : public QObject {
     QVERIFY(tab_->phase() != WriteTab::Phase::Idle);
     QVERIFY(prompt->toPlainText().isEmpty());
     waitIdle();
-    disconnect(conn);
     QVERIFY2(lengths.size() >= 10, qPrintable(QString::number(lengths.size())));
     // The view grew while the tokens came, not only at the end.
     QVERIFY(std::adjacent_find(lengths.begin(), lengths.end(), std::greater<int>()) == lengths.end());
@@ -215,7 +215,8 @@ class WriteTest : public QObject {
   void stopWhileLoadingAndDecoding() {
     QFETCH(int, phase);
     bool seen = false;
-    auto c = connect(tab_.get(), &WriteTab::phaseChanged, this, [&](WriteTab::Phase p) {
+    QObject scope;  // disconnects the lambda when this test returns, even early
+    connect(tab_.get(), &WriteTab::phaseChanged, &scope, [&](WriteTab::Phase p) {
       if (int(p) == phase && !seen) {
         seen = true;
         tab_->stop();
@@ -224,7 +225,6 @@ class WriteTest : public QObject {
     child<PromptEdit>("prompt")->setPlainText(QStringLiteral("and again"));
     tab_->generate();
     waitIdle(60000);
-    disconnect(c);
     QVERIFY(seen);
     const JobInfo j = lastJob();
     QCOMPARE(j.state, JobState::Cancelled);

@@ -45,6 +45,10 @@ struct EngineConfig {
   // a text thread weighs 2.4 image threads; higher values favour text more
   // but also starve images behind the session's other busy programs.
   int image_nice = 4;
+  // Every engine thread (and the image lane image_nice further) runs this much
+  // lower in OS priority than the process's other threads: a window that
+  // hosts the engine (the studio uses 5) is never starved by generation.
+  int nice = 0;
   KvType kv_type = KvType::F16;
   double interactive_p99_itl_ms = 1000;  // latency target for interactive jobs
   int aging_ms = 2000;                // a waiting job gains one priority point per aging_ms

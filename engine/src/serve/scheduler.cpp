@@ -274,6 +274,8 @@ void Scheduler::evict_image_models(int64_t need) {
 }
 
 void Scheduler::run() {
+  // Threads inherit their creator's nice: the text pools made here follow.
+  ThreadPool::lower_this_thread_priority(config_.nice);
   std::deque<Clock::time_point> arrivals;  // recent submissions, for the adaptive batching window
   int64_t last_alert_check = 0;
   while (!stop_) {
@@ -880,7 +882,7 @@ void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
 
 void Scheduler::image_loop() {
   // This thread takes part in its pool's loops: it yields to text too.
-  ThreadPool::lower_this_thread_priority(config_.image_nice);
+  ThreadPool::lower_this_thread_priority(config_.nice + config_.image_nice);
   auto sweep = [this](std::vector<std::unique_ptr<ImageJob>>& jobs) {
     // Jobs that left without end_job (cancelled between reading and starting) leave the lane too.
     std::lock_guard<std::mutex> lock(lane_mu_);
