@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/thread_pool.h"
-#include "image_job.h"
+#include "api/image_job.h"
 #include "text/kv_cache.h"
 #include "text/sampler.h"
 #include "text/text_stream.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

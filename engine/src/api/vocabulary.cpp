@@ -7,7 +7,7 @@
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "formats/sniff.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

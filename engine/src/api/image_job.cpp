@@ -1,4 +1,4 @@
-#include "image_job.h"
+#include "api/image_job.h"
 
 #include <algorithm>
 #include <chrono>

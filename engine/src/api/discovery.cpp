@@ -11,7 +11,7 @@
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
 #include "formats/sniff.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

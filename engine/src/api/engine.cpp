@@ -11,11 +11,11 @@
 #include <thread>
 
 #include "serve/events.h"
-#include "image_job.h"
+#include "api/image_job.h"
 #include "serve/metrics.h"
 #include "serve/job_db.h"
 #include "serve/scheduler.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

@@ -10,7 +10,7 @@
 #include "core/splitmix.h"
 #include "formats/gguf.h"
 #include "image/sd_model.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

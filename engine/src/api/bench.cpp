@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "image/sd_model.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

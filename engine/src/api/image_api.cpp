@@ -20,8 +20,8 @@
 #include "image/image_io.h"
 #include "image/png.h"
 #include "image/quickdraw.h"
-#include "image_job.h"
-#include "text_model_impl.h"
+#include "api/image_job.h"
+#include "api/text_model_impl.h"
 
 namespace atelier {
 

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "text_model_impl.h"
+#include "api/text_model_impl.h"
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "formats/sniff.h"
