@@ -73,6 +73,10 @@ Result<std::string> render_chat_template(const std::string& template_text, const
 Result<std::string> format_chat_prompt(const ModelInfo& model, const std::vector<ChatMessage>& messages,
                                        bool add_generation_prompt = true);
 
+namespace text {
+struct LoadedTextModel;  // engine-internal
+}
+
 class TextModel {
  public:
   // Loads a GGUF or llama2.c model. InvalidModel/Unsupported/NotFound with a clear message otherwise.
@@ -90,12 +94,9 @@ class TextModel {
   Result<TextResult> generate(const TextRequest& request,
                               const std::function<bool(const TokenEvent&)>& on_token = {});
 
-  struct Impl;
-  Impl& impl() { return *impl_; }  // engine-internal (defined in engine/src)
-
  private:
-  explicit TextModel(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit TextModel(std::shared_ptr<text::LoadedTextModel> model);
+  std::shared_ptr<text::LoadedTextModel> model_;
 };
 
 // What a text model file is, read from its header without loading the

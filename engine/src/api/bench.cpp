@@ -51,10 +51,9 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
   TextModelOptions mo;
   mo.threads = o.threads;
   mo.context_tokens = o.prompt_tokens + o.gen_tokens;
-  auto opened = TextModel::open(model_path, mo);
+  auto opened = text::load_text_model(model_path, mo);
   if (!opened.ok()) return opened.status();
-  TextModel& model = *opened.value();
-  TextModel::Impl& m = model.impl();
+  text::LoadedTextModel& m = *opened.value();
   return guarded([&]() -> Result<TextBenchResult> {
     TextBenchResult r;
     r.model = m.info;

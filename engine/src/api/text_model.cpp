@@ -1,5 +1,6 @@
-// TextModel: the public handle over a loaded LLaMA-family model, its
-// tokenizer and the generation loop (prefill, sample, stream, stop).
+// TextModel: the public handle over a loaded LLaMA-family model
+// (text::LoadedTextModel, loaded by text::load_text_model) and its tokenizer;
+// generate runs text::Generation as a batch of one.
 #include <atelier/models.h>
 
 #include <chrono>
@@ -13,8 +14,7 @@
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "formats/sniff.h"
-#include "text/sampler.h"
-#include "text/text_stream.h"
+#include "text/generation.h"
 
 namespace atelier {
 
@@ -87,12 +87,13 @@ Status validate_request(const TextRequest& r, int n_ctx) {
 }
 
 
-TextModel::TextModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TextModel::TextModel(std::shared_ptr<text::LoadedTextModel> model) : model_(std::move(model)) {}
 TextModel::~TextModel() = default;
 
-const ModelInfo& TextModel::info() const { return impl_->info; }
+const ModelInfo& TextModel::info() const { return model_->info; }
 
-Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, const TextModelOptions& options) {
+Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::string& path,
+                                                                     const TextModelOptions& options) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     return Status::error(StatusCode::NotFound, path + ": no such model file");
@@ -100,8 +101,8 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
     return Status::error(StatusCode::InvalidArgument, "threads must be between 1 and 1024 (0: one per core)");
   if (options.context_tokens < 0)
     return Status::error(StatusCode::InvalidArgument, "context size must be >= 0 (0: the model's own)");
-  return guarded([&]() -> Result<std::shared_ptr<TextModel>> {
-    auto impl = std::make_unique<Impl>();
+  return guarded([&]() -> Result<std::shared_ptr<text::LoadedTextModel>> {
+    auto impl = std::make_shared<text::LoadedTextModel>();
     impl->options = options;
     if (text_model_kind(path) == formats::FileKind::gguf) {
       std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
@@ -142,27 +143,34 @@ Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, cons
         info.weight_bytes += kernels::weight_bytes(*m);
     impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : std::min(w.hp.n_ctx_train > 0 ? w.hp.n_ctx_train : 4096, 4096);
     impl->pool = std::make_unique<ThreadPool>(options.threads);
-    return std::shared_ptr<TextModel>(new TextModel(std::move(impl)));
+    return impl;
   });
 }
 
+Result<std::shared_ptr<TextModel>> TextModel::open(const std::string& path, const TextModelOptions& options) {
+  auto loaded = text::load_text_model(path, options);
+  if (!loaded.ok()) return loaded.status();
+  return std::shared_ptr<TextModel>(new TextModel(loaded.value()));
+}
+
 Result<std::vector<int32_t>> TextModel::tokenize(std::string_view text, bool add_bos, bool parse_special) const {
-  return guarded([&]() -> Result<std::vector<int32_t>> { return impl_->tokenizer->encode(text, add_bos, parse_special); });
+  return guarded([&]() -> Result<std::vector<int32_t>> { return model_->tokenizer->encode(text, add_bos, parse_special); });
 }
 
 std::string TextModel::token_piece(int32_t id) const {
-  if (id < 0 || id >= impl_->tokenizer->n_vocab()) return {};
-  return impl_->tokenizer->token_to_piece(id);
+  if (id < 0 || id >= model_->tokenizer->n_vocab()) return {};
+  return model_->tokenizer->token_to_piece(id);
 }
 
+// A batch of one through text::Generation, the loop the scheduler runs too.
 Result<TextResult> TextModel::generate(const TextRequest& request,
                                        const std::function<bool(const TokenEvent&)>& on_token) {
-  Impl& m = *impl_;
+  text::LoadedTextModel& m = *model_;
   if (Status s = validate_request(request, m.n_ctx); !s.ok()) return s;
   return guarded([&]() -> Result<TextResult> {
     TextResult result;
-    result.prompt_ids = m.tokenizer->encode(request.prompt, request.add_bos, request.parse_special);
-    const int n_prompt = static_cast<int>(result.prompt_ids.size());
+    std::vector<int32_t> prompt = m.tokenizer->encode(request.prompt, request.add_bos, request.parse_special);
+    const int n_prompt = static_cast<int>(prompt.size());
     if (n_prompt == 0) return Status::error(StatusCode::InvalidArgument, "the prompt is empty and the model has no BOS token; give a prompt");
     if (n_prompt >= m.n_ctx)
       return Status::error(StatusCode::InvalidArgument,
@@ -171,63 +179,43 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
     const int n_ctx = std::min(m.n_ctx, n_prompt + request.max_new_tokens);
     text::KvCache cache(m.weights.hp, n_ctx, m.options.kv_type == KvType::F16);
     text::LlamaRunner runner(m.weights, m.pool.get());
-    text::Sampler sampler(request.sampling);
-    for (int32_t t : result.prompt_ids) sampler.accept(t);
-    std::vector<float> logits(static_cast<size_t>(m.weights.hp.n_vocab));
+    // The last sampled token needs no KV slot: the sequence may hold n_ctx + 1 tokens.
+    text::Generation gen(*m.tokenizer, request, std::move(prompt), m.n_ctx + 1);
 
     // Prefill in chunks so scratch memory stays bounded for long prompts.
     constexpr int kChunk = 256;
     auto t0 = Clock::now();
     for (int p = 0; p < n_prompt; p += kChunk) {
       const int n = std::min(kChunk, n_prompt - p);
-      runner.forward(result.prompt_ids.data() + p, n, p, cache, p + n == n_prompt ? logits.data() : nullptr);
+      runner.forward(gen.token_data() + p, n, p, cache, p + n == n_prompt ? gen.logits() : nullptr);
     }
     TextStats& st = result.stats;
     st.prompt_tokens = n_prompt;
     st.prompt_ms = ms_since(t0);
-    st.seed = sampler.seed();
+    st.seed = gen.seed();
 
-    text::TextStream stream(request.stop);
-    int pos = n_prompt;
     auto t1 = Clock::now();
     for (;;) {
-      const int32_t id = sampler.sample(logits.data(), m.weights.hp.n_vocab);
-      if (m.tokenizer->is_eog(id) && !request.ignore_eos) {
+      const int32_t id = gen.sample();
+      if (gen.ends_with_eos(id)) {
         st.stop_reason = "eos";
         break;
       }
-      sampler.accept(id);
-      result.ids.push_back(id);
-      TokenEvent ev;
-      ev.index = static_cast<int>(result.ids.size()) - 1;
-      ev.id = id;
-      ev.piece = m.tokenizer->token_to_piece(id);
-      ev.text = stream.push(ev.piece);
+      const TokenEvent ev = gen.accept(id);
       const bool keep_going = !on_token || on_token(ev);
-      if (stream.stopped()) {
-        st.stop_reason = "stop";
+      if (const char* reason = gen.end_reason(!keep_going)) {
+        st.stop_reason = reason;
         break;
       }
-      if (!keep_going) {
-        st.stop_reason = "cancelled";
-        break;
-      }
-      if (static_cast<int>(result.ids.size()) >= request.max_new_tokens) {
-        st.stop_reason = "length";
-        break;
-      }
-      if (pos >= n_ctx) {
-        st.stop_reason = "context";
-        break;
-      }
-      runner.forward(&id, 1, pos, cache, logits.data());
-      ++pos;
+      runner.forward(&id, 1, gen.n_tokens() - 1, cache, gen.logits());
     }
     st.gen_ms = ms_since(t1);
+    result.prompt_ids = gen.prompt_ids();
+    result.ids = gen.new_ids();
     st.new_tokens = static_cast<int>(result.ids.size());
     st.prompt_tokens_per_s = st.prompt_ms > 0 ? st.prompt_tokens * 1000.0 / st.prompt_ms : 0;
     st.new_tokens_per_s = st.gen_ms > 0 ? st.new_tokens * 1000.0 / st.gen_ms : 0;
-    result.text = stream.text();
+    result.text = gen.text();
     return result;
   });
 }

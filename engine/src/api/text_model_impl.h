@@ -1,6 +1,7 @@
-// Internals shared by the engine's API files (text_model.cpp, bench.cpp):
-// what a TextModel holds, and the exception-to-Status guard used at the API
-// boundary.
+// Internals shared by the engine's API files (text_model.cpp, bench.cpp) and
+// the scheduler: a loaded text model (what a TextModel wraps, loaded directly
+// by the scheduler and the bench), and the exception-to-Status guard used at
+// the API boundary.
 #pragma once
 
 #include <atelier/models.h>
@@ -15,14 +16,22 @@
 
 namespace atelier {
 
-struct TextModel::Impl {
+namespace text {
+
+// A text model loaded from a file: its weights, tokenizer and thread pool.
+struct LoadedTextModel {
   TextModelOptions options;
   ModelInfo info;
-  text::LlamaWeights weights;
+  LlamaWeights weights;
   std::unique_ptr<tok::Tokenizer> tokenizer;
   std::unique_ptr<ThreadPool> pool;
   int n_ctx = 0;
 };
+
+// Loads a GGUF or llama2.c model (what TextModel::open does, and its errors).
+Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path, const TextModelOptions& options);
+
+}  // namespace text
 
 // InvalidArgument with a message naming the bad value, or Ok.
 Status validate_request(const TextRequest& request, int n_ctx);

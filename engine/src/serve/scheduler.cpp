@@ -9,8 +9,7 @@
 #include "core/thread_pool.h"
 #include "api/image_job.h"
 #include "text/kv_cache.h"
-#include "text/sampler.h"
-#include "text/text_stream.h"
+#include "text/generation.h"
 #include "api/text_model_impl.h"
 
 namespace atelier {
@@ -41,12 +40,11 @@ size_t segment_end(const std::string& s) {
 
 struct LoadedModel {
   std::string path, version, name;  // version: "sha256:<hex>"; name: "stories260k@1" or the file's canonical path
-  std::shared_ptr<TextModel> model;
+  std::shared_ptr<text::LoadedTextModel> text;
   std::unique_ptr<text::KvPool> pool;
   std::unique_ptr<text::LlamaRunner> runner;
   int n_ctx = 0;
   int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
-  TextModel::Impl& impl() { return model->impl(); }
 };
 
 struct Sequence {
@@ -56,13 +54,9 @@ struct Sequence {
   int64_t created_ms = 0, started_ms = 0;
   Clock::time_point enqueued, started, last_token;
   LoadedModel* model = nullptr;
-  std::vector<int32_t> tokens;  // prompt, then generated
   int n_prompt = 0, n_past = 0, cached_prompt_tokens = 0;
   std::unique_ptr<text::PagedSeq> kv;
-  std::unique_ptr<text::Sampler> sampler;
-  std::unique_ptr<text::TextStream> stream;
-  std::vector<int32_t> new_ids;
-  std::vector<float> logits;
+  std::unique_ptr<text::Generation> gen;  // tokens (prompt, then generated), sampler, stream; made at first admission
   std::string segment;
   double ttft_ms = 0;
   bool has_first = false, started_once = false, cancel = false, done = false;
@@ -213,7 +207,7 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   o.threads = config_.threads;
   o.kv_type = config_.kv_type;
   o.tokenizer_path = resolved->file("tokenizer");
-  auto opened = TextModel::open(path, o);
+  auto opened = text::load_text_model(path, o);
   if (!opened.ok()) {
     error = opened.status();
     return nullptr;
@@ -227,8 +221,8 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     std::error_code ec;
     lm->name = std::filesystem::weakly_canonical(path, ec).string();
   }
-  lm->model = opened.value();
-  TextModel::Impl& impl = lm->impl();
+  lm->text = opened.value();
+  text::LoadedTextModel& impl = *lm->text;
   lm->n_ctx = impl.n_ctx;
   error = guarded([&]() -> Status {
     lm->pool = std::make_unique<text::KvPool>(impl.weights.hp, config_.kv_block_tokens, config_.kv_memory_bytes,
@@ -237,7 +231,7 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     return Status{};
   });
   if (!error.ok()) return nullptr;
-  lm->bytes = lm->model->info().weight_bytes + int64_t{lm->pool->total_blocks()} * lm->pool->block_bytes();
+  lm->bytes = lm->text->info.weight_bytes + int64_t{lm->pool->total_blocks()} * lm->pool->block_bytes();
   lm->last_used = ++use_clock_;
   model_bytes_ += lm->bytes;
   LoadedModel* raw = lm.get();
@@ -476,7 +470,7 @@ bool Scheduler::preempt_lowest(const Sequence* requester) {
   }
   if (!victim) return false;
   if (requester && effective_priority(*victim, now) >= effective_priority(*requester, now)) return false;
-  // Recompute later: keep tokens, sampler and stream; give the memory back.
+  // Recompute later: keep the generation (tokens, sampler, stream); give the memory back.
   metrics_.on_preempt();
   victim->kv.reset();
   victim->n_past = 0;
@@ -520,13 +514,14 @@ bool Scheduler::admit(int64_t now) {
       continue;
     }
     s.model = m;
-    TextModel::Impl& impl = m->impl();
-    if (s.tokens.empty()) {
+    text::LoadedTextModel& impl = *m->text;
+    if (!s.gen) {
+      std::vector<int32_t> prompt;
       Status st = guarded([&]() -> Status {
-        s.tokens = impl.tokenizer->encode(s.req.prompt, s.req.add_bos, s.req.parse_special);
+        prompt = impl.tokenizer->encode(s.req.prompt, s.req.add_bos, s.req.parse_special);
         return Status{};
       });
-      s.n_prompt = static_cast<int>(s.tokens.size());
+      s.n_prompt = static_cast<int>(prompt.size());
       if (st.ok() && s.n_prompt == 0) st = Status::error(StatusCode::InvalidArgument, "the prompt is empty and the model has no BOS token");
       if (st.ok() && s.n_prompt >= m->n_ctx)
         st = Status::error(StatusCode::InvalidArgument, "the prompt has " + std::to_string(s.n_prompt) +
@@ -543,15 +538,12 @@ bool Scheduler::admit(int64_t now) {
         finish(s, JobState::Failed, "error", st);
         continue;
       }
-      s.sampler = std::make_unique<text::Sampler>(s.req.sampling);
-      for (int32_t t : s.tokens) s.sampler->accept(t);
-      s.stream = std::make_unique<text::TextStream>(s.req.stop);
-      s.logits.resize(static_cast<size_t>(impl.weights.hp.n_vocab));
+      s.gen = std::make_unique<text::Generation>(*impl.tokenizer, s.req, std::move(prompt), m->n_ctx);
     }
     s.kv = std::make_unique<text::PagedSeq>(*m->pool);
-    const int cached = s.kv->attach_prefix(s.tokens.data(), static_cast<int>(s.tokens.size()) - 1);
+    const int cached = s.kv->attach_prefix(s.gen->token_data(), s.gen->n_tokens() - 1);
     s.n_past = cached;
-    const int need_now = s.kv->blocks_for(static_cast<int>(s.tokens.size())) - static_cast<int>(s.kv->blocks().size());
+    const int need_now = s.kv->blocks_for(s.gen->n_tokens()) - static_cast<int>(s.kv->blocks().size());
     while (m->pool->free_blocks() < need_now && preempt_lowest(&s)) {
     }
     if (m->pool->free_blocks() < need_now) {
@@ -634,12 +626,12 @@ bool Scheduler::schedule_text(TextPlan& plan) {
   // prefilled in as few steps as possible (all jobs then start decoding
   // together, and the first token comes sooner).
   bool any_decoding = false;
-  for (const auto& s : running_) any_decoding |= static_cast<int>(s->tokens.size()) - s->n_past == 1;
+  for (const auto& s : running_) any_decoding |= s->gen->n_tokens() - s->n_past == 1;
   int budget = any_decoding ? config_.prefill_tokens_per_step : std::max(config_.prefill_tokens_per_step, kIdlePrefillTokens);
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* s = running_[i].get();
     if (defer_batch && !s->req.interactive) continue;
-    const int pending = static_cast<int>(s->tokens.size()) - s->n_past;
+    const int pending = s->gen->n_tokens() - s->n_past;
     int n = pending;
     if (pending > 1) {
       n = std::min(pending, budget);
@@ -654,11 +646,11 @@ bool Scheduler::schedule_text(TextPlan& plan) {
     if (!fits) continue;  // s was preempted (or nothing could be freed this step)
     if (pending > 1) budget -= n;
     text::SeqInput in;
-    in.tokens = s->tokens.data() + s->n_past;
+    in.tokens = s->gen->token_data() + s->n_past;
     in.n = n;
     in.pos0 = s->n_past;
     in.kv = s->kv.get();
-    in.logits = s->n_past + n == static_cast<int>(s->tokens.size()) ? s->logits.data() : nullptr;
+    in.logits = s->n_past + n == s->gen->n_tokens() ? s->gen->logits() : nullptr;
     inputs.push_back(in);
     owners.push_back(s);
   }
@@ -691,11 +683,11 @@ TextOutput Scheduler::execute_text(const TextPlan& plan) {
   // Sampling is per sequence (its own logits, sampler and random stream), so
   // the sequences sample in parallel; the same tokens as one after another.
   out.sampled.assign(plan.inputs.size(), -1);
-  m->impl().pool->parallel_for(static_cast<int64_t>(plan.inputs.size()), [&](int64_t b, int64_t e) {
+  m->text->pool->parallel_for(static_cast<int64_t>(plan.inputs.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Sequence& s = *plan.owners[static_cast<size_t>(i)];
       if (plan.inputs[static_cast<size_t>(i)].logits)
-        out.sampled[static_cast<size_t>(i)] = s.sampler->sample(s.logits.data(), static_cast<int>(s.logits.size()));
+        out.sampled[static_cast<size_t>(i)] = s.gen->sample();
     }
   });
   return out;
@@ -713,25 +705,22 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
   const std::vector<int32_t>& sampled = out.sampled;
   const double step_ms = out.step_ms;
   int decoded = 0, generated = 0;
-  const tok::Tokenizer& tokenizer = *plan.model->impl().tokenizer;
   // Every token of a step is sampled at the same moment: one timestamp for all.
   const auto t = Clock::now();
   std::vector<std::pair<Sequence*, const char*>> ending;
   for (size_t i = 0; i < live.size(); ++i) {
     Sequence& s = *live_owners[i];
     s.n_past += live[i].n;
-    s.kv->publish(s.tokens.data(), s.n_past);
+    s.kv->publish(s.gen->token_data(), s.n_past);
     if (live[i].n == 1) ++decoded;
     if (!live[i].logits) continue;
     const int32_t id = sampled[i];
-    if (tokenizer.is_eog(id) && !s.req.ignore_eos) {
+    if (s.gen->ends_with_eos(id)) {
       ending.push_back({&s, "eos"});
       continue;
     }
     ++generated;
-    s.sampler->accept(id);
-    s.tokens.push_back(id);
-    s.new_ids.push_back(id);
+    const TokenEvent token = s.gen->accept(id);
     if (!s.has_first) {
       s.has_first = true;
       s.ttft_ms = static_cast<double>(epoch_ms() - s.created_ms);
@@ -743,9 +732,9 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
     Event ev;
     ev.type = EventType::Token;
     ev.job = s.id;
-    ev.index = static_cast<int>(s.new_ids.size()) - 1;
-    ev.token_id = id;
-    ev.text = s.stream->push(tokenizer.token_to_piece(id));
+    ev.index = token.index;
+    ev.token_id = token.id;
+    ev.text = token.text;
     s.segment += ev.text;
     hub_.publish(ev);
     if (const size_t end = segment_end(s.segment); end != std::string::npos) {
@@ -756,16 +745,14 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
       s.segment.erase(0, end);
       hub_.publish(seg);
     }
-    if (s.new_ids.size() % 8 == 0) {
+    if (s.gen->new_ids().size() % 8 == 0) {
       Event pr;
       pr.type = EventType::Progress;
       pr.job = s.id;
-      pr.progress = static_cast<double>(s.new_ids.size()) / s.req.max_new_tokens;
+      pr.progress = static_cast<double>(s.gen->new_ids().size()) / s.req.max_new_tokens;
       hub_.publish(pr);
     }
-    if (s.stream->stopped()) ending.push_back({&s, "stop"});
-    else if (static_cast<int>(s.new_ids.size()) >= s.req.max_new_tokens) ending.push_back({&s, "length"});
-    else if (static_cast<int>(s.tokens.size()) >= s.model->n_ctx) ending.push_back({&s, "context"});
+    if (const char* reason = s.gen->end_reason()) ending.push_back({&s, reason});
   }
   // After every token of the step is out: finishing writes the database (a
   // disk sync each), which must not delay the other sequences' tokens.
@@ -774,7 +761,7 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     live_tokens_.clear();
-    for (const auto& s : running_) live_tokens_[s->id] = static_cast<int>(s->new_ids.size());
+    for (const auto& s : running_) live_tokens_[s->id] = static_cast<int>(s->gen->new_ids().size());
   }
   metrics_.on_step(now, decoded, generated, step_ms);
 }
@@ -783,7 +770,7 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
   const int64_t now = epoch_ms();
   JobStats stats;
   stats.prompt_tokens = s.n_prompt;
-  stats.new_tokens = static_cast<int>(s.new_ids.size());
+  stats.new_tokens = s.gen ? static_cast<int>(s.gen->new_ids().size()) : 0;
   stats.cached_prompt_tokens = s.cached_prompt_tokens;
   stats.queue_wait_ms = s.started_ms ? static_cast<double>(s.started_ms - s.created_ms) : static_cast<double>(now - s.created_ms);
   stats.time_to_first_token_ms = s.ttft_ms;
@@ -795,14 +782,14 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
   ev.stats = stats;
   if (state == JobState::Completed) {
     TextResult r;
-    r.text = s.stream->text();
-    r.prompt_ids.assign(s.tokens.begin(), s.tokens.begin() + s.n_prompt);
-    r.ids = s.new_ids;
+    r.text = s.gen->text();
+    r.prompt_ids = s.gen->prompt_ids();
+    r.ids = s.gen->new_ids();
     r.stats.prompt_tokens = s.n_prompt;
     r.stats.new_tokens = stats.new_tokens;
     r.stats.new_tokens_per_s = stats.tokens_per_s;
     r.stats.stop_reason = reason;
-    r.stats.seed = s.sampler->seed();
+    r.stats.seed = s.gen->seed();
     const json result = {{"text", r.text},
                          {"stop_reason", reason},
                          {"prompt_ids", r.prompt_ids},
@@ -816,11 +803,11 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
                            {"prompt_tokens", stats.prompt_tokens},
                            {"cached_prompt_tokens", stats.cached_prompt_tokens},
                            {"new_tokens", stats.new_tokens}}}};
-    if (!s.segment.empty() || s.stream->released() < r.text.size()) {
+    if (!s.segment.empty() || s.gen->released() < r.text.size()) {
       Event seg;
       seg.type = EventType::Segment;
       seg.job = s.id;
-      seg.text = s.segment + r.text.substr(std::min(s.stream->released(), r.text.size()));
+      seg.text = s.segment + r.text.substr(std::min(s.gen->released(), r.text.size()));
       hub_.publish(seg);
     }
     ev.result = std::move(r);

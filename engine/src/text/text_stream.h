@@ -1,7 +1,7 @@
 // Turns sampled token pieces into text that is safe to show: holds back a
 // tail that may start a stop string or is an incomplete UTF-8 sequence, and
-// cuts the text at the first stop string. Shared by TextModel::generate and
-// the batching scheduler so both stream identically.
+// cuts the text at the first stop string. Used through text::Generation, the one
+// generation loop of TextModel::generate and the batching scheduler.
 #pragma once
 
 #include <string>

@@ -1,0 +1,62 @@
+// One sequence's text generation, shared by TextModel::generate (a batch of
+// one, run to the end on the caller's thread) and the scheduler (many
+// sequences per forward_batch step): the tokens so far (prompt, then
+// generated), the sampler, the TextStream (stop strings, UTF-8 holdback) and
+// the stop rules. The caller runs the forward pass into logits(); then
+// sample(), ends_with_eos(id), accept(id) (the token event) and
+// end_reason() decide what happens next, in this order:
+//   eos (not accepted, not an event) > stop > cancelled > length > context.
+#pragma once
+
+#include <atelier/requests.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "text/sampler.h"
+#include "text/text_stream.h"
+#include "tokenizer/tokenizer.h"
+
+namespace atelier::text {
+
+class Generation {
+ public:
+  // PROMPT: the request's tokens. MAX_TOKENS: the most tokens (prompt and
+  // generated) the sequence may hold before it ends with "context".
+  Generation(const tok::Tokenizer& tokenizer, const TextRequest& request, std::vector<int32_t> prompt, int max_tokens);
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }  // prompt, then generated
+  const int32_t* token_data() const { return tokens_.data(); }
+  int n_tokens() const { return static_cast<int>(tokens_.size()); }
+  int n_prompt() const { return n_prompt_; }
+  const std::vector<int32_t>& new_ids() const { return new_ids_; }
+  std::vector<int32_t> prompt_ids() const { return {tokens_.begin(), tokens_.begin() + n_prompt_}; }
+
+  // Where the forward pass writes the next token's logits (n_vocab floats).
+  float* logits() { return logits_.data(); }
+  // Draws the next token from logits() (modified in place).
+  int32_t sample() { return sampler_.sample(logits_.data(), static_cast<int>(logits_.size())); }
+  // ID ends the generation as end of generation ("eos"); it is then not accepted.
+  bool ends_with_eos(int32_t id) const { return tokenizer_.is_eog(id) && !request_.ignore_eos; }
+  // Appends ID: the sampler's history, the tokens, the stream. Returns its token event.
+  TokenEvent accept(int32_t id);
+  // After accept(): why the generation ends now ("stop", "cancelled" when
+  // CANCELLED, "length", "context"), or nullptr when it goes on.
+  const char* end_reason(bool cancelled = false) const;
+
+  std::string text() const { return stream_.text(); }  // cut before a stop string
+  size_t released() const { return stream_.released(); }
+  uint64_t seed() const { return sampler_.seed(); }
+
+ private:
+  const tok::Tokenizer& tokenizer_;
+  const TextRequest& request_;
+  std::vector<int32_t> tokens_, new_ids_;
+  int n_prompt_ = 0, max_tokens_ = 0;
+  Sampler sampler_;
+  TextStream stream_;
+  std::vector<float> logits_;
+};
+
+}  // namespace atelier::text
