@@ -205,7 +205,7 @@ void StudioWindow::setupSnapshots() {
     statusBar()->showMessage(tr("snapshot %1").arg(path), 2000);
   };
   connect(bridge_, &bridge::EngineBridge::event, this, [this, shot](const Event& ev) {
-    if (ev.type == EventType::Token && ev.job == write_->currentJob() && ev.index == 12 && !shotWrite_) {
+    if (ev.type == EventType::Token && ev.job == write_->currentJob() && ev.index == 8 && !shotWrite_) {
       shotWrite_ = true;
       shot(QStringLiteral("write-midstream.png"), this);
     }
