@@ -608,6 +608,7 @@ void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& 
     if (!info.bos_token.empty() && r.prompt.rfind(info.bos_token, 0) == 0) r.add_bos = false;
     if (info.chat_template.empty()) r.stop.push_back("\nUser:");
   }
+  promptBytes_ = static_cast<int>(r.prompt.size());
   bridge_->submitText(r, [this](Result<JobId> id) {
     if (!id.ok()) return finishJob(QString(), QString::fromStdString(id.status().message));
     job_ = id.value();
@@ -726,7 +727,7 @@ void WriteTab::updateStats() {
   const double rate = seconds > 0.05 && tokens_ > 1 ? (tokens_ - 1) / seconds : 0;
   // Until the result gives the exact count, the prompt is estimated at 4 bytes per token.
   int prompt = promptTokens_;
-  if (prompt == 0 && phase_ != Phase::Idle) prompt = static_cast<int>(streamPrefix_.toUtf8().size() / 4);
+  if (prompt == 0 && phase_ != Phase::Idle) prompt = promptBytes_ / 4;
   QString text = (rate > 0 ? tr("%1 tokens/s").arg(rate, 0, 'f', 1) : tr("– tokens/s")) + tr(" · %1 tokens").arg(tokens_);
   if (contextTokens_ > 0) text += tr(" · context %1/%2").arg(prompt + tokens_).arg(contextTokens_);
   emit statsChanged(text);

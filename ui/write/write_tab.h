@@ -147,7 +147,8 @@ class WriteTab : public QWidget {
   QString streamPrefix_;             // text the answer continues (Continue)
   QString streamed_;                 // text received so far
   int tokens_ = 0;
-  int promptTokens_ = 0;             // estimate until the result says
+  int promptTokens_ = 0;             // exact, from the result
+  int promptBytes_ = 0;              // the submitted prompt's size: the estimate until then
   int contextTokens_ = 0;
   QElapsedTimer firstToken_;
   std::optional<atelier::ModelInfo> info_;  // of model_->reference()
