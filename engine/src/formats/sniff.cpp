@@ -1,6 +1,8 @@
 // The model-file sniffer. See sniff.h.
 #include "formats/sniff.h"
 
+#include "core/unique_fd.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,19 +27,7 @@ constexpr uint64_t kMaxSafetensorsHeader = 100ull << 20;  // the format's own li
 constexpr uint64_t kMaxTokenizerBytes = 64ull << 20;      // llama2.c tokenizers are < 1 MB
 constexpr int32_t kMaxTokenLength = 1 << 16;
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using Fd = UniqueFd;
 
 // Reads up to n bytes at offset; returns how many were read (short at EOF or on error).
 size_t read_at(int fd, uint8_t* out, size_t n, uint64_t offset) {

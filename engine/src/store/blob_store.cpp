@@ -1,5 +1,7 @@
 #include "store/blob_store.h"
 
+#include "core/unique_fd.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -25,25 +27,7 @@ std::string sys_error(const std::string& what, const std::string& path, int err)
   return what + " " + path + ": " + std::strerror(err);
 }
 
-// A file descriptor, closed on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    const int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-
- private:
-  int fd_;
-};
+using Fd = UniqueFd;
 
 // An EVP SHA-256 context.
 class Sha256 {
