@@ -6,6 +6,8 @@
 #include <atelier/models.h>
 #include <atelier/tools.h>
 #include <gtest/gtest.h>
+
+#include "engine/narrow_sd.h"
 #include <unistd.h>
 
 #include <atomic>
@@ -23,26 +25,7 @@ namespace {
 
 const std::string kVocab = std::string(ATELIER_FIXTURES_DIR) + "/clip/bpe_simple_vocab_16e6.txt.gz";
 
-// Written on first use, removed when the test process exits.
-struct NarrowModel {
-  std::string path;
-  ~NarrowModel() {
-    if (!path.empty()) fs::remove(path);
-  }
-} g_model;
-
-const std::string& narrow_model() {
-  if (g_model.path.empty()) {
-    const std::string p = (fs::temp_directory_path() / ("atelier-sd-narrow-" + std::to_string(::getpid()) + ".safetensors")).string();
-    SynthImageSpec spec;
-    spec.width_mult = 0.1;
-    spec.type = "f32";
-    const Status st = synth_image_model(spec, p);
-    EXPECT_TRUE(st.ok()) << st.message;
-    g_model.path = p;
-  }
-  return g_model.path;
-}
+const std::string& narrow_model() { return test::narrow_sd_model(); }
 
 ImageRequest request(uint64_t seed) {
   ImageRequest r;

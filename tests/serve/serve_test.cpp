@@ -7,6 +7,8 @@
 #include <atelier/models.h>
 #include <atelier/tools.h>
 #include <gtest/gtest.h>
+
+#include "engine/narrow_sd.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,25 +26,7 @@ const std::string kText = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K
 const std::string kTextBin = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.bin";
 const std::string kVocab = std::string(ATELIER_FIXTURES_DIR) + "/clip/bpe_simple_vocab_16e6.txt.gz";
 
-struct NarrowModel {
-  std::string path;
-  ~NarrowModel() {
-    if (!path.empty()) fs::remove(path);
-  }
-} g_model;
-
-const std::string& narrow_model() {
-  if (g_model.path.empty()) {
-    const std::string p = (fs::temp_directory_path() / ("atelier-serve-sd-" + std::to_string(::getpid()) + ".safetensors")).string();
-    SynthImageSpec spec;
-    spec.width_mult = 0.1;
-    spec.type = "f32";
-    const Status st = synth_image_model(spec, p);
-    EXPECT_TRUE(st.ok()) << st.message;
-    g_model.path = p;
-  }
-  return g_model.path;
-}
+const std::string& narrow_model() { return test::narrow_sd_model(); }
 
 ImageRequest image_request(int size, int steps, uint64_t seed) {
   ImageRequest r;
