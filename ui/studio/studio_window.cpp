@@ -155,7 +155,14 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   bridge_->start();
 }
 
-StudioWindow::~StudioWindow() { delete conversations_; }
+StudioWindow::~StudioWindow() {
+  // The workspaces and docks go first: Write flushes its conversations into the
+  // store on the way out, and they all talk to the bridge (a child, deleted after).
+  delete tabs_;
+  delete queueDock_;
+  delete galleryDock_;
+  delete conversations_;
+}
 
 void StudioWindow::buildMenus() {
   QMenu* file = menuBar()->addMenu(tr("&File"));
