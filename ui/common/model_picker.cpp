@@ -31,16 +31,18 @@ void ModelPicker::setReference(const QString& reference) {
 
 void ModelPicker::fill(const QVector<bridge::ModelChoice>& models) {
   const QString keep = reference().isEmpty() ? preferred_ : reference();
-  const QSignalBlocker block(this);
-  clear();
-  for (const bridge::ModelChoice& m : models) {
-    if (m.kind != kind_) continue;
-    addItem(m.label, m.reference);
-    setItemData(count() - 1, m.detail, Qt::ToolTipRole);
+  {
+    // One referenceChanged for the refill, not one per item.
+    const QSignalBlocker block(this);
+    clear();
+    for (const bridge::ModelChoice& m : models) {
+      if (m.kind != kind_) continue;
+      addItem(m.label, m.reference);
+      setItemData(count() - 1, m.detail, Qt::ToolTipRole);
+    }
+    if (!keep.isEmpty()) setReference(keep);
+    else if (count() > 0) setCurrentIndex(0);
   }
-  if (!keep.isEmpty()) setReference(keep);
-  else if (count() > 0) setCurrentIndex(0);
-  blockSignals(false);
   emit referenceChanged(reference());
 }
 

@@ -6,19 +6,11 @@
 #include <QDir>
 #include <QJsonArray>
 #include <QJsonDocument>
-#include <QMutex>
 #include <QMutexLocker>
 
 namespace atelier::ui {
 
 namespace {
-// One connection, used by the UI thread (load, allocate) and the writer
-// thread (saves); SQLite's serialized mode plus this mutex keep them apart.
-QMutex& dbMutex() {
-  static QMutex m;
-  return m;
-}
-
 QString columnText(sqlite3_stmt* st, int i) {
   const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(st, i));
   return p ? QString::fromUtf8(p, sqlite3_column_bytes(st, i)) : QString();
@@ -68,7 +60,7 @@ void ConversationStore::exec(const char* sql) {
 QVector<Conversation> ConversationStore::loadAll() {
   QVector<Conversation> out;
   if (!db_) return out;
-  QMutexLocker lock(&dbMutex());
+  QMutexLocker lock(&mutex_);
   sqlite3_stmt* st = nullptr;
   sqlite3_prepare_v2(db_, "SELECT id, title, mode, model, system, document, updated_ms FROM conversations ORDER BY updated_ms DESC, id DESC",
                      -1, &st, nullptr);
@@ -103,7 +95,7 @@ QVector<Conversation> ConversationStore::loadAll() {
 
 qint64 ConversationStore::allocateId() {
   if (!db_) return QDateTime::currentMSecsSinceEpoch();
-  QMutexLocker lock(&dbMutex());
+  QMutexLocker lock(&mutex_);
   sqlite3_stmt* st = nullptr;
   qint64 id = 1;
   // Placeholder row, filled by the first save; keeps ids unique across restarts.
@@ -120,7 +112,7 @@ void ConversationStore::save(const Conversation& conversation) {
   Conversation c = conversation;
   c.updatedMs = c.updatedMs ? c.updatedMs : QDateTime::currentMSecsSinceEpoch();
   writer_.start([this, c] {
-    QMutexLocker lock(&dbMutex());
+    QMutexLocker lock(&mutex_);
     sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
     sqlite3_stmt* st = nullptr;
     sqlite3_prepare_v2(db_,
@@ -158,7 +150,7 @@ void ConversationStore::save(const Conversation& conversation) {
 void ConversationStore::remove(qint64 id) {
   if (!db_) return;
   writer_.start([this, id] {
-    QMutexLocker lock(&dbMutex());
+    QMutexLocker lock(&mutex_);
     sqlite3_stmt* st = nullptr;
     for (const char* sql : {"DELETE FROM turns WHERE conversation = ?", "DELETE FROM conversations WHERE id = ?"}) {
       sqlite3_prepare_v2(db_, sql, -1, &st, nullptr);

@@ -4,7 +4,7 @@
 // the UI thread never waits for the disk; loading happens once at start.
 #pragma once
 
-#include <QFuture>
+#include <QMutex>
 #include <QString>
 #include <QStringList>
 #include <QThreadPool>
@@ -49,6 +49,9 @@ class ConversationStore {
  private:
   void exec(const char* sql);
   ::sqlite3* db_ = nullptr;
+  // The connection serves the UI thread (load, allocate) and the writer thread
+  // (saves); this keeps a save's transaction whole against a load.
+  QMutex mutex_;
   QString error_;
   QThreadPool writer_;
 };
