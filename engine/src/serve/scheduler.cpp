@@ -239,32 +239,36 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   return raw;
 }
 
-void Scheduler::evict_text_models(int64_t need) {
-  while (!models_.empty() && model_bytes_.load() + need > config_.model_cache_bytes) {
-    LoadedModel* victim = nullptr;
-    for (const auto& [path, m] : models_) {
-      const auto uses = [&](const auto& s) { return s->model == m.get(); };
-      if (std::any_of(running_.begin(), running_.end(), uses) || std::any_of(waiting_.begin(), waiting_.end(), uses)) continue;
-      if (!victim || m->last_used < victim->last_used) victim = m.get();
+namespace {
+// Unloads the least recently used models of MODELS that IN_USE says no job
+// holds until NEED more bytes fit the budget (or only models in use are left).
+// BYTES counts both lanes' loaded models; each lane evicts only its own.
+template <class Models, class InUse>
+void evict_lru(Models& models, std::atomic<int64_t>& bytes, int64_t need, int64_t budget, InUse in_use) {
+  while (!models.empty() && bytes.load() + need > budget) {
+    auto victim = models.end();
+    for (auto it = models.begin(); it != models.end(); ++it) {
+      if (in_use(it->second.get())) continue;
+      if (victim == models.end() || it->second->last_used < victim->second->last_used) victim = it;
     }
-    if (!victim) return;  // every loaded model is in use
-    model_bytes_ -= victim->bytes;
-    models_.erase(victim->path);
+    if (victim == models.end()) return;  // every loaded model is in use
+    bytes -= victim->second->bytes;
+    models.erase(victim);
   }
+}
+}  // namespace
+
+void Scheduler::evict_text_models(int64_t need) {
+  evict_lru(models_, model_bytes_, need, config_.model_cache_bytes, [&](const LoadedModel* m) {
+    const auto uses = [&](const auto& s) { return s->model == m; };
+    return std::any_of(running_.begin(), running_.end(), uses) || std::any_of(waiting_.begin(), waiting_.end(), uses);
+  });
 }
 
 void Scheduler::evict_image_models(int64_t need) {
-  while (!image_models_.empty() && model_bytes_.load() + need > config_.model_cache_bytes) {
-    LoadedImage* victim = nullptr;
-    for (const auto& [key, m] : image_models_) {
-      if (std::any_of(image_running_.begin(), image_running_.end(), [&](const auto& j) { return j && j->model == m.get(); }))
-        continue;
-      if (!victim || m->last_used < victim->last_used) victim = m.get();
-    }
-    if (!victim) return;
-    model_bytes_ -= victim->bytes;
-    image_models_.erase(victim->key);
-  }
+  evict_lru(image_models_, model_bytes_, need, config_.model_cache_bytes, [&](const LoadedImage* m) {
+    return std::any_of(image_running_.begin(), image_running_.end(), [&](const auto& j) { return j && j->model == m; });
+  });
 }
 
 void Scheduler::run() {
