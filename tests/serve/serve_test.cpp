@@ -7,8 +7,6 @@
 #include <atelier/models.h>
 #include <atelier/tools.h>
 #include <gtest/gtest.h>
-
-#include "engine/narrow_sd.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +15,10 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/engine_test_util.h"
+
 using namespace atelier;
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -50,24 +51,8 @@ TextRequest text_request(const std::string& model, int n) {
   return r;
 }
 
-struct EventLog {
-  std::mutex mu;
-  std::vector<Event> events;
-  void operator()(const Event& e) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(e);
-  }
-  std::vector<Event> snapshot() {
-    std::lock_guard<std::mutex> lock(mu);
-    return events;
-  }
-};
-
-fs::path fresh_dir(const std::string& tag) {
-  const fs::path d = fs::temp_directory_path() / ("atelier-serve-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
+using test::EventLog;
+using test::fresh_dir;
 
 std::unique_ptr<Engine> open_engine(const fs::path& dir, EngineConfig c = {}) {
   c.data_dir = dir.string();
