@@ -112,14 +112,15 @@ class EndToEndTest : public QObject {
     QDir().mkpath(home_->path(QStringLiteral("models")));
     sd_ = home_->synthSd(QStringLiteral("models/sd-narrow.safetensors"));
     QVERIFY(!sd_.isEmpty());
-    // A free display number, then the X server.
-    int n = 90 + QCoreApplication::applicationPid() % 100;
-    while (QFile::exists(QStringLiteral("/tmp/.X11-unix/X%1").arg(n))) ++n;
-    display_ = QStringLiteral(":%1").arg(n);
-    xvfb_.start(QStringLiteral("Xvfb"), {display_, QStringLiteral("-screen"), QStringLiteral("0"), QStringLiteral("1600x1000x24"),
-                                         QStringLiteral("-nolisten"), QStringLiteral("tcp")});
+    // The X server picks a free display itself and writes its number once it
+    // accepts connections (-displayfd): no guessing around stale sockets or locks.
+    xvfb_.start(QStringLiteral("Xvfb"), {QStringLiteral("-displayfd"), QStringLiteral("1"), QStringLiteral("-screen"), QStringLiteral("0"),
+                                         QStringLiteral("1600x1000x24"), QStringLiteral("-nolisten"), QStringLiteral("tcp")});
     QVERIFY(xvfb_.waitForStarted(10000));
-    QTRY_VERIFY_WITH_TIMEOUT(QFile::exists(QStringLiteral("/tmp/.X11-unix/X%1").arg(n)), 10000);
+    QByteArray number;
+    QTRY_VERIFY_WITH_TIMEOUT((number += xvfb_.readAllStandardOutput()).contains('\n'), 20000);
+    display_ = QStringLiteral(":") + QString::fromLatin1(number.trimmed());
+    QVERIFY2(number.trimmed().toInt() >= 0 && !number.trimmed().isEmpty(), number.constData());
   }
 
   void chatThenDoodle() {
