@@ -157,7 +157,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
                              "another Atelier process is running the queue in " + c.data_dir +
                                  "; add jobs with `atelier queue add` instead, or stop it first");
       impl->db->recover();
-      impl->scheduler = std::make_unique<Scheduler>(c, *impl->db, impl->hub, *impl->metrics);
+      impl->scheduler = std::make_unique<Scheduler>(c, *impl->db, impl->hub, *impl->metrics, make_cpu_runner(c));
     }
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
   });

@@ -38,52 +38,51 @@ size_t segment_end(const std::string& s) {
 }
 }  // namespace
 
+// What both kinds of job carry through their life cycle.
+struct JobBase {
+  JobId id = 0;
+  int priority = 0;
+  bool interactive = false;
+  int64_t created_ms = 0, started_ms = 0;
+  Clock::time_point enqueued, started;
+  bool started_once = false, cancel = false, done = false;
+};
+
 struct LoadedModel {
   std::string path, version, name;  // version: "sha256:<hex>"; name: "stories260k@1" or the file's canonical path
-  std::shared_ptr<text::LoadedTextModel> text;
-  std::unique_ptr<text::KvPool> pool;
-  std::unique_ptr<text::LlamaRunner> runner;
-  int n_ctx = 0;
+  std::unique_ptr<TextSlot> slot;   // on the runner's device
   int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
 };
 
-struct Sequence {
-  JobId id = 0;
+struct Sequence : JobBase {
   TextRequest req;
-  int priority = 0;
-  int64_t created_ms = 0, started_ms = 0;
-  Clock::time_point enqueued, started, last_token;
+  Clock::time_point last_token;
   LoadedModel* model = nullptr;
   int n_prompt = 0, n_past = 0, cached_prompt_tokens = 0;
   std::unique_ptr<text::PagedSeq> kv;
   std::unique_ptr<text::Generation> gen;  // tokens (prompt, then generated), sampler, stream; made at first admission
   std::string segment;
   double ttft_ms = 0;
-  bool has_first = false, started_once = false, cancel = false, done = false;
+  bool has_first = false;
 };
 
 struct LoadedImage {
   std::string key, version, name;  // version: "sha256:<hex>" ("" for a diffusers folder)
-  std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<LoadedDiffusion> model;
+  std::unique_ptr<ImageSlot> slot;  // on the runner's device
   int64_t bytes = 0, last_used = 0;  // the model cache's size and LRU stamp
 };
 
-struct ImageJob {
-  JobId id = 0;
+struct ImageJob : JobBase {
   ImageRequest req;
-  int priority = 0;
-  int64_t created_ms = 0, started_ms = 0;
-  Clock::time_point started;
   LoadedImage* model = nullptr;
-  std::unique_ptr<ImageRun> run;
+  std::unique_ptr<ImageRun> run;      // images in flight (kept while preempted)
   std::vector<ImageResult> one_pass;  // a one-pass generator's images (QuickDraw), made at admission
   std::string version, name;          // the model that made them
-  bool cancel = false, done = false;
 };
 
-Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics)
-    : config_(config), db_(db), hub_(hub), metrics_(metrics) {
+Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics,
+                     std::unique_ptr<Runner> runner)
+    : config_(config), db_(db), hub_(hub), metrics_(metrics), runner_(std::move(runner)) {
   image_thread_ = std::thread([this] { image_loop(); });
   thread_ = std::thread([this] { run(); });
 }
@@ -172,12 +171,45 @@ double aged_priority(int priority, bool interactive, int64_t created_ms, int64_t
 }
 }  // namespace
 
-double Scheduler::effective_priority(const Sequence& s, int64_t now_ms) const {
-  return aged_priority(s.priority, s.req.interactive, s.created_ms, now_ms, config_.aging_ms);
+double Scheduler::effective_priority(const JobBase& j, int64_t now_ms) const {
+  return aged_priority(j.priority, j.interactive, j.created_ms, now_ms, config_.aging_ms);
 }
 
-double Scheduler::effective_priority(const ImageJob& j, int64_t now_ms) const {
-  return aged_priority(j.priority, j.req.interactive, j.created_ms, now_ms, config_.aging_ms);
+template <class Job>
+void Scheduler::order_for_admission(std::vector<std::unique_ptr<Job>>& jobs, int64_t now) const {
+  std::stable_sort(jobs.begin(), jobs.end(), [&](const auto& a, const auto& b) {
+    const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
+    return pa > pb || (pa == pb && a->id < b->id);
+  });
+}
+
+template <class Job>
+Job* Scheduler::preemption_victim(std::vector<std::unique_ptr<Job>>& running, const JobBase* requester, int64_t now) const {
+  Job* victim = nullptr;
+  for (auto& j : running) {
+    if (!j || j.get() == requester || j->done) continue;
+    const double pj = effective_priority(*j, now);
+    if (!victim || pj < effective_priority(*victim, now) || (pj == effective_priority(*victim, now) && j->id > victim->id))
+      victim = j.get();
+  }
+  if (victim && requester && effective_priority(*victim, now) >= effective_priority(*requester, now)) return nullptr;
+  return victim;
+}
+
+bool Scheduler::start_job(JobBase& j, int64_t now) {
+  if (j.started_once) return true;
+  if (!db_.mark_running(j.id, now)) {  // cancelled meanwhile
+    j.done = true;
+    return false;
+  }
+  j.started_once = true;
+  j.started_ms = now;
+  j.started = Clock::now();
+  Event ev;
+  ev.type = EventType::Started;
+  ev.job = j.id;
+  hub_.publish(ev);
+  return true;
 }
 
 LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
@@ -197,19 +229,11 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     it->second->last_used = ++use_clock_;
     return it->second.get();
   }
-  {
-    // Room first (the file's size and the KV budget: what it will hold).
-    std::error_code ec;
-    const auto file_bytes = std::filesystem::file_size(path, ec);
-    evict_text_models((ec ? 0 : static_cast<int64_t>(file_bytes)) + config_.kv_memory_bytes);
-  }
-  TextModelOptions o;
-  o.threads = config_.threads;
-  o.kv_type = config_.kv_type;
-  o.tokenizer_path = resolved->file("tokenizer");
-  auto opened = text::load_text_model(path, o);
-  if (!opened.ok()) {
-    error = opened.status();
+  // Room first (the file's size and the KV budget: what it will hold).
+  evict_text_models(model_file_bytes(path) + config_.kv_memory_bytes);
+  auto slot = runner_->load_text(resolved.value());
+  if (!slot.ok()) {
+    error = slot.status();
     return nullptr;
   }
   auto lm = std::make_unique<LoadedModel>();
@@ -221,17 +245,8 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     std::error_code ec;
     lm->name = std::filesystem::weakly_canonical(path, ec).string();
   }
-  lm->text = opened.value();
-  text::LoadedTextModel& impl = *lm->text;
-  lm->n_ctx = impl.n_ctx;
-  error = guarded([&]() -> Status {
-    lm->pool = std::make_unique<text::KvPool>(impl.weights.hp, config_.kv_block_tokens, config_.kv_memory_bytes,
-                                              config_.kv_type == KvType::F16);
-    lm->runner = std::make_unique<text::LlamaRunner>(impl.weights, impl.pool.get());
-    return Status{};
-  });
-  if (!error.ok()) return nullptr;
-  lm->bytes = lm->text->info.weight_bytes + int64_t{lm->pool->total_blocks()} * lm->pool->block_bytes();
+  lm->slot = std::move(slot.value());
+  lm->bytes = lm->slot->bytes;
   lm->last_used = ++use_clock_;
   model_bytes_ += lm->bytes;
   LoadedModel* raw = lm.get();
@@ -267,7 +282,10 @@ void Scheduler::evict_text_models(int64_t need) {
 
 void Scheduler::evict_image_models(int64_t need) {
   evict_lru(image_models_, model_bytes_, need, config_.model_cache_bytes, [&](const LoadedImage* m) {
-    return std::any_of(image_running_.begin(), image_running_.end(), [&](const auto& j) { return j && j->model == m; });
+    // A preempted job waits with its images in flight on its model.
+    const auto uses = [&](const auto& j) { return j && j->model == m && j->run; };
+    return std::any_of(image_running_.begin(), image_running_.end(), uses) ||
+           std::any_of(image_waiting_.begin(), image_waiting_.end(), uses);
   });
 }
 
@@ -351,9 +369,9 @@ void Scheduler::run() {
       running_count_ = static_cast<int>(running_.size());
       kv_stats_ = {};
       for (const auto& [path, m] : models_) {
-        kv_stats_.used += m->pool->used_blocks();
-        kv_stats_.free += m->pool->free_blocks();
-        kv_stats_.cached += m->pool->cached_blocks();
+        kv_stats_.used += m->slot->kv->used_blocks();
+        kv_stats_.free += m->slot->kv->free_blocks();
+        kv_stats_.cached += m->slot->kv->cached_blocks();
       }
     }
     idle_ = running_.empty() && waiting_.empty();  // and the image lane's (idle())
@@ -408,6 +426,7 @@ void Scheduler::refresh_queue(int64_t now) {
         j->id = row.id;
         j->req = ireq.value();
         j->priority = row.priority;
+        j->interactive = j->req.interactive;
         j->created_ms = row.created_ms;
         hand_to_lane(std::move(j));
         continue;
@@ -424,6 +443,7 @@ void Scheduler::refresh_queue(int64_t now) {
     s->id = row.id;
     s->req = req.value();
     s->priority = row.priority;
+    s->interactive = s->req.interactive;
     s->created_ms = row.created_ms;
     s->enqueued = Clock::now();
     waiting_.push_back(std::move(s));
@@ -464,16 +484,8 @@ void Scheduler::refresh_queue(int64_t now) {
 }
 
 bool Scheduler::preempt_lowest(const Sequence* requester) {
-  const int64_t now = epoch_ms();
-  Sequence* victim = nullptr;
-  for (auto& s : running_) {
-    if (s.get() == requester || s->done) continue;
-    if (!victim || effective_priority(*s, now) < effective_priority(*victim, now) ||
-        (effective_priority(*s, now) == effective_priority(*victim, now) && s->id > victim->id))
-      victim = s.get();
-  }
+  Sequence* victim = preemption_victim(running_, requester, epoch_ms());
   if (!victim) return false;
-  if (requester && effective_priority(*victim, now) >= effective_priority(*requester, now)) return false;
   // Recompute later: keep the generation (tokens, sampler, stream); give the memory back.
   metrics_.on_preempt();
   victim->kv.reset();
@@ -496,10 +508,7 @@ bool Scheduler::admit(int64_t now) {
   }
   if (fresh) refresh_queue(now);
   if (waiting_.empty()) return false;
-  std::stable_sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
-    const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
-    return pa > pb || (pa == pb && a->id < b->id);
-  });
+  order_for_admission(waiting_, now);
   const std::string current = running_.empty() ? waiting_.front()->req.model : running_.front()->req.model;
   const bool latency_pressure = metrics_.interactive_p99_inter_token_ms() > config_.interactive_p99_itl_ms;
   bool admitted = false;
@@ -518,58 +527,50 @@ bool Scheduler::admit(int64_t now) {
       continue;
     }
     s.model = m;
-    text::LoadedTextModel& impl = *m->text;
+    const tok::Tokenizer& tokenizer = *m->slot->tokenizer;
     if (!s.gen) {
       std::vector<int32_t> prompt;
       Status st = guarded([&]() -> Status {
-        prompt = impl.tokenizer->encode(s.req.prompt, s.req.add_bos, s.req.parse_special);
+        prompt = tokenizer.encode(s.req.prompt, s.req.add_bos, s.req.parse_special);
         return Status{};
       });
       s.n_prompt = static_cast<int>(prompt.size());
       if (st.ok() && s.n_prompt == 0) st = Status::error(StatusCode::InvalidArgument, "the prompt is empty and the model has no BOS token");
-      if (st.ok() && s.n_prompt >= m->n_ctx)
+      if (st.ok() && s.n_prompt >= m->slot->n_ctx)
         st = Status::error(StatusCode::InvalidArgument, "the prompt has " + std::to_string(s.n_prompt) +
-                                                            " tokens but the context holds " + std::to_string(m->n_ctx));
-      const int64_t need = (std::min<int64_t>(m->n_ctx, int64_t{s.n_prompt} + s.req.max_new_tokens) + m->pool->block_tokens() - 1) /
-                           m->pool->block_tokens();
-      if (st.ok() && need > m->pool->total_blocks())
+                                                            " tokens but the context holds " + std::to_string(m->slot->n_ctx));
+      const int64_t need = (std::min<int64_t>(m->slot->n_ctx, int64_t{s.n_prompt} + s.req.max_new_tokens) + m->slot->kv->block_tokens() - 1) /
+                           m->slot->kv->block_tokens();
+      if (st.ok() && need > m->slot->kv->total_blocks())
         st = Status::error(StatusCode::InvalidArgument,
                            "the job needs " + std::to_string(need) + " KV blocks (" +
-                               std::to_string(need * m->pool->block_bytes() / (1 << 20)) + " MiB) but the KV pool holds " +
-                               std::to_string(m->pool->total_blocks()) +
+                               std::to_string(need * m->slot->kv->block_bytes() / (1 << 20)) + " MiB) but the KV pool holds " +
+                               std::to_string(m->slot->kv->total_blocks()) +
                                "; raise the KV memory budget or lower max_new_tokens");
       if (!st.ok()) {
         finish(s, JobState::Failed, "error", st);
         continue;
       }
-      s.gen = std::make_unique<text::Generation>(*impl.tokenizer, s.req, std::move(prompt), m->n_ctx);
+      s.gen = std::make_unique<text::Generation>(tokenizer, s.req, std::move(prompt), m->slot->n_ctx);
     }
-    s.kv = std::make_unique<text::PagedSeq>(*m->pool);
+    s.kv = std::make_unique<text::PagedSeq>(*m->slot->kv);
     const int cached = s.kv->attach_prefix(s.gen->token_data(), s.gen->n_tokens() - 1);
     s.n_past = cached;
     const int need_now = s.kv->blocks_for(s.gen->n_tokens()) - static_cast<int>(s.kv->blocks().size());
-    while (m->pool->free_blocks() < need_now && preempt_lowest(&s)) {
+    while (m->slot->kv->free_blocks() < need_now && preempt_lowest(&s)) {
     }
-    if (m->pool->free_blocks() < need_now) {
+    if (m->slot->kv->free_blocks() < need_now) {
       s.kv.reset();  // admission in priority order: lower jobs wait behind this one
       s.n_past = 0;
       break;
     }
     if (!s.started_once) {
-      if (!db_.mark_running(s.id, now)) {  // cancelled meanwhile
+      if (!start_job(s, now)) {
         s.kv.reset();
-        s.done = true;
         continue;
       }
-      s.started_once = true;
-      s.started_ms = now;
-      s.started = Clock::now();
       s.cached_prompt_tokens = cached;
       metrics_.on_prompt(s.n_prompt, cached);
-      Event ev;
-      ev.type = EventType::Started;
-      ev.job = s.id;
-      hub_.publish(ev);
     }
     auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p.get() == sp; });
     running_.push_back(std::move(*it));
@@ -586,20 +587,14 @@ bool Scheduler::admit(int64_t now) {
 struct TextPlan {
   int64_t now_ms = 0;
   LoadedModel* model = nullptr;
-  std::vector<text::SeqInput> inputs;  // what the runner computes
-  std::vector<Sequence*> owners;       // whose each input is
-};
-
-struct TextOutput {
-  Status status;
-  std::vector<int32_t> sampled;  // per input, -1 where it computed no logits
-  double step_ms = 0;
+  TextBatch batch;                 // what the runner computes
+  std::vector<Sequence*> owners;   // whose each input is
 };
 
 void Scheduler::step() {
   TextPlan plan;
   if (!schedule_text(plan)) return;
-  update_from_output(plan, execute_text(plan));
+  update_from_output(plan, runner_->execute_text(*plan.model->slot, plan.batch));
 }
 
 bool Scheduler::schedule_text(TextPlan& plan) {
@@ -669,37 +664,15 @@ bool Scheduler::schedule_text(TextPlan& plan) {
   }
   if (live.empty()) return false;
   plan.model = live_owners.front()->model;
-  plan.inputs = std::move(live);
+  for (size_t i = 0; i < live.size(); ++i) plan.batch.samplers.push_back(live[i].logits ? live_owners[i]->gen.get() : nullptr);
+  plan.batch.inputs = std::move(live);
   plan.owners = std::move(live_owners);
   return true;
 }
 
-TextOutput Scheduler::execute_text(const TextPlan& plan) {
-  TextOutput out;
-  LoadedModel* m = plan.model;
-  const auto t0 = Clock::now();
-  out.status = guarded([&]() -> Status {
-    m->runner->forward_batch(plan.inputs);
-    return Status{};
-  });
-  out.step_ms = ms_between(t0, Clock::now());
-  if (!out.status.ok()) return out;
-  // Sampling is per sequence (its own logits, sampler and random stream), so
-  // the sequences sample in parallel; the same tokens as one after another.
-  out.sampled.assign(plan.inputs.size(), -1);
-  m->text->pool->parallel_for(static_cast<int64_t>(plan.inputs.size()), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      Sequence& s = *plan.owners[static_cast<size_t>(i)];
-      if (plan.inputs[static_cast<size_t>(i)].logits)
-        out.sampled[static_cast<size_t>(i)] = s.gen->sample();
-    }
-  });
-  return out;
-}
-
 void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) {
   const int64_t now = plan.now_ms;
-  const std::vector<text::SeqInput>& live = plan.inputs;
+  const std::vector<text::SeqInput>& live = plan.batch.inputs;
   const std::vector<Sequence*>& live_owners = plan.owners;
   if (!out.status.ok()) {
     for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", out.status);
@@ -936,40 +909,29 @@ void Scheduler::image_loop() {
   }
   // Shutdown: what was running goes back to the queue; its partial output is discarded.
   for (auto& j : image_running_) db_.requeue(j->id);
+  for (auto& j : image_waiting_)
+    if (j->started_once && !j->done) db_.requeue(j->id);
 }
 
 LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {
-  // What load_diffusion reads from the request is part of the key.
+  // What load_image reads from the request is part of the key.
   const std::string key = resolved.path + "|" + r.prediction + "|" + r.preview_decoder + "|" + r.tokenizer;
   if (auto it = image_models_.find(key); it != image_models_.end()) {
     it->second->last_used = ++use_clock_;
     return it->second.get();
   }
-  // The checkpoint's size stands for what it holds loaded (F16 stays F16;
-  // a diffusers folder: the sum of its files).
-  int64_t bytes = 0;
-  {
-    std::error_code ec;
-    if (std::filesystem::is_directory(resolved.path, ec)) {
-      for (const auto& f : std::filesystem::recursive_directory_iterator(resolved.path, ec))
-        if (f.is_regular_file(ec)) bytes += static_cast<int64_t>(f.file_size(ec));
-    } else {
-      const auto n = std::filesystem::file_size(resolved.path, ec);
-      bytes = ec ? 0 : static_cast<int64_t>(n);
-    }
+  evict_image_models(model_file_bytes(resolved.path));
+  auto slot = runner_->load_image(r, resolved);
+  if (!slot.ok()) {
+    error = slot.status();
+    return nullptr;
   }
-  evict_image_models(bytes);
   auto lm = std::make_unique<LoadedImage>();
-  lm->bytes = bytes;
+  lm->slot = std::move(slot.value());
+  lm->bytes = lm->slot->bytes;
   lm->key = key;
   lm->version = resolved.digest;
   lm->name = resolved.in_store ? resolved.display : resolved.path;
-  lm->pool = std::make_unique<ThreadPool>(config_.threads, config_.image_nice);
-  error = guarded([&]() -> Status {
-    lm->model = load_diffusion(r, resolved, resolved.path, lm->pool.get());
-    return Status{};
-  });
-  if (!error.ok()) return nullptr;
   lm->last_used = ++use_clock_;
   model_bytes_ += lm->bytes;
   LoadedImage* raw = lm.get();
@@ -977,84 +939,80 @@ LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedMod
   return raw;
 }
 
+bool Scheduler::preempt_image_for(const ImageJob& requester, int64_t now) {
+  ImageJob* victim = preemption_victim(image_running_, &requester, now);
+  if (!victim) return false;
+  // Its images stay in flight (latents, sampler state): it resumes at its next step.
+  metrics_.on_preempt();
+  auto it = std::find_if(image_running_.begin(), image_running_.end(), [&](const auto& p) { return p.get() == victim; });
+  image_waiting_.push_back(std::move(*it));
+  image_running_.erase(it);
+  return true;
+}
+
 void Scheduler::admit_images(int64_t now) {
   if (lane_paused_ || image_waiting_.empty()) return;
-  std::stable_sort(image_waiting_.begin(), image_waiting_.end(), [&](const auto& a, const auto& b) {
-    const double pa = effective_priority(*a, now), pb = effective_priority(*b, now);
-    return pa > pb || (pa == pb && a->id < b->id);
-  });
-  int images = 0;
-  for (const auto& j : image_running_) images += j->req.batch_size;
-  for (auto& jp : image_waiting_) {
+  order_for_admission(image_waiting_, now);
+  const auto running_images = [&] {
+    int images = 0;
+    for (const auto& j : image_running_) images += j->req.batch_size;
+    return images;
+  };
+  int images = running_images();
+  // A snapshot: preemption below appends to image_waiting_.
+  std::vector<ImageJob*> order;
+  for (auto& p : image_waiting_) order.push_back(p.get());
+  for (ImageJob* jp : order) {
     ImageJob& j = *jp;
     if (j.done) continue;
     // A job larger than the whole budget still runs, alone.
-    if (images > 0 && images + j.req.batch_size > config_.max_image_batch) break;
-    const Result<ResolvedModel> resolved = resolve_image_model(j.req.model, config_.store_dir);
-    if (!resolved.ok()) {
-      finish_image(j, JobState::Failed, resolved.status());
-      continue;
-    }
-    // A one-pass generator (QuickDraw) has no steps to share: made here,
-    // whole. A header that does not even parse goes the diffusion way, whose
-    // loader names what is wrong.
-    bool one_pass = false;
-    guarded([&]() -> Status {
-      one_pass = is_one_pass_image_model(resolved.value(), resolved->path);
-      return Status{};
-    });
-    if (one_pass) {
-      j.version = resolved->digest;
-      j.name = resolved->in_store ? resolved->display : resolved->path;
-      if (!db_.mark_running(j.id, now)) {
-        j.done = true;
+    const auto full = [&] { return images > 0 && images + j.req.batch_size > config_.max_image_batch; };
+    while (full() && preempt_image_for(j, now)) images = running_images();
+    if (full()) break;  // admission in priority order: lower jobs wait behind this one
+    if (!j.run) {
+      const Result<ResolvedModel> resolved = resolve_image_model(j.req.model, config_.store_dir);
+      if (!resolved.ok()) {
+        finish_image(j, JobState::Failed, resolved.status());
         continue;
       }
-      j.started_ms = now;
-      j.started = Clock::now();
-      Event ev;
-      ev.type = EventType::Started;
-      ev.job = j.id;
-      hub_.publish(ev);
-      auto made = generate_image(j.req, config_.store_dir);
-      if (!made.ok()) {
-        finish_image(j, JobState::Failed, made.status());
+      if (runner_->is_one_pass(resolved.value())) {
+        // A one-pass generator (QuickDraw) has no steps to share: made here, whole.
+        j.version = resolved->digest;
+        j.name = resolved->in_store ? resolved->display : resolved->path;
+        if (!start_job(j, now)) continue;
+        auto made = runner_->generate_one_pass(j.req);
+        if (!made.ok()) {
+          finish_image(j, JobState::Failed, made.status());
+          continue;
+        }
+        j.one_pass = std::move(made.value());
+        finish_image(j, JobState::Completed);
         continue;
       }
-      j.one_pass = std::move(made.value());
-      finish_image(j, JobState::Completed);
-      continue;
-    }
-    Status err;
-    LoadedImage* m = image_model_for(j.req, resolved.value(), err);
-    if (!m) {
-      finish_image(j, JobState::Failed, err);
-      continue;
-    }
-    if (!db_.mark_running(j.id, now)) {  // cancelled meanwhile
-      j.done = true;
-      continue;
-    }
-    j.model = m;
-    j.started_ms = now;
-    j.started = Clock::now();
-    Event ev;
-    ev.type = EventType::Started;
-    ev.job = j.id;
-    hub_.publish(ev);
-    // Encodes the prompts (and an init image): a model call, done once.
-    err = guarded([&]() -> Status {
-      j.run = std::make_unique<ImageRun>(*m->model, j.req);
-      return Status{};
-    });
-    if (!err.ok()) {
-      finish_image(j, JobState::Failed, err);
-      continue;
+      Status err;
+      LoadedImage* m = image_model_for(j.req, resolved.value(), err);
+      if (!m) {
+        finish_image(j, JobState::Failed, err);
+        continue;
+      }
+      if (!start_job(j, now)) continue;
+      j.model = m;
+      // Encodes the prompts (and an init image): a model call, done once.
+      err = guarded([&]() -> Status {
+        j.run = std::make_unique<ImageRun>(*m->slot->model, j.req);
+        return Status{};
+      });
+      if (!err.ok()) {
+        finish_image(j, JobState::Failed, err);
+        continue;
+      }
     }
     images += j.req.batch_size;
-    image_running_.push_back(std::move(jp));
+    auto it = std::find_if(image_waiting_.begin(), image_waiting_.end(), [&](const auto& p) { return p.get() == jp; });
+    image_running_.push_back(std::move(*it));
+    image_waiting_.erase(it);
   }
-  // The lane's sweep removes the moved and finished entries (and releases their ids).
+  // The lane's sweep removes the finished entries (and releases their ids).
 }
 
 void Scheduler::image_step() {
@@ -1075,10 +1033,7 @@ void Scheduler::image_step() {
       for (image::ImageTask* t : j->run->live()) tasks.push_back(t);
     }
   const auto t0 = Clock::now();
-  Status st = guarded([&]() -> Status {
-    image::run_step(*m->model->model, tasks);
-    return Status{};
-  });
+  const Status st = runner_->execute_image(*m->slot, tasks);
   metrics_.on_image_step(static_cast<int>(tasks.size()), ms_between(t0, Clock::now()));
   if (!st.ok()) {
     for (ImageJob* j : jobs) finish_image(*j, JobState::Failed, st);

@@ -1,21 +1,31 @@
-// The executor: one thread per device (the CPU here) that runs the queue with
-// continuous batching. At every step running sequences decode one token each,
-// admitted ones prefill in chunks under a per-step token budget, finished and
-// cancelled ones leave at once. KV memory is paged (text/kv_cache.h): a job
-// starts only when its prompt's blocks fit, identical prompt prefixes share
-// blocks, and the lowest-priority sequence is preempted (and later
-// recomputed) when memory runs out.
+// The scheduler of one device: it turns the durable queue into running jobs
+// and hands their work to the device's Runner (serve/runner.h) as plans.
 //
-// Image jobs run on an image lane: a second thread of the same executor with
-// its own thread pool, whose threads run at a lower OS priority
-// (EngineConfig::image_nice), so a text step never waits for a UNet call (a
-// 512x512 one takes seconds here) and takes the cores while it runs; alone,
-// images use every core. The executor thread reads the queue and hands image
-// jobs, cancels and priority changes to the lane. Every image step advances
-// the running image jobs of one model by one network evaluation, all their
-// images in one UNet call per latent size (each row its own timestep), so a
-// new image job joins at the next step and a cancelled one leaves before the
-// next call. A Preview event follows every step.
+// One job life cycle for text and images (a JobBase each): read from the
+// queue, admitted in order of aged priority (a waiting job gains a point per
+// aging_ms, interactive ones start kInteractiveBoost higher) when its memory
+// fits, preempted by a higher one when memory or the image batch runs out
+// (kept in memory, resumed later: a text job recomputes its KV, an image job
+// continues at its next step), cancelled within one step, finished into the
+// database with an event and the metrics.
+//
+// Text, on the executor thread: continuous batching shaped as vLLM's
+// schedule() / update_from_output(). At every step running sequences decode
+// one token each, admitted ones prefill in chunks under a per-step token
+// budget, finished and cancelled ones leave at once. KV memory is paged
+// (text/kv_cache.h): a job starts only when its prompt's blocks fit,
+// identical prompt prefixes share blocks, and the lowest-priority sequence is
+// preempted (and later recomputed) when memory runs out.
+//
+// Images, on the image lane: a second thread whose device calls run at a
+// lower OS priority (EngineConfig::image_nice), so a text step never waits for
+// a UNet call (a 512x512 one takes seconds here) and takes the cores while it
+// runs; alone, images use every core. The executor thread reads the queue and
+// hands image jobs, cancels and priority changes to the lane. Every image
+// step advances the running image jobs of one model by one network
+// evaluation, all their images in one UNet call per latent size (each row its
+// own timestep), so a new image job joins at the next step and a cancelled
+// one leaves before the next call. A Preview event follows every step.
 #pragma once
 
 #include <atelier/engine.h>
@@ -31,21 +41,23 @@
 #include <vector>
 
 #include "serve/events.h"
-#include "serve/metrics.h"
 #include "serve/job_db.h"
+#include "serve/metrics.h"
+#include "serve/runner.h"
 
 namespace atelier {
 
+struct JobBase;
 struct Sequence;
 struct LoadedModel;
 struct ImageJob;
 struct LoadedImage;
 struct TextPlan;
-struct TextOutput;
 
 class Scheduler {
  public:
-  Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics);
+  Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics,
+            std::unique_ptr<Runner> runner);
   ~Scheduler();  // stops the executor; running jobs go back to the queue
 
   void notify();                      // something changed in the queue
@@ -61,10 +73,20 @@ class Scheduler {
   void run();
   void refresh_queue(int64_t now_ms);
   bool admit(int64_t now_ms);
-  void step();  // schedule_text, execute_text, update_from_output
-  bool schedule_text(TextPlan& plan);                 // false: nothing to run this step
-  TextOutput execute_text(const TextPlan& plan);      // the runner: forward pass and sampling
+  void step();  // schedule_text, the runner's execute_text, update_from_output
+  bool schedule_text(TextPlan& plan);  // false: nothing to run this step
   void update_from_output(const TextPlan& plan, const TextOutput& out);
+  // The life cycle both kinds share.
+  double effective_priority(const JobBase& j, int64_t now_ms) const;
+  template <class Job>
+  void order_for_admission(std::vector<std::unique_ptr<Job>>& jobs, int64_t now_ms) const;
+  // The running job to preempt for REQUESTER (nullptr: any): the lowest
+  // aged priority, the newest among equals; nullptr when none ranks below it.
+  template <class Job>
+  Job* preemption_victim(std::vector<std::unique_ptr<Job>>& running, const JobBase* requester, int64_t now_ms) const;
+  // Marks J running (first admission only): the database, its Started event.
+  // False when it was cancelled meanwhile (J is then done).
+  bool start_job(JobBase& j, int64_t now_ms);
   void finish(Sequence& s, JobState state, const std::string& reason, const Status& error = {});
   // Records a job's end in the database (Completed: with its result, unless
   // another process cancelled it that instant) and publishes EV as the final event.
@@ -78,14 +100,15 @@ class Scheduler {
   // thread's least recently used idle models until NEED_BYTES more fit.
   void evict_text_models(int64_t need_bytes);
   void evict_image_models(int64_t need_bytes);
-  double effective_priority(const Sequence& s, int64_t now_ms) const;
   bool ended_here(JobId id) const;  // finished_ (either thread)
   // Image jobs (scheduler.cpp, bottom), on the image lane's thread.
   void image_loop();
   void hand_to_lane(std::unique_ptr<ImageJob> job);  // executor thread
   bool in_lane(JobId id) const;
-  double effective_priority(const ImageJob& j, int64_t now_ms) const;
   void admit_images(int64_t now_ms);
+  // Sends the lowest running image job below REQUESTER back to waiting (its
+  // images in flight kept); false when none ranks below it.
+  bool preempt_image_for(const ImageJob& requester, int64_t now_ms);
   void image_step();
   void finish_image(ImageJob& j, JobState state, const Status& error = {});
   LoadedImage* image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error);
@@ -95,6 +118,7 @@ class Scheduler {
   EventHub& hub_;
   MetricsRecorder& metrics_;
   AlertRules rules_;
+  std::unique_ptr<Runner> runner_;
 
   mutable std::mutex mu_;             // guards the fields below shared with API threads
   std::condition_variable cv_;

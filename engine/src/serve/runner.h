@@ -1,0 +1,90 @@
+// The runner: what the scheduler asks one device to do. The scheduler owns
+// the jobs (admission, priority, preemption, cancel, finishing); a runner
+// owns what computes (weights, KV storage, activations, threads) and executes
+// the plans it is handed, without knowing which job an input belongs to.
+//
+// A runner has two lanes, like a GPU's two streams: execute_text is called
+// from the scheduler's text thread and execute_image (and the image models'
+// own calls: prompt encoding, decoding) from its image thread, at the same
+// time; each lane's calls come one at a time. Loading happens on the lane
+// that uses the model.
+//
+// The CPU runner (cpu_runner.cpp) is today's engine; tests/serve drives the
+// scheduler with a fake one (timed steps, no arithmetic).
+#pragma once
+
+#include <atelier/engine.h>
+#include <atelier/models.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/image_job.h"
+#include "text/generation.h"
+#include "text/kv_cache.h"
+#include "text/llama.h"
+
+namespace atelier {
+
+// A text model loaded on the device, as the scheduler sees it; the runner
+// keeps its weights and executor in a subclass.
+struct TextSlot {
+  virtual ~TextSlot() = default;
+  const tok::Tokenizer* tokenizer = nullptr;
+  int n_ctx = 0;                     // the most tokens one sequence may hold
+  std::unique_ptr<text::KvPool> kv;  // block bookkeeping on the host, rows in the device's buffer
+  int64_t bytes = 0;                 // weights and KV: what the model cache counts
+};
+
+// An image model loaded on the device: the pipeline's view of it (the
+// DiffusionModel whose calls run on the device) and its CLIP vocabulary.
+struct ImageSlot {
+  virtual ~ImageSlot() = default;
+  std::unique_ptr<LoadedDiffusion> model;
+  int64_t bytes = 0;
+};
+
+// One text step: every input stores its tokens' KV; an input whose sampler is
+// set gets its last token's logits in sampler->logits() and samples from them.
+struct TextBatch {
+  std::vector<text::SeqInput> inputs;
+  std::vector<text::Generation*> samplers;  // per input; nullptr: no logits wanted
+};
+
+struct TextOutput {
+  Status status;
+  std::vector<int32_t> sampled;  // per input, -1 where it sampled nothing
+  double step_ms = 0;            // the forward pass and sampling
+};
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual std::string device() const = 0;  // "cpu"
+
+  // Loads the text model RESOLVED names, with a KV pool of the engine's budget.
+  virtual Result<std::unique_ptr<TextSlot>> load_text(const ResolvedModel& resolved) = 0;
+  // One forward pass over every input of BATCH (all on MODEL), then sampling.
+  virtual TextOutput execute_text(TextSlot& model, const TextBatch& batch) = 0;
+
+  // A one-pass generator (the QuickDraw CVAE): no steps to share, made whole.
+  virtual bool is_one_pass(const ResolvedModel& resolved) = 0;
+  virtual Result<std::vector<ImageResult>> generate_one_pass(const ImageRequest& request) = 0;
+  // Loads a diffusion model (what the request says about prediction,
+  // preview decoder and vocabulary is part of what is loaded).
+  virtual Result<std::unique_ptr<ImageSlot>> load_image(const ImageRequest& request, const ResolvedModel& resolved) = 0;
+  // One network evaluation of every task (all on MODEL): image::run_step.
+  virtual Status execute_image(ImageSlot& model, const std::vector<image::ImageTask*>& tasks) = 0;
+};
+
+// Bytes of a model file, or of every file of a diffusers folder (0 when
+// unreadable): what the model cache expects a model to hold before it loads.
+int64_t model_file_bytes(const std::string& path);
+
+// The CPU runner over the engine's configuration (threads, KV type and
+// budget, the image lane's OS priority, the store).
+std::unique_ptr<Runner> make_cpu_runner(const EngineConfig& config);
+
+}  // namespace atelier
