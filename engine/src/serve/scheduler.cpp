@@ -627,8 +627,11 @@ bool Scheduler::schedule_text(TextPlan& plan) {
   bool any_decoding = false;
   for (const auto& s : running_) any_decoding |= s->gen->n_tokens() - s->n_past == 1;
   int budget = any_decoding ? config_.prefill_tokens_per_step : std::max(config_.prefill_tokens_per_step, kIdlePrefillTokens);
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence* s = running_[i].get();
+  // A snapshot: preemption below moves sequences out of running_.
+  std::vector<Sequence*> order;
+  for (auto& p : running_) order.push_back(p.get());
+  for (Sequence* s : order) {
+    if (!s->kv) continue;  // preempted for an earlier one this step
     if (defer_batch && !s->req.interactive) continue;
     const int pending = s->gen->n_tokens() - s->n_past;
     int n = pending;
@@ -879,9 +882,10 @@ void Scheduler::image_loop() {
         if (j->id == id && !j->done) finish_image(*j, JobState::Cancelled);
     }
     if (queued) {
-      // Another process cancelled or cleared these while they waited here.
+      // Another process cancelled or cleared these while they waited here
+      // (a preempted job is "running" in the database: its cancel comes as a request).
       for (auto& j : image_waiting_) {
-        if (!j->done && !queued->count(j->id)) {
+        if (!j->done && !j->started_once && !queued->count(j->id)) {
           j->done = true;
           {
             std::lock_guard<std::mutex> lock(lane_mu_);
