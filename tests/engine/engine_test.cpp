@@ -368,3 +368,37 @@ TEST(Engine, ErrorRateAlertIsRaised) {
   ASSERT_EQ(m.active_alerts.size(), 1u);
   EXPECT_NE(m.active_alerts[0].find("error rate"), std::string::npos);
 }
+
+// A job that runs into the context ends at the same token through the queue
+// as through TextModel::generate: the sequence may hold n_ctx + 1 tokens (the
+// last sampled one needs no KV slot), so n_ctx + 1 - prompt new tokens.
+TEST(Engine, ContextLimitIsTheSameAsGenerate) {
+  auto model = TextModel::open(kModel);
+  ASSERT_TRUE(model.ok()) << model.status().message;
+  const int n_ctx = std::min(model.value()->info().n_ctx_train, 4096);  // TextModelOptions::context_tokens = 0
+  ASSERT_GT(n_ctx, 8);
+  TextRequest r = request(0);
+  r.max_new_tokens = n_ctx;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  auto direct = model.value()->generate(r);
+  ASSERT_TRUE(direct.ok()) << direct.status().message;
+  const int n_prompt = static_cast<int>(direct->prompt_ids.size());
+  EXPECT_EQ(direct->stats.stop_reason, "context");
+  EXPECT_EQ(static_cast<int>(direct->ids.size()), n_ctx + 1 - n_prompt);
+
+  TempDir dir("context");
+  auto engine = Engine::open(config(dir.path));
+  ASSERT_TRUE(engine.ok()) << engine.status().message;
+  auto collector = std::make_shared<Collector>();
+  engine.value()->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
+  auto id = engine.value()->submit(r);
+  ASSERT_TRUE(id.ok()) << id.status().message;
+  ASSERT_TRUE(engine.value()->wait_idle(120'000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // event delivery is asynchronous
+  auto info = engine.value()->job(id.value());
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->state, JobState::Completed);
+  EXPECT_EQ(completed_ids(collector->of(id.value())), direct->ids);
+  EXPECT_EQ(info->stop_reason, "context");
+}

@@ -551,7 +551,9 @@ bool Scheduler::admit(int64_t now) {
         finish(s, JobState::Failed, "error", st);
         continue;
       }
-      s.gen = std::make_unique<text::Generation>(tokenizer, s.req, std::move(prompt), m->slot->n_ctx);
+      // As TextModel::generate: the last sampled token needs no KV slot, so
+      // the sequence may hold n_ctx + 1 tokens.
+      s.gen = std::make_unique<text::Generation>(tokenizer, s.req, std::move(prompt), m->slot->n_ctx + 1);
     }
     s.kv = std::make_unique<text::PagedSeq>(*m->slot->kv);
     const int cached = s.kv->attach_prefix(s.gen->token_data(), s.gen->n_tokens() - 1);
