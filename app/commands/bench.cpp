@@ -212,7 +212,9 @@ int run_bench_mixed(const BenchMixedOptions& o) {
                      {"image_seconds_alone", r.image_seconds_alone},
                      {"image_seconds_alone_runs", r.image_seconds_alone_runs},
                      {"image_seconds_with_text", r.image_seconds_with_text},
-                     {"image_slowdown", r.image_slowdown}});
+                     {"image_slowdown", r.image_slowdown},
+                     {"text_seconds_alone", r.text_seconds_alone},
+                     {"image_slowdown_floor", r.image_slowdown_floor}});
     return 0;
   }
   std::printf("text  %s: %d interactive jobs of %d tokens, one after another\n", o.text_model.c_str(), o.bench.text_jobs,
@@ -226,6 +228,8 @@ int run_bench_mixed(const BenchMixedOptions& o) {
               o.bench.text_jobs);
   std::printf("image alone %.2f s (before %.2f, after %.2f), with text %.2f s: %.3fx\n", r.image_seconds_alone,
               r.image_seconds_alone_runs.at(0), r.image_seconds_alone_runs.at(1), r.image_seconds_with_text, r.image_slowdown);
+  std::printf("text's own work %.2f s alone: no schedule on these cores beats %.3fx (measured / floor %.3f)\n",
+              r.text_seconds_alone, r.image_slowdown_floor, r.image_slowdown_floor > 0 ? r.image_slowdown / r.image_slowdown_floor : 0.0);
   return 0;
 }
 

@@ -171,6 +171,35 @@ TEST(Cli, SynthThenGenerateAndBench) {
   fs::remove(again);
 }
 
+// bench mixed: its figures agree with one another (the slowdown is the
+// ratio of the image's times, the alone time the mean of its two runs, the
+// floor the image plus the text work that ran inside it).
+TEST(Cli, BenchMixedFiguresAreConsistent) {
+  const std::string sd = (fs::temp_directory_path() / ("atelier_cli_mixed_" + std::to_string(::getpid()) + ".safetensors")).string();
+  ASSERT_EQ(run({"models", "synth", "--arch", "sd15", "--width-mult", "0.1", "--type", "f32", "-o", sd}).code, 0);
+  const std::string text = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf";
+  CliRun r = run({"bench", "mixed", "-m", text, "--image-model", sd, "-W", "64", "-H", "64", "--steps", "3", "--text-jobs", "2",
+                  "-n", "4", "--text-start", "0", "--json"});
+  CliRun bad = run({"bench", "mixed", "-m", text, "--image-model", sd, "-W", "60"});
+  fs::remove(sd);
+  EXPECT_EQ(bad.code, 2) << bad.err;  // not a multiple of 8
+  EXPECT_NE(bad.err.find("multiples of 8"), std::string::npos) << bad.err;
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const double alone = j["image_seconds_alone"].get<double>(), with = j["image_seconds_with_text"].get<double>();
+  const auto runs = j["image_seconds_alone_runs"].get<std::vector<double>>();
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_NEAR(alone, 0.5 * (runs[0] + runs[1]), 1e-9);
+  ASSERT_GT(alone, 0);
+  EXPECT_NEAR(j["image_slowdown"].get<double>(), with / alone, 1e-9);
+  const int inside = j["text_jobs_during_image"].get<int>();
+  EXPECT_GE(inside, 0);
+  EXPECT_LE(inside, 2);
+  const double text_s = j["text_seconds_alone"].get<double>();
+  EXPECT_GT(text_s, 0);
+  EXPECT_NEAR(j["image_slowdown_floor"].get<double>(), (alone + text_s * inside / 2.0) / alone, 1e-9);
+}
+
 // `tokenize --no-bos` on vocabulary-only files reproduces llama.cpp's vectors
 // (the first strings of each .inp/.out pair), tokenizer.json included.
 TEST(Cli, TokenizeVocabularyFiles) {

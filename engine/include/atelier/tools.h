@@ -133,6 +133,12 @@ struct MixedBenchResult {
   double image_seconds_alone = 0, image_seconds_with_text = 0;  // alone: the mean of the runs before and after
   std::vector<double> image_seconds_alone_runs;
   double image_slowdown = 0;                          // with text / alone
+  // The text jobs' own work: their wall time alone, on every core. A machine
+  // whose cores are all busy with the image must find that time somewhere,
+  // so (image alone + this share) / image alone is the least slowdown any
+  // schedule can give; image_slowdown / image_slowdown_floor is the rest.
+  double text_seconds_alone = 0;
+  double image_slowdown_floor = 0;
 };
 Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const std::string& image_model_path,
                                      const MixedBenchOptions& options);
