@@ -248,9 +248,40 @@ LlamaWeights load_llama2c(const std::string& path) {
 // ---------------------------------------------------------------- forward pass
 
 LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex)
-    : w_(w), own_backend_(kernels::make_cpu_backend(ex)), be_(*own_backend_) {}
+    : w_(w), own_backend_(kernels::make_cpu_backend(ex)), be_(*own_backend_) {
+  upload_vectors();
+}
 
-LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Backend& backend) : w_(w), be_(backend) {}
+LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Backend& backend) : w_(w), be_(backend) { upload_vectors(); }
+
+void LlamaRunner::upload_vectors() {
+  // Each vector 64-byte aligned (16 floats), in one buffer; an empty one stays nullptr.
+  auto round = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16); };
+  std::vector<const std::vector<float>*> all = {&w_.output_norm, &w_.rope_freq_factors};
+  for (const LlamaLayer& L : w_.layers)
+    for (const std::vector<float>* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv}) all.push_back(v);
+  int64_t total = 0;
+  for (const auto* v : all) total += round(v->size());
+  vectors_ = be_.alloc(std::max<int64_t>(total, 16) * int64_t{sizeof(float)});
+  std::vector<const float*> where;
+  int64_t at = 0;
+  for (const auto* v : all) {
+    if (v->empty()) {
+      where.push_back(nullptr);
+      continue;
+    }
+    be_.upload(*vectors_, at * int64_t{sizeof(float)}, v->data(), static_cast<int64_t>(v->size() * sizeof(float)));
+    where.push_back(vectors_->at<float>(at * int64_t{sizeof(float)}));
+    at += round(v->size());
+  }
+  output_norm_ = where[0];
+  rope_factors_ = where[1];
+  layer_vectors_.resize(w_.layers.size());
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const float* const* p = &where[2 + 5 * l];
+    layer_vectors_[l] = {p[0], p[1], p[2], p[3], p[4]};
+  }
+}
 
 void LlamaRunner::ensure_workspace(int n, int n_logits) {
   const LlamaHparams& hp = w_.hp;
@@ -376,7 +407,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   rq.freq_base = hp.rope_freq_base;
   rq.freq_scale = hp.rope_freq_scale;
   rq.neox = hp.rope_neox;
-  rq.freq_factors = w_.rope_freq_factors.empty() ? nullptr : w_.rope_freq_factors.data();
+  rq.freq_factors = rope_factors_;
   kernels::RopeParams rk = rq;
   rk.n_heads = hp.n_head_kv;
   kernels::PagedAttention att;
@@ -390,17 +421,18 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   att.block_tables = dm + o_tables;
 
   be_.get_rows(w_.tok_embd, dm + o_ids, x_, rows);
-  be_.rms_norm(x_, w_.layers[0].attn_norm.data(), xn_, rows, d, hp.rms_eps);
+  be_.rms_norm(x_, layer_vectors_[0].attn_norm, xn_, rows, d, hp.rms_eps);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
+    const LayerVectors& V = layer_vectors_[static_cast<size_t>(l)];
     {
       const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
       float* y[] = {q_, k_, v_};
       be_.matmul_many(w, y, 3, xn_, rows);
     }
-    if (!L.bq.empty()) be_.add_bias(q_, L.bq.data(), rows, qd);
-    if (!L.bk.empty()) be_.add_bias(k_, L.bk.data(), rows, kvd);
-    if (!L.bv.empty()) be_.add_bias(v_, L.bv.data(), rows, kvd);
+    if (V.bq) be_.add_bias(q_, V.bq, rows, qd);
+    if (V.bk) be_.add_bias(k_, V.bk, rows, kvd);
+    if (V.bv) be_.add_bias(v_, V.bv, rows, kvd);
     att.layer = l;
     if (n_storages == 1) {  // the usual step: every row in one pool
       be_.rope_store_kv(q_, k_, v_, rows, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
@@ -415,7 +447,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
     }
     be_.matmul(L.wo, att_, tmp_, rows);
-    be_.add_rms_norm(x_, tmp_, L.ffn_norm.data(), xn_, rows, d, hp.rms_eps);
+    be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rows, d, hp.rms_eps);
     {
       const WeightView* w[] = {&L.w_gate, &L.w_up};
       float* y[] = {gate_, up_};
@@ -424,14 +456,14 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     be_.swiglu(gate_, up_, gate_, rows, ff);
     be_.matmul(L.w_down, gate_, tmp_, rows);
     // The residual, and the next layer's attention norm with it.
-    const float* next_norm = l + 1 < hp.n_layer ? w_.layers[static_cast<size_t>(l) + 1].attn_norm.data() : nullptr;
+    const float* next_norm = l + 1 < hp.n_layer ? layer_vectors_[static_cast<size_t>(l) + 1].attn_norm : nullptr;
     be_.add_rms_norm(x_, tmp_, next_norm, xn_, rows, d, hp.rms_eps);
   }
   if (n_logits == 0) return;
   // The last row of every sequence that wants logits, gathered, through one
   // matmul (row-invariant, so each row's logits are those it would get alone).
   be_.copy_rows(x_, dm + o_logit, tmp_, n_logits, d);
-  be_.rms_norm(tmp_, w_.output_norm.data(), xn_, n_logits, d, hp.rms_eps);
+  be_.rms_norm(tmp_, output_norm_, xn_, n_logits, d, hp.rms_eps);
   be_.matmul(w_.output, xn_, logits_, n_logits);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = reinterpret_cast<uint8_t*>(logits_) - work_->at<uint8_t>(0);

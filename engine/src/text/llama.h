@@ -104,10 +104,20 @@ class LlamaRunner {
  private:
   void ensure_workspace(int rows, int n_logits);
   void ensure_meta(int64_t int32s);
+  void upload_vectors();
 
   const LlamaWeights& w_;
   std::unique_ptr<kernels::Backend> own_backend_;  // the CPU backend of the Executor constructor
   kernels::Backend& be_;
+  // The weights' vectors (norms, biases, RoPE factors) in one buffer of the
+  // backend, uploaded once, so every op reads device memory (the matrices
+  // are the backend's own through prepare_weights).
+  struct LayerVectors {
+    const float *attn_norm = nullptr, *ffn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  };
+  std::unique_ptr<kernels::Buffer> vectors_;
+  std::vector<LayerVectors> layer_vectors_;
+  const float *output_norm_ = nullptr, *rope_factors_ = nullptr;
   // Activations: rows x (x, xn, tmp: n_embd; q, att: n_head*head_dim;
   // k, v: n_head_kv*head_dim; gate, up: n_ff); logits: n_logits x n_vocab.
   std::unique_ptr<kernels::Buffer> work_;
