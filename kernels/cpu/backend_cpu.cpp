@@ -263,13 +263,16 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
   auto task = [&](int64_t begin, int64_t end) {
     // Grown once per thread to the longest span seen, then reused.
     thread_local std::vector<float> scores;
-    const size_t need = static_cast<size_t>(span) * static_cast<size_t>(std::max(a.max_len, 1));
+    const int most = a.window > 0 ? std::min(a.max_len, a.window) : a.max_len;
+    const size_t need = static_cast<size_t>(span) * static_cast<size_t>(std::max(most, 1));
     if (scores.size() < need) scores.resize(need);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / chunks;
       const int h0 = static_cast<int>(t % chunks) * span, h1 = std::min(a.n_head, h0 + span);
       const int len = a.row_len[i];
       if (len <= 0) continue;
+      // The attended positions [first, len); scores are indexed from first.
+      const int first = a.window > 0 ? std::max(0, len - a.window) : 0, n_att = len - first;
       const int32_t* table = a.block_tables + a.row_table[i];
       const float* qi = q + i * qd;
       float* o = out + i * qd;
@@ -281,26 +284,26 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
       // Runs of contiguous cached rows: the rest of each block. Each
       // position's dot is the one-row dot, and the V accumulation is one FMA
       // per position in position order, so the grouping never changes a bit.
-      for (int p = 0; p < len;) {
+      for (int p = first; p < len;) {
         const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
         const int n = std::min(bt - p % bt, len - p);
-        float* s = scores.data() + p;
-        if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, len);
-        else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, len);
+        float* s = scores.data() + (p - first);
+        if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, n_att);
+        else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, n_att);
         for (int h = h0; h < h1; ++h)
-          for (int j = 0; j < n; ++j) s[(h - h0) * len + j] *= a.scale;
+          for (int j = 0; j < n; ++j) s[(h - h0) * n_att + j] *= a.scale;
         p += n;
       }
       for (int h = h0; h < h1; ++h) {
-        kernels::softmax(scores.data() + static_cast<size_t>(h - h0) * static_cast<size_t>(len), len);
+        kernels::softmax(scores.data() + static_cast<size_t>(h - h0) * static_cast<size_t>(n_att), n_att);
         std::fill(o + h * hd, o + (h + 1) * hd, 0.0f);
       }
-      for (int p = 0; p < len;) {
+      for (int p = first; p < len;) {
         const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
         const int n = std::min(bt - p % bt, len - p);
-        const float* w = scores.data() + p;
-        if (f16) axpy_f16_heads(w, len, kv_row<const uint16_t>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
-        else axpy_f32_heads(w, len, kv_row<const float>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
+        const float* w = scores.data() + (p - first);
+        if (f16) axpy_f16_heads(w, n_att, kv_row<const uint16_t>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
+        else axpy_f32_heads(w, n_att, kv_row<const float>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
         p += n;
       }
     }
@@ -421,9 +424,11 @@ void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const floa
     const int32_t* table = a.block_tables + a.row_table[i];
     for (int h = 0; h < a.n_head; ++h) {
       const int64_t kvh = h / group;
-      std::vector<double> s(static_cast<size_t>(len));
+      // Every position gets a score; those before the window weigh nothing.
+      std::vector<double> s(static_cast<size_t>(len), -INFINITY);
       double mx = -INFINITY;
       for (int p = 0; p < len; ++p) {
+        if (a.window > 0 && p < len - a.window) continue;
         const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
         double d = 0;
         for (int64_t j = 0; j < hd; ++j) d += double{q[i * qd + h * hd + j]} * elem(kv.k, slot, kvh * hd + j);
@@ -435,6 +440,7 @@ void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const floa
       for (int64_t j = 0; j < hd; ++j) {
         double acc = 0;
         for (int p = 0; p < len; ++p) {
+          if (s[static_cast<size_t>(p)] == 0) continue;
           const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
           acc += s[static_cast<size_t>(p)] * elem(kv.v, slot, kvh * hd + j);
         }

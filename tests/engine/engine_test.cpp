@@ -16,6 +16,8 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/engine_test_util.h"
+
 using namespace atelier;
 namespace fs = std::filesystem;
 
@@ -373,11 +375,15 @@ TEST(Engine, ErrorRateAlertIsRaised) {
 // as through TextModel::generate: the sequence may hold n_ctx + 1 tokens (the
 // last sampled one needs no KV slot), so n_ctx + 1 - prompt new tokens.
 TEST(Engine, ContextLimitIsTheSameAsGenerate) {
-  auto model = TextModel::open(kModel);
+  // A 64-token context keeps the run short.
+  const std::string path = test::stories_with_context(64);
+  ASSERT_FALSE(path.empty());
+  auto model = TextModel::open(path);
   ASSERT_TRUE(model.ok()) << model.status().message;
-  const int n_ctx = std::min(model.value()->info().n_ctx_train, 4096);  // TextModelOptions::context_tokens = 0
-  ASSERT_GT(n_ctx, 8);
+  const int n_ctx = model.value()->info().n_ctx_train;  // TextModelOptions::context_tokens = 0: the training length
+  ASSERT_EQ(n_ctx, 64);
   TextRequest r = request(0);
+  r.model = path;
   r.max_new_tokens = n_ctx;
   r.ignore_eos = true;
   r.sampling.temperature = 0;
@@ -401,4 +407,6 @@ TEST(Engine, ContextLimitIsTheSameAsGenerate) {
   ASSERT_EQ(info->state, JobState::Completed);
   EXPECT_EQ(completed_ids(collector->of(id.value())), direct->ids);
   EXPECT_EQ(info->stop_reason, "context");
+  engine.value().reset();
+  std::filesystem::remove(path);
 }

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -35,6 +37,24 @@ inline const std::string& narrow_sd_model() {
     file.path = p;
   }
   return file.path;
+}
+
+// The fixture stories260K.gguf with llama.context_length set to CTX (the
+// UINT32 after the key, as GGUF lays it out), written to a temporary file.
+inline std::string stories_with_context(uint32_t ctx) {
+  std::ifstream in(std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string key = "llama.context_length";
+  const size_t at = bytes.find(key);
+  uint32_t type = 0;
+  if (at != std::string::npos) std::memcpy(&type, bytes.data() + at + key.size(), 4);
+  EXPECT_EQ(type, 4u) << "llama.context_length should be a GGUF UINT32";
+  if (type != 4u) return "";
+  std::memcpy(bytes.data() + at + key.size() + 4, &ctx, 4);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("atelier-ctx" + std::to_string(ctx) + "-" + std::to_string(::getpid()) + ".gguf")).string();
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
 }
 
 // Every event a subscription delivered, in order (the sink runs on an engine thread).

@@ -2,8 +2,11 @@
 #include <atelier/models.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "engine/engine_test_util.h"
 
 using namespace atelier;
 
@@ -149,4 +152,24 @@ TEST(TextModelInfo, HeaderReadMatchesTheLoadedModel) {
   EXPECT_EQ(b.chat_template, "");
   EXPECT_EQ(b.n_params, a.n_params);
   EXPECT_EQ(atelier::read_model_info("/nonexistent.gguf").status().code, atelier::StatusCode::NotFound);
+}
+
+// The context is the model's training length, with no 4096 cap: the fixture
+// with llama.context_length 8192 accepts max_new_tokens 6000, which 4096
+// refused, and refuses one beyond 8192.
+TEST(TextModel, ContextIsTheTrainingLengthWithoutACap) {
+  const std::string path = test::stories_with_context(8192);
+  ASSERT_FALSE(path.empty());
+  auto m = TextModel::open(path);
+  ASSERT_TRUE(m.ok()) << m.status().message;
+  EXPECT_EQ(m.value()->info().n_ctx_train, 8192);
+  TextRequest r = greedy(6000);
+  r.stop = {" "};  // ends at the first word: validation is what is under test
+  auto res = m.value()->generate(r);
+  EXPECT_TRUE(res.ok()) << res.status().message;
+  r.max_new_tokens = 8193;
+  auto beyond = m.value()->generate(r);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.status().message.find("8192"), std::string::npos) << beyond.status().message;
+  std::filesystem::remove(path);
 }

@@ -573,7 +573,11 @@ TEST_P(BackendOps, PagedAttentionOverBlockTables) {
         for (int len : {61, 1, 33}) row_len.push_back(len), row_table.push_back(seq_table[1]);
         const int64_t rows = static_cast<int64_t>(row_len.size());
         const auto q = random_floats(rows * qd, 30);
+        // Sliding windows too: at, below and across the block edges.
+        for (int window : {0, 1, 16, 17, 33}) {
+        SCOPED_TRACE("window " + std::to_string(window));
         PagedAttention a;
+        a.window = window;
         a.rows = rows;
         a.n_head = n_head;
         a.n_head_kv = n_head_kv;
@@ -606,6 +610,19 @@ TEST_P(BackendOps, PagedAttentionOverBlockTables) {
               return dev.get(p, static_cast<size_t>(n * qd));
             },
             what);
+        if (window == 1) {
+          // By hand: one attended position, so each head's output is that position's V row.
+          for (int64_t r = 0; r < rows; ++r) {
+            const size_t sq = static_cast<size_t>(row_table[static_cast<size_t>(r)] == seq_table[0] ? 0 : 1);
+            const auto v = random_floats(lens[sq] * row, 20 + static_cast<uint32_t>(sq));
+            const int p = row_len[static_cast<size_t>(r)] - 1;
+            for (int hh = 0; hh < n_head; ++hh)
+              for (int64_t j = 0; j < hd; ++j)
+                EXPECT_NEAR(y[static_cast<size_t>(r * qd + hh * hd + j)], v[static_cast<size_t>(p * row + (hh / (n_head / n_head_kv)) * hd + j)],
+                            t == DType::F16 ? 2e-3 : 1e-6);
+          }
+        }
+        }
       }
     }
   }

@@ -23,7 +23,7 @@ namespace atelier {
 struct TextModelOptions {
   int threads = 0;                  // 0: one per hardware thread
   KvType kv_type = KvType::F16;
-  int context_tokens = 0;           // 0: the model's training context, capped at 4096
+  int context_tokens = 0;           // 0: the model's training context (4096 when the file does not say)
   std::string tokenizer_path;       // llama2.c .bin models: tokenizer.bin (default: tokenizer.bin / tok512.bin beside the model)
 };
 

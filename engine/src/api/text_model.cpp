@@ -141,7 +141,9 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
     for (const auto& L : w.layers)
       for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
         info.weight_bytes += kernels::weight_bytes(*m);
-    impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : std::min(w.hp.n_ctx_train > 0 ? w.hp.n_ctx_train : 4096, 4096);
+    // The model's own training length: the KV budget (the queue) or the
+    // cache this request needs (generate) decide what fits, not a cap.
+    impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : (w.hp.n_ctx_train > 0 ? w.hp.n_ctx_train : 4096);
     impl->pool = std::make_unique<ThreadPool>(options.threads);
     return impl;
   });

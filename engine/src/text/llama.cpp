@@ -136,6 +136,7 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
   hp.n_ctx_train = static_cast<int>(f.get_int(p + "context_length", 2048));
   hp.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5));
   hp.rope_freq_base = static_cast<float>(f.get_float(p + "rope.freq_base", 10000.0));
+  hp.sliding_window = static_cast<int>(f.get_int(p + "attention.sliding_window", 0));
   hp.rope_neox = arch == "qwen2";
   hp.has_qkv_bias = arch == "qwen2";
   auto bad = [&](const std::string& what) { return Error(f.path() + ": " + what + "; the file is inconsistent"); };
@@ -144,6 +145,7 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
     throw bad("hyperparameters out of range (embedding " + std::to_string(hp.n_embd) + ", layers " +
               std::to_string(hp.n_layer) + ", heads " + std::to_string(hp.n_head) + ")");
   if (hp.n_head % hp.n_head_kv != 0) throw bad("head_count is not a multiple of head_count_kv");
+  if (hp.sliding_window < 0) throw bad("attention.sliding_window is negative");
   hp.head_dim = static_cast<int>(f.get_int(p + "attention.key_length", hp.n_embd / hp.n_head));
   if (hp.head_dim <= 0 || hp.head_dim % 2 != 0) throw bad("attention head size must be even and positive");
   hp.n_rot = static_cast<int>(f.get_int(p + "rope.dimension_count", hp.head_dim));
@@ -417,6 +419,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   att.head_dim = hp.head_dim;
   att.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
   att.max_len = max_len;
+  att.window = hp.sliding_window;
   att.row_table = dm + o_table;
   att.block_tables = dm + o_tables;
 

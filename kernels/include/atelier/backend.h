@@ -77,6 +77,9 @@ struct PagedAttention {
   float scale = 1.0f;
   int layer = 0;
   int max_len = 0;
+  // > 0: sliding-window attention (Mistral): a row of length len attends only
+  // its last `window` positions, [max(0, len - window), len).
+  int window = 0;
   const int32_t* row_len = nullptr;
   const int32_t* row_table = nullptr;
   const int32_t* block_tables = nullptr;
