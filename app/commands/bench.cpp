@@ -46,6 +46,7 @@ int run_bench_text(const BenchTextOptions& o) {
                      {"simd", r.limits.simd},
                      {"prompt_tokens", r.prompt_tokens},
                      {"gen_tokens", r.gen_tokens},
+                     {"depth", r.depth},
                      {"reps", r.reps},
                      {"prompt_tokens_per_s", r.prompt_tokens_per_s.mean},
                      {"prompt_tokens_per_s_sd", r.prompt_tokens_per_s.sd},
@@ -71,7 +72,8 @@ int run_bench_text(const BenchTextOptions& o) {
               100 * fl_frac, r.integer_matmul ? "int8 dot" : "FMA");
   std::printf("generate %4d tokens: %9.1f ± %.1f tokens/s  %7.2f GB/s    = %5.1f %% of bandwidth\n", r.gen_tokens,
               r.gen_tokens_per_s.mean, r.gen_tokens_per_s.sd, r.gen_bandwidth_gb_per_s, 100 * bw_frac);
-  std::printf("(%d repetitions after one warm-up)\n", r.reps);
+  if (r.depth > 0) std::printf("(after %d tokens of context; %d repetitions after one warm-up)\n", r.depth, r.reps);
+  else std::printf("(%d repetitions after one warm-up)\n", r.reps);
   return 0;
 }
 struct BenchServeOptions {
@@ -242,6 +244,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   text->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   text->add_option("-p,--prompt-tokens", o->bench.prompt_tokens, "Prompt tokens processed in one batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   text->add_option("-n,--gen-tokens", o->bench.gen_tokens, "Tokens generated one at a time")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  text->add_option("-d,--depth", o->bench.depth, "Tokens already in the context before the prompt and before generation")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   text->add_option("--threads", o->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--reps", o->bench.reps, "Measured repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
   text->add_flag("--json", o->json, "Print one JSON object");

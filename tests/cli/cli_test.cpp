@@ -146,6 +146,14 @@ TEST(Cli, SynthThenGenerateAndBench) {
     EXPECT_GT(j[key].get<double>(), 0.0) << key;
   }
   EXPECT_TRUE(j["integer_matmul"].get<bool>()) << "a q8_0 model's prompt rate compares with the int8 dot peak";
+  // --depth: the same figures after tokens already in the context.
+  CliRun d = run({"bench", "text", "-m", path, "-p", "8", "-n", "4", "-d", "40", "--reps", "1", "--json"});
+  ASSERT_EQ(d.code, 0) << d.err;
+  const auto jd = nlohmann::json::parse(d.out);
+  EXPECT_EQ(jd["depth"].get<int>(), 40);
+  EXPECT_GT(jd["gen_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["depth"].get<int>(), 0);
+  EXPECT_EQ(run({"bench", "text", "-m", path, "-d", "-1"}).code, 2);
   // bench serve: every level's figures are the medians of its rounds.
   CliRun sv = run({"bench", "serve", "-m", path, "--concurrency", "1,3", "-p", "8", "-n", "6", "--rounds", "3", "--json"});
   ASSERT_EQ(sv.code, 0) << sv.err;

@@ -28,6 +28,7 @@ MachineLimits measure_machine_limits(int threads);
 struct TextBenchOptions {
   int prompt_tokens = 128;
   int gen_tokens = 64;
+  int depth = 0;  // tokens already in the context before the prompt and before generation (llama-bench -d)
   int reps = 3;
   int threads = 0;
 };
@@ -39,7 +40,7 @@ struct MeanSd {
 struct TextBenchResult {
   ModelInfo model;
   MachineLimits limits;
-  int prompt_tokens = 0, gen_tokens = 0, reps = 0;
+  int prompt_tokens = 0, gen_tokens = 0, reps = 0, depth = 0;
   MeanSd prompt_tokens_per_s, gen_tokens_per_s;
   double gen_bandwidth_gb_per_s = 0;  // weight bytes per token x tokens/s
   double prompt_gflop_per_s = 0;      // 2 x params x prompt tokens/s

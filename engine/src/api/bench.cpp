@@ -45,12 +45,12 @@ MachineLimits measure_machine_limits(int threads) {
 }
 
 Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& o) {
-  if (o.prompt_tokens < 1 || o.gen_tokens < 1 || o.reps < 1 || o.threads < 0)
+  if (o.prompt_tokens < 1 || o.gen_tokens < 1 || o.reps < 1 || o.threads < 0 || o.depth < 0)
     return Status::error(StatusCode::InvalidArgument,
-                         "bench needs prompt tokens >= 1, generated tokens >= 1, reps >= 1 and threads >= 0");
+                         "bench needs prompt tokens >= 1, generated tokens >= 1, reps >= 1, threads >= 0 and depth >= 0");
   TextModelOptions mo;
   mo.threads = o.threads;
-  mo.context_tokens = o.prompt_tokens + o.gen_tokens;
+  mo.context_tokens = o.depth + o.prompt_tokens + o.gen_tokens;
   auto opened = text::load_text_model(model_path, mo);
   if (!opened.ok()) return opened.status();
   text::LoadedTextModel& m = *opened.value();
@@ -60,10 +60,11 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
     r.prompt_tokens = o.prompt_tokens;
     r.gen_tokens = o.gen_tokens;
     r.reps = o.reps;
+    r.depth = o.depth;
     r.limits = measure_machine_limits(m.pool->threads());
     const text::LlamaHparams& hp = m.weights.hp;
     // Deterministic token ids spread over the vocabulary, as llama-bench does with random ones.
-    std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+    std::vector<int32_t> prompt(static_cast<size_t>(std::max(o.prompt_tokens, o.depth)));
     uint64_t x = 12345;
     for (auto& t : prompt) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -74,15 +75,23 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
     std::vector<double> pp, tg;
     using Clock = std::chrono::steady_clock;
     for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms caches and page-ins, not counted
-      text::KvCache cache(hp, o.prompt_tokens + o.gen_tokens, m.options.kv_type == KvType::F16);
+      // The depth's tokens go in first, untimed, in chunks (one batch would
+      // size the activations for all of them).
+      auto fill_depth = [&](text::KvCache& c) {
+        for (int p = 0; p < o.depth; p += 512)
+          runner.forward(prompt.data() + p, std::min(512, o.depth - p), p, c, nullptr);
+      };
+      text::KvCache cache(hp, o.depth + o.prompt_tokens, m.options.kv_type == KvType::F16);
+      fill_depth(cache);
       auto t0 = Clock::now();
-      runner.forward(prompt.data(), o.prompt_tokens, 0, cache, logits.data());
+      runner.forward(prompt.data(), o.prompt_tokens, o.depth, cache, logits.data());
       double s_pp = std::chrono::duration<double>(Clock::now() - t0).count();
-      text::KvCache gen_cache(hp, o.gen_tokens, m.options.kv_type == KvType::F16);
+      text::KvCache gen_cache(hp, o.depth + o.gen_tokens, m.options.kv_type == KvType::F16);
+      fill_depth(gen_cache);
       auto t1 = Clock::now();
       int32_t tok = prompt[0];
       for (int i = 0; i < o.gen_tokens; ++i) {
-        runner.forward(&tok, 1, i, gen_cache, logits.data());
+        runner.forward(&tok, 1, o.depth + i, gen_cache, logits.data());
         tok = prompt[static_cast<size_t>(i + 1) % prompt.size()];
       }
       double s_tg = std::chrono::duration<double>(Clock::now() - t1).count();
