@@ -110,7 +110,7 @@ class CpuBackend final : public Backend {
     const int64_t width = p.n_heads * p.head_dim;
     for_rows(rows, [&](int64_t r) {
       kernels::rope(x + r * width, p.n_heads, p.head_dim, p.rot_dim, positions[r], p.freq_base, p.freq_scale, p.neox,
-                    p.freq_factors);
+                    p.freq_factors, p.yarn);
     });
   }
   void add(const float* a, const float* b, float* y, int64_t n) override {
@@ -197,9 +197,9 @@ class CpuBackend final : public Backend {
     const int64_t qw = rq.n_heads * rq.head_dim, n = kv.row_elems;
     for_rows(rows, [&](int64_t r) {
       kernels::rope(q + r * qw, rq.n_heads, rq.head_dim, rq.rot_dim, positions[r], rq.freq_base, rq.freq_scale, rq.neox,
-                    rq.freq_factors);
+                    rq.freq_factors, rq.yarn);
       kernels::rope(k + r * n, rk.n_heads, rk.head_dim, rk.rot_dim, positions[r], rk.freq_base, rk.freq_scale, rk.neox,
-                    rk.freq_factors);
+                    rk.freq_factors, rk.yarn);
       store_row(kv, layer, k + r * n, v + r * n, slots[r]);
     });
   }

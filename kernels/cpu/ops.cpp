@@ -51,7 +51,27 @@ namespace {
 // theta_i = pos * freq_scale * base^(-2i/rot_dim) / factor_i, in double so
 // long contexts keep their phase.
 void rope_angles(int64_t rot_dim, int64_t pos, float freq_base, float freq_scale, const float* factors, float* c,
-                 float* s) {
+                 float* s, const RopeYarn* yarn) {
+  if (yarn) {
+    // The ramp's ends: where a pair turns beta times over the original context.
+    const double pi = 3.14159265358979323846;
+    auto dim_of = [&](double beta) {
+      return double(rot_dim) * std::log(double(yarn->n_ctx_orig) / (2 * pi * beta)) / (2 * std::log(double(freq_base)));
+    };
+    const double low = std::max(0.0, std::floor(dim_of(yarn->beta_fast)));
+    const double high = std::min(double(rot_dim - 1), std::ceil(dim_of(yarn->beta_slow)));
+    const double mscale = yarn->attn_factor * (1.0 + 0.1 * std::log(1.0 / freq_scale));
+    for (int64_t i = 0; i < rot_dim / 2; ++i) {
+      double theta_e = double(pos) * std::pow(double(freq_base), -2.0 * double(i) / double(rot_dim));
+      if (factors) theta_e /= double(factors[i]);
+      const double ramp = 1.0 - std::clamp((double(i) - low) / std::max(0.001, high - low), 0.0, 1.0);
+      const double mix = ramp * yarn->ext_factor;
+      const double theta = freq_scale * theta_e * (1.0 - mix) + theta_e * mix;
+      c[i] = static_cast<float>(std::cos(theta) * mscale);
+      s[i] = static_cast<float>(std::sin(theta) * mscale);
+    }
+    return;
+  }
   for (int64_t i = 0; i < rot_dim / 2; ++i) {
     double theta = double(pos) * freq_scale * std::pow(double(freq_base), -2.0 * double(i) / double(rot_dim));
     if (factors) theta /= double(factors[i]);
@@ -76,10 +96,10 @@ void rope_apply(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, bo
 }  // namespace
 
 void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
-              float freq_scale, bool neox, const float* freq_factors) {
+              float freq_scale, bool neox, const float* freq_factors, const RopeYarn* yarn) {
   for (int64_t h = 0; h < n_heads; ++h) {  // angles recomputed per head: the plain form
     std::vector<float> c(rot_dim / 2), s(rot_dim / 2);
-    rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, c.data(), s.data());
+    rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, c.data(), s.data(), yarn);
     rope_apply(x + h * head_dim, 1, head_dim, rot_dim, neox, c.data(), s.data());
   }
 }
@@ -102,7 +122,7 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
 }
 
 void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos, float freq_base,
-          float freq_scale, bool neox, const float* freq_factors) {
+          float freq_scale, bool neox, const float* freq_factors, const RopeYarn* yarn) {
   // One table of angles for all heads, and kept for the next calls at the
   // same position (a forward pass ropes Q and K of every layer at each row's
   // position: 2 x layers tables per row otherwise, ~1.5 % of a batched step).
@@ -110,7 +130,8 @@ void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t 
   struct Table {
     int64_t pos = -1, rot_dim = 0;
     float base = 0, scale = 0;
-    bool has_factors = false;
+    bool has_factors = false, has_yarn = false;
+    RopeYarn yarn;
     std::vector<float> factors, cs;
   };
   thread_local Table cache[8];
@@ -118,7 +139,11 @@ void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t 
   const size_t half = static_cast<size_t>(rot_dim / 2);
   const bool hit = t.pos == pos && t.rot_dim == rot_dim && t.base == freq_base && t.scale == freq_scale &&
                    t.has_factors == (freq_factors != nullptr) &&
-                   (!freq_factors || std::equal(t.factors.begin(), t.factors.end(), freq_factors));
+                   (!freq_factors || std::equal(t.factors.begin(), t.factors.end(), freq_factors)) &&
+                   t.has_yarn == (yarn != nullptr) &&
+                   (!yarn || (t.yarn.ext_factor == yarn->ext_factor && t.yarn.attn_factor == yarn->attn_factor &&
+                              t.yarn.beta_fast == yarn->beta_fast && t.yarn.beta_slow == yarn->beta_slow &&
+                              t.yarn.n_ctx_orig == yarn->n_ctx_orig));
   if (!hit) {
     t.pos = pos;
     t.rot_dim = rot_dim;
@@ -126,8 +151,10 @@ void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t 
     t.scale = freq_scale;
     t.has_factors = freq_factors != nullptr;
     t.factors.assign(freq_factors, freq_factors ? freq_factors + half : freq_factors);
+    t.has_yarn = yarn != nullptr;
+    if (yarn) t.yarn = *yarn;
     t.cs.resize(2 * half);
-    rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, t.cs.data(), t.cs.data() + half);
+    rope_angles(rot_dim, pos, freq_base, freq_scale, freq_factors, t.cs.data(), t.cs.data() + half, yarn);
   }
   rope_apply(x, n_heads, head_dim, rot_dim, neox, t.cs.data(), t.cs.data() + half);
 }

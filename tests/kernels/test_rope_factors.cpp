@@ -82,3 +82,38 @@ TEST(RopeFactors, KeptTablesFollowEveryParameter) {
     ASSERT_EQ(got, want) << "call " << k;
   }
 }
+
+// YaRN (rope.scaling.type "yarn"): with rot_dim 64, base 10000 and an original
+// context of 4096, a pair turning beta times over it sits at
+// d(beta) = 64 ln(4096 / (2 pi beta)) / (2 ln 10000): d(32) = 10.47 and
+// d(1) = 22.5, so pairs 0..10 keep the extrapolated angle, pairs 23..31 take
+// the interpolated one (x freq_scale), and every cos/sin is scaled by
+// 1 + 0.1 ln(1 / freq_scale). Worked out here, and the kernel equals its reference.
+TEST(RopeYarn, OuterPairsByHand) {
+  const int64_t hd = 64, rot = 64, pos = 1000;
+  const float scale = 0.25f;
+  RopeYarn y;
+  y.n_ctx_orig = 4096;
+  std::vector<float> x(static_cast<size_t>(hd));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.3f * static_cast<float>(i));
+  std::vector<float> got = x, ref = x;
+  rope(got.data(), 1, hd, rot, pos, 10000.0f, scale, false, nullptr, &y);
+  rope_ref(ref.data(), 1, hd, rot, pos, 10000.0f, scale, false, nullptr, &y);
+  EXPECT_EQ(got, ref);
+  const double mscale = 1.0 + 0.1 * std::log(1.0 / scale);
+  for (int i : {0, 5, 10, 23, 28, 31}) {
+    const double theta_e = pos * std::pow(10000.0, -2.0 * i / rot);
+    const double theta = i <= 10 ? theta_e : scale * theta_e;
+    const double a0 = x[static_cast<size_t>(2 * i)], b0 = x[static_cast<size_t>(2 * i + 1)];
+    const float c = static_cast<float>(std::cos(theta) * mscale), s = static_cast<float>(std::sin(theta) * mscale);
+    EXPECT_NEAR(got[static_cast<size_t>(2 * i)], a0 * c - b0 * s, 1e-5) << "pair " << i;
+    EXPECT_NEAR(got[static_cast<size_t>(2 * i + 1)], a0 * s + b0 * c, 1e-5) << "pair " << i;
+  }
+  // Pairs inside the ramp lie between the two angles: neither one alone.
+  const int i = 16;
+  const double theta_e = pos * std::pow(10000.0, -2.0 * i / rot);
+  for (double theta : {theta_e, scale * theta_e}) {
+    const double a0 = x[2 * i], b0 = x[2 * i + 1];
+    EXPECT_GT(std::abs(got[2 * i] - (a0 * std::cos(theta) - b0 * std::sin(theta)) * mscale), 1e-4);
+  }
+}

@@ -157,3 +157,28 @@ TEST(Llama, SlidingWindowFromTheMetadata) {
   // Batched prefill over the window gives the same bits as token by token.
   EXPECT_EQ(last_logits(windowed, kPrompt, 10), w10);
 }
+
+// YaRN scaling from the metadata (rope.scaling.type "yarn", factor,
+// original_context_length): it is read, and it changes the logits past the
+// first position (position 0 has no angle to scale, but YaRN's attention
+// factor scales every rotated pair, so there it differs too).
+TEST(Llama, YarnScalingFromTheMetadata) {
+  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
+  formats::GgufWriter wr;
+  for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
+  for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
+  wr.set_string("llama.rope.scaling.type", "yarn");
+  wr.set_f32("llama.rope.scaling.factor", 4.0f);
+  wr.set_u32("llama.rope.scaling.original_context_length", 512);
+  const auto path = (std::filesystem::temp_directory_path() / "atelier_yarn.gguf").string();
+  wr.write(path);
+  auto plain = text::load_llama_gguf(std::move(src));
+  auto yarn = text::load_llama_gguf(formats::GgufFile::open(path));
+  std::filesystem::remove(path);
+  ASSERT_TRUE(yarn.hp.rope_yarn);
+  EXPECT_EQ(yarn.hp.yarn.n_ctx_orig, 512);
+  EXPECT_FLOAT_EQ(yarn.hp.rope_freq_scale, 0.25f);
+  EXPECT_FALSE(plain.hp.rope_yarn);
+  EXPECT_NE(last_logits(yarn, kPrompt, 1), last_logits(plain, kPrompt, 1));
+  EXPECT_EQ(last_logits(yarn, kPrompt, 10), last_logits(yarn, kPrompt, 1));
+}

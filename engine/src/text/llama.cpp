@@ -154,10 +154,21 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
   std::string scaling = f.get_string(p + "rope.scaling.type", "");
   double factor = f.get_float(p + "rope.scaling.factor", f.get_float(p + "rope.scale_linear", 1.0));
   const bool llama3_scaling = scaling == "llama3" && f.find_tensor("rope_freqs.weight");  // applied through rope_freqs
-  if (!scaling.empty() && scaling != "none" && scaling != "linear" && !llama3_scaling)
+  if (!scaling.empty() && scaling != "none" && scaling != "linear" && scaling != "yarn" && !llama3_scaling)
     throw UnsupportedError(f.path() + ": rope scaling '" + scaling +
-                           "' is not supported (supported: none, linear, and Llama 3.1 frequency factors)");
-  if (factor > 0 && (scaling.empty() || scaling == "linear")) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+                           "' is not supported (supported: none, linear, yarn, and Llama 3.1 frequency factors)");
+  if (factor > 0 && (scaling.empty() || scaling == "linear" || scaling == "yarn"))
+    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  if (scaling == "yarn") {
+    hp.rope_yarn = true;
+    hp.yarn.n_ctx_orig = static_cast<int>(f.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train));
+    hp.yarn.attn_factor = static_cast<float>(f.get_float(p + "rope.scaling.attn_factor", 1.0));
+    hp.yarn.ext_factor = static_cast<float>(f.get_float(p + "rope.scaling.yarn_ext_factor", 1.0));
+    hp.yarn.beta_fast = static_cast<float>(f.get_float(p + "rope.scaling.yarn_beta_fast", 32.0));
+    hp.yarn.beta_slow = static_cast<float>(f.get_float(p + "rope.scaling.yarn_beta_slow", 1.0));
+    if (!(factor >= 1) || hp.yarn.n_ctx_orig <= 0 || !(hp.yarn.beta_fast > hp.yarn.beta_slow) || !(hp.yarn.beta_slow > 0))
+      throw bad("yarn rope scaling needs factor >= 1, original_context_length > 0 and beta_fast > beta_slow > 0");
+  }
 
   const formats::GgufTensor& emb = f.tensor("token_embd.weight");
   if (emb.shape.size() != 2) throw bad("token_embd.weight must be 2-D");
@@ -410,6 +421,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   rq.freq_scale = hp.rope_freq_scale;
   rq.neox = hp.rope_neox;
   rq.freq_factors = rope_factors_;
+  rq.yarn = hp.rope_yarn ? &hp.yarn : nullptr;
   kernels::RopeParams rk = rq;
   rk.n_heads = hp.n_head_kv;
   kernels::PagedAttention att;

@@ -34,6 +34,8 @@ struct LlamaHparams {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
   bool rope_neox = false;
+  bool rope_yarn = false;        // YaRN context extension (rope.scaling.type "yarn"), with yarn's parameters
+  kernels::RopeYarn yarn;
   int sliding_window = 0;        // > 0: each position attends only the last this many (Mistral's attention.sliding_window)
   bool has_qkv_bias = false;     // qwen2
 };

@@ -92,6 +92,7 @@ struct RopeParams {
   float freq_base = 10000.0f, freq_scale = 1.0f;
   bool neox = false;
   const float* freq_factors = nullptr;  // rot_dim / 2 divisors or nullptr
+  const RopeYarn* yarn = nullptr;       // YaRN scaling (kernels.h) or nullptr
 };
 
 // See Backend::affine.

@@ -126,10 +126,29 @@ void swiglu_ref(const float* gate, const float* up, float* out, int64_t n);
 //   neox = true:  pairs (i, i + rot_dim/2)  (GPT-NeoX, Qwen2, ...)
 // theta_i = pos * freq_scale * base^(-2i/rot_dim) / freq_factors[i]
 // freq_factors: rot_dim/2 per-pair divisors (Llama 3.1's rope_freqs), or nullptr for none.
+// YaRN context extension (Peng et al. 2023, arXiv 2309.00071; GGUF
+// rope.scaling.type "yarn"). With ext_factor > 0, pair i's angle mixes the
+// extrapolated theta_e = pos * base^(-2i/rot_dim) and the interpolated
+// freq_scale * theta_e by a ramp over the pairs: pairs that turn more than
+// beta_fast times over the original context (i <= low) keep theta_e, those
+// turning fewer than beta_slow times (i >= high) take freq_scale * theta_e,
+// linear in between, where a pair turning b times sits at
+//   d(b) = rot_dim * ln(n_ctx_orig / (2 pi b)) / (2 ln base),
+//   low = max(0, floor(d(beta_fast))), high = min(rot_dim - 1, ceil(d(beta_slow))).
+// cos and sin are scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale)).
+struct RopeYarn {
+  float ext_factor = 1.0f;   // 0: plain interpolation (as no YaRN) but attn_factor still applies
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  int n_ctx_orig = 0;        // the context the model was trained with before scaling
+};
+
 void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
-          float freq_base, float freq_scale, bool neox, const float* freq_factors = nullptr);
+          float freq_base, float freq_scale, bool neox, const float* freq_factors = nullptr,
+          const RopeYarn* yarn = nullptr);
 void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
-              float freq_base, float freq_scale, bool neox, const float* freq_factors = nullptr);
+              float freq_base, float freq_scale, bool neox, const float* freq_factors = nullptr,
+              const RopeYarn* yarn = nullptr);
 
 // sum_i a[i] * b[i] over n floats; fixed accumulation order for a given n.
 float dot_f32(const float* a, const float* b, int64_t n);
