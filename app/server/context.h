@@ -93,6 +93,9 @@ void add_llama_routes(httplib::Server& http, Context& ctx);
 void add_native_routes(httplib::Server& http, Context& ctx);
 void add_sdapi_routes(httplib::Server& http, Context& ctx);
 
+// OpenAI's messages (content a string or a list of text parts); 400 naming the field otherwise.
+std::vector<ChatMessage> chat_messages(const json& body);
+
 std::string base64_encode(const std::string& bytes);
 std::string base64_decode(const std::string& text);  // "" when malformed
 std::string sse_line(const json& j);                  // "data: {...}\n\n"

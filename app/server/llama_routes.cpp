@@ -145,18 +145,7 @@ void add_llama_routes(httplib::Server& http, Context& ctx) {
 
   http.Post("/apply-template", guarded(ctx, [&ctx](const httplib::Request& req, httplib::Response& res) {
               json body = parse_body(req);
-              auto it = body.find("messages");
-              if (it == body.end() || !it->is_array()) throw bad_field("messages", "must be a list of {role, content} objects");
-              std::vector<ChatMessage> messages;
-              for (size_t i = 0; i < it->size(); ++i) {
-                const json& msg = (*it)[i];
-                const std::string where = "messages[" + std::to_string(i) + "]";
-                if (!msg.is_object()) throw bad_field(where, "must be an object");
-                auto role = opt_string(msg, "role");
-                auto content = opt_string(msg, "content");
-                if (!role) throw bad_field(where + ".role", "is required (a string)");
-                messages.push_back({*role, content.value_or("")});
-              }
+              auto messages = chat_messages(body);
               ModelEntry m = ctx.model(opt_string(body, "model").value_or(""));
               auto prompt = format_chat_prompt(m.info, messages, true);
               if (!prompt.ok()) throw ApiError(400, prompt.status().message, "messages", "invalid_request_error", "template_error");

@@ -87,6 +87,8 @@ std::string message_text(const json& msg, size_t i) {
   return text;
 }
 
+}  // namespace
+
 std::vector<ChatMessage> chat_messages(const json& body) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) throw ApiError(400, "'messages' is required", "messages", "invalid_request_error", "missing_field");
@@ -101,6 +103,8 @@ std::vector<ChatMessage> chat_messages(const json& body) {
   }
   return out;
 }
+
+namespace {
 
 // The prompt text as the model's chat template (or the plain fallback) renders it.
 std::string chat_prompt(const ModelEntry& m, const std::vector<ChatMessage>& messages, TextRequest& r) {

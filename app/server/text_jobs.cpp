@@ -18,6 +18,7 @@ TextRequest text_request_from(const json& body, const ModelEntry& model, const A
   if (auto v = opt_number(body, "frequency_penalty", -2, 2)) s.frequency_penalty = static_cast<float>(*v);
   if (auto v = opt_number(body, "presence_penalty", -2, 2)) s.presence_penalty = static_cast<float>(*v);
   if (auto v = opt_number(body, "repeat_penalty", 0, 10)) s.repeat_penalty = static_cast<float>(*v);
+  if (auto v = opt_bool(body, "ignore_eos")) r.ignore_eos = *v;  // llama-server's extension (benchmarks)
   if (auto v = opt_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = *v == -1 ? SamplingParams::kRandomSeed : static_cast<uint64_t>(*v);
 
   const int n_ctx = model.info.n_ctx_train > 0 ? std::min(model.info.n_ctx_train, 4096) : 4096;
