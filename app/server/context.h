@@ -100,6 +100,7 @@ std::string base64_encode(const std::string& bytes);
 std::string base64_decode(const std::string& text);  // "" when malformed
 std::string sse_line(const json& j);                  // "data: {...}\n\n"
 json job_json(const JobInfo& job);                    // the native form of a job
+std::string preview_png(const ImageProgress& progress);  // PNG bytes of a preview ("" when none)
 
 // Wraps a handler: ApiError and any other exception become an error response.
 httplib::Server::Handler guarded(Context& ctx, std::function<void(const httplib::Request&, httplib::Response&)> fn);

@@ -22,6 +22,13 @@ bool EventQueue::pop(Event& event, int timeout_ms) {
 
 JobEvents::JobEvents(Engine& engine) : engine_(engine) {
   subscription_ = engine_.subscribe(0, [this](const Event& ev) {
+    if (ev.type == EventType::Preview) {
+      std::lock_guard lock(preview_mu_);
+      preview_ = ev;
+    } else if (ev.type == EventType::Completed || ev.type == EventType::Failed || ev.type == EventType::Cancelled) {
+      std::lock_guard lock(preview_mu_);
+      if (preview_ && preview_->job == ev.job) preview_.reset();
+    }
     std::shared_ptr<EventQueue> queue;
     {
       std::lock_guard lock(mu_);
@@ -42,6 +49,11 @@ Result<JobId> JobEvents::submit(const std::function<Result<JobId>()>& submit, co
   auto id = submit();
   if (id.ok()) watched_[id.value()] = queue;
   return id;
+}
+
+std::optional<Event> JobEvents::latest_preview() {
+  std::lock_guard lock(preview_mu_);
+  return preview_;
 }
 
 void JobEvents::unwatch(JobId job) {

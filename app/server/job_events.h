@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 namespace atelier::server {
 
@@ -39,11 +40,16 @@ class JobEvents {
   Result<JobId> submit(const std::function<Result<JobId>()>& submit, const std::shared_ptr<EventQueue>& queue);
   void unwatch(JobId job);
 
+  // The newest Preview of any image job still running (A1111's /progress), if any.
+  std::optional<Event> latest_preview();
+
  private:
   Engine& engine_;
   uint64_t subscription_ = 0;
   std::mutex mu_;
   std::map<JobId, std::shared_ptr<EventQueue>> watched_;
+  std::mutex preview_mu_;
+  std::optional<Event> preview_;
 };
 
 }  // namespace atelier::server

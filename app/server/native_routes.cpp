@@ -24,8 +24,7 @@ json job_json(const JobInfo& j) {
   return out;
 }
 
-namespace {
-
+// PNG bytes of a preview ("" when it has none), through the engine's PNG writer.
 std::string preview_png(const ImageProgress& p) {
   if (p.preview_rgb.empty()) return "";
   static std::atomic<int> counter{0};
@@ -39,6 +38,8 @@ std::string preview_png(const ImageProgress& p) {
   std::filesystem::remove(path, ec);
   return ss.str();
 }
+
+namespace {
 
 json event_json(const Event& e) {
   json out = {{"type", event_type_name(e.type)}, {"job", e.job}};
