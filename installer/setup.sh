@@ -41,11 +41,10 @@ else
 fi
 
 # The test clients' npm packages, exactly as tests/server/package-lock.json
-# pins them; nothing is fetched when they are already there (offline runs).
-server_tests="$(dirname "$0")/../tests/server"
-wanted="$(sed -n 's/.*"openai": "\(.*\)".*/\1/p' "$server_tests/package.json")"
-have="$(sed -n 's/^  "version": "\(.*\)".*/\1/p' "$server_tests/node_modules/openai/package.json" 2>/dev/null || true)"
-if [ "$have" != "$wanted" ]; then
-  echo "setup: npm ci in tests/server (openai $wanted)"
-  (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error)
+# pins them; nothing is fetched when that lock was already installed (offline runs).
+server_tests="$(cd "$(dirname "$0")/../tests/server" && pwd)"
+if ! cmp -s "$server_tests/package-lock.json" "$server_tests/node_modules/.installed-lock.json"; then
+  echo "setup: npm ci in tests/server"
+  (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error &&
+   cp package-lock.json node_modules/.installed-lock.json)
 fi

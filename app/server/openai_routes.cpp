@@ -150,8 +150,9 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
     Common common = common_fields(body, ctx.options);
     auto messages = chat_messages(body);
     ModelEntry m = ctx.model(opt_string(body, "model").value_or(""));
-    TextRequest base = text_request_from(body, m, ctx.options);
+    TextRequest base = text_request_from(body, m, ctx.options, true);
     base.prompt = chat_prompt(m, messages, base);
+    std::shared_ptr<Vocabulary> vocab = base.logprobs ? ctx.vocabulary(m) : nullptr;
     base.interactive = common.stream;
     std::vector<TextRequest> requests(common.n, base);
     for (int i = 0; i < common.n; ++i)  // choice i: seed + i, so a seeded n > 1 is reproducible and not n copies
@@ -167,10 +168,12 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
       const int n = common.n;
       stream_run(
           res, run, watch, head, common,
-          [](const TextChoice* c, const std::string& text, const std::string& finish) {
+          [vocab](const TextChoice* c, const std::string& text, const std::string& finish) {
             json delta = json::object();
             if (!text.empty()) delta["content"] = text;
-            return json{{"choices", json::array({{{"index", c->index}, {"delta", delta}, {"logprobs", nullptr},
+            // Token events carry no logprobs: a choice's come whole with its finish chunk.
+            json lp = vocab && !finish.empty() ? chat_logprobs(c->result.logprobs, *vocab) : json(nullptr);
+            return json{{"choices", json::array({{{"index", c->index}, {"delta", delta}, {"logprobs", lp},
                                                   {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}}})}};
           },
           [n] {
@@ -189,7 +192,8 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
     json choices = json::array();
     for (const auto& c : run->choices())
       choices.push_back({{"index", c.index}, {"message", {{"role", "assistant"}, {"content", c.streamed}, {"refusal", nullptr}}},
-                         {"logprobs", nullptr}, {"finish_reason", c.finish_reason}});
+                         {"logprobs", vocab ? chat_logprobs(c.result.logprobs, *vocab) : json(nullptr)},
+                         {"finish_reason", c.finish_reason}});
     head["object"] = "chat.completion";
     head["choices"] = choices;
     head["usage"] = run->usage(1);
@@ -207,8 +211,9 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
     if (prompts.empty()) throw bad_field("prompt", "must hold at least one prompt");
     const bool echo = opt_bool(body, "echo").value_or(false);
     ModelEntry m = ctx.model(opt_string(body, "model").value_or(""));
-    TextRequest base = text_request_from(body, m, ctx.options);
+    TextRequest base = text_request_from(body, m, ctx.options, false);
     base.interactive = common.stream;
+    std::shared_ptr<Vocabulary> vocab = base.logprobs ? ctx.vocabulary(m) : nullptr;
     std::vector<TextRequest> requests;
     for (const auto& p : prompts)
       for (int i = 0; i < common.n; ++i) {
@@ -229,8 +234,10 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
       auto shared_run = run;
       stream_run(
           res, run, watch, head, common,
-          [](const TextChoice* c, const std::string& text, const std::string& finish) {
-            return json{{"choices", json::array({{{"index", c->index}, {"text", text}, {"logprobs", nullptr},
+          [vocab, echo](const TextChoice* c, const std::string& text, const std::string& finish) {
+            json lp = vocab && !finish.empty() ? completion_logprobs(c->result.logprobs, *vocab, echo ? c->prompt.size() : 0)
+                                               : json(nullptr);
+            return json{{"choices", json::array({{{"index", c->index}, {"text", text}, {"logprobs", lp},
                                                   {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}}})}};
           },
           [echo, shared_run] {
@@ -249,7 +256,8 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
     if (const ApiError* e = run->error()) throw *e;
     json choices = json::array();
     for (const auto& c : run->choices())
-      choices.push_back({{"index", c.index}, {"text", echo ? c.prompt + c.streamed : c.streamed}, {"logprobs", nullptr},
+      choices.push_back({{"index", c.index}, {"text", echo ? c.prompt + c.streamed : c.streamed},
+                         {"logprobs", vocab ? completion_logprobs(c.result.logprobs, *vocab, echo ? c.prompt.size() : 0) : json(nullptr)},
                          {"finish_reason", c.finish_reason}});
     head["object"] = "text_completion";
     head["choices"] = choices;

@@ -4,7 +4,7 @@
 
 namespace atelier::server {
 
-TextRequest text_request_from(const json& body, const ModelEntry& model, const ApiServerOptions& options) {
+TextRequest text_request_from(const json& body, const ModelEntry& model, const ApiServerOptions& options, bool chat) {
   if (model.resolved.kind == "image")
     throw ApiError(400, "'" + model.resolved.display + "' is an image model; use a text model (GET /v1/models)", "model",
                    "invalid_request_error", "wrong_model_kind");
@@ -30,19 +30,30 @@ TextRequest text_request_from(const json& body, const ModelEntry& model, const A
   for (auto& stop : string_or_list(body, "stop"))
     if (!stop.empty()) r.stop.push_back(stop);
 
-  if (const auto it = body.find("logprobs"); it != body.end() && !it->is_null() && *it != false && *it != 0)
-    throw ApiError(400, "'logprobs' is not supported by this server yet; leave it out", "logprobs", "invalid_request_error",
-                   "unsupported");
-  if (auto v = opt_int(body, "top_logprobs", 0, 20); v && *v > 0)
-    throw ApiError(400, "'top_logprobs' is not supported by this server yet; leave it out", "top_logprobs",
-                   "invalid_request_error", "unsupported");
+  if (chat) {
+    if (auto v = opt_bool(body, "logprobs")) r.logprobs = *v;
+    if (auto v = opt_int(body, "top_logprobs", 0, 20)) {
+      r.top_logprobs = static_cast<int>(*v);
+      if (*v > 0) r.logprobs = true;
+    }
+  } else if (auto v = opt_int(body, "logprobs", 0, 5)) {  // legacy completions: the number of alternatives
+    r.logprobs = true;
+    r.top_logprobs = static_cast<int>(*v);
+  }
   if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
-      throw bad_field("response_format", "must be an object with a string 'type'");
-    std::string type = (*it)["type"];
-    if (type != "text")
-      throw ApiError(400, "'response_format' type '" + type + "' is not supported by this server yet (only 'text')",
-                     "response_format", "invalid_request_error", "unsupported");
+      throw bad_field("response_format", "must be an object with a string 'type' (text, json_object, json_schema)");
+    const std::string type = (*it)["type"];
+    if (type == "json_object") {
+      r.json_schema = R"({"type":"object"})";
+    } else if (type == "json_schema") {
+      const json& js = it->value("json_schema", json::object());
+      if (!js.is_object()) throw bad_field("response_format.json_schema", "must be an object with a 'schema'");
+      const json schema = js.value("schema", json::object({{"type", "object"}}));
+      r.json_schema = schema.dump();
+    } else if (type != "text") {
+      throw bad_field("response_format", "type '" + type + "' is not one of text, json_object, json_schema");
+    }
   }
   return r;
 }
@@ -53,7 +64,8 @@ TextRun::TextRun(Context& ctx, std::vector<TextRequest> requests) : ctx_(ctx) {
     auto id = ctx_.events.submit([&] { return ctx_.engine.submit(requests[i]); }, queue_);
     if (!id.ok()) {
       cancel();
-      throw from_status(id.status());
+      const bool schema = id.status().message.rfind("json_schema:", 0) == 0;
+      throw from_status(id.status(), schema ? "response_format" : "");
     }
     choices_[i].job = id.value();
     choices_[i].index = static_cast<int>(i);
@@ -135,6 +147,38 @@ bool TextRun::follow(const std::function<bool(TextChoice&, const std::string&)>&
     }
   }
   return true;
+}
+
+json chat_logprobs(const std::vector<TokenLogprob>& lps, const Vocabulary& vocab) {
+  auto entry = [&](int32_t id, float lp) {
+    const std::string piece = vocab.token_piece(id);
+    std::vector<int> bytes;
+    for (unsigned char ch : piece) bytes.push_back(ch);
+    return json{{"token", piece}, {"logprob", lp}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const auto& t : lps) {
+    json e = entry(t.id, t.logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
+    content.push_back(e);
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json completion_logprobs(const std::vector<TokenLogprob>& lps, const Vocabulary& vocab, size_t text_offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : lps) {
+    const std::string piece = vocab.token_piece(t.id);
+    tokens.push_back(piece);
+    token_lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) top[vocab.token_piece(id)] = lp;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += piece.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 json TextRun::usage(int prompts) const {

@@ -16,7 +16,13 @@ namespace atelier::server {
 
 // The request fields both routes share (sampling, stop, seed, max_tokens):
 // applied onto a TextRequest for MODEL. Wrong types or values: 400 naming the field.
-TextRequest text_request_from(const json& body, const ModelEntry& model, const ApiServerOptions& options);
+// CHAT: logprobs is a bool and top_logprobs a count (chat); else logprobs is the count (legacy completions).
+TextRequest text_request_from(const json& body, const ModelEntry& model, const ApiServerOptions& options, bool chat);
+
+// OpenAI's logprobs objects: chat's {"content": [{token, logprob, bytes, top_logprobs}]},
+// completions' {tokens, token_logprobs, top_logprobs, text_offset}.
+json chat_logprobs(const std::vector<TokenLogprob>& logprobs, const Vocabulary& vocab);
+json completion_logprobs(const std::vector<TokenLogprob>& logprobs, const Vocabulary& vocab, size_t text_offset);
 
 struct TextChoice {
   JobId job = 0;

@@ -8,6 +8,7 @@ import { readFileSync, existsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import Ajv from 'ajv';
 import { FIXTURES, makeHome, startServer, removeHome } from './server_util.mjs';
 
 let home, server, client;
@@ -245,4 +246,62 @@ test('auth: with --api-key, a wrong or missing key is 401; the key as Bearer or 
   } finally {
     await keyed.stop();
   }
+});
+
+test('response_format json_schema: the output parses and validates (ajv), streamed and not; json_object gives an object', async () => {
+  const schema = {
+    type: 'object',
+    properties: { name: { type: 'string' }, age: { type: 'integer' }, happy: { type: 'boolean' },
+                  mood: { enum: ['happy', 'sad'] }, scores: { type: 'array', items: { type: 'number' } },
+                  pet: { type: 'object', properties: { kind: { type: 'string' } }, required: ['kind'], additionalProperties: false } },
+    required: ['name', 'age', 'happy', 'mood', 'scores', 'pet'], additionalProperties: false,
+  };
+  const validate = new Ajv().compile(schema);
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({
+      model: 'stories260k', messages: [{ role: 'user', content: 'Describe Lily as JSON' }], max_tokens: 480, seed, temperature: 1,
+      response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema } } });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    const value = JSON.parse(r.choices[0].message.content);
+    assert.ok(validate(value), JSON.stringify(validate.errors) + ' ' + r.choices[0].message.content);
+  }
+  const runner = client.chat.completions.stream({
+    model: 'stories260k', messages: [{ role: 'user', content: 'JSON please' }], max_tokens: 480, seed: 9,
+    response_format: { type: 'json_schema', json_schema: { name: 'person', schema } } });
+  assert.ok(validate(JSON.parse((await runner.finalChatCompletion()).choices[0].message.content)));
+  const obj = await client.chat.completions.create({ model: 'stories260k', messages: [{ role: 'user', content: 'x' }],
+                                                     max_tokens: 480, seed: 4, response_format: { type: 'json_object' } });
+  const parsed = JSON.parse(obj.choices[0].message.content);
+  assert.equal(typeof parsed, 'object');
+  assert.ok(parsed !== null && !Array.isArray(parsed));
+  await assert.rejects(client.chat.completions.create({ model: 'stories260k', messages: [{ role: 'user', content: 'x' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a' } } } }),
+    (e) => e.status === 400 && e.param === 'response_format' && /pattern/.test(e.message));
+});
+
+test('logprobs: greedy tokens are the most likely ones, the pieces spell the text, probabilities are proper', async () => {
+  const r = await client.chat.completions.create({ model: 'stories260k', messages: [{ role: 'user', content: 'Hi' }],
+                                                   max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  assert.equal(content.map((t) => t.token).join(''), r.choices[0].message.content);
+  for (const t of content) {
+    assert.equal(t.top_logprobs.length, 3);
+    assert.equal(t.top_logprobs[0].token, t.token);  // greedy: the sampled token is the likeliest
+    assert.equal(t.top_logprobs[0].logprob, t.logprob);
+    assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob && t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob);
+    assert.ok(t.top_logprobs.reduce((s, x) => s + Math.exp(x.logprob), 0) <= 1 + 1e-5);
+    assert.deepEqual(t.bytes, [...Buffer.from(t.token)]);
+  }
+  // Streamed: the SDK assembles the same logprobs (they come with each choice's finish chunk).
+  const final = await client.chat.completions.stream({ model: 'stories260k', messages: [{ role: 'user', content: 'Hi' }],
+                                                       max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3 }).finalChatCompletion();
+  assert.deepEqual(final.choices[0].logprobs.content, content);
+  // Legacy completions: the golden's greedy tokens, offsets into the text.
+  const c = await client.completions.create({ model: 'stories260k', prompt: 'Once upon a time', max_tokens: 10, temperature: 0, logprobs: 2 });
+  const lp = c.choices[0].logprobs;
+  assert.equal(lp.tokens.join(''), c.choices[0].text);
+  assert.equal(c.choices[0].text, golden.slice('Once upon a time'.length).slice(0, c.choices[0].text.length));
+  lp.text_offset.forEach((o, i) => assert.equal(o, lp.tokens.slice(0, i).join('').length));
+  lp.top_logprobs.forEach((top, i) => assert.equal(Math.max(...Object.values(top)), lp.token_logprobs[i]));
 });
