@@ -27,6 +27,8 @@ struct ServeOptions {
 };
 
 int run_serve(ServeOptions o) {
+  if (!o.server.default_model.empty())  // a typo in -m is told now, not at the first request
+    if (auto r = resolve_model(o.server.default_model, o.server.store_dir); !r.ok()) return fail(r.status());
   EngineConfig c;
   c.data_dir = o.data_dir;
   c.store_dir = o.server.store_dir;
