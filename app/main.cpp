@@ -17,10 +17,11 @@ int main(int argc, char** argv) {
   atelier::app::add_image_commands(app, exit_code);
   atelier::app::add_queue_commands(app, exit_code);
   atelier::app::add_template_commands(app, exit_code);
+  atelier::app::add_serve_commands(app, exit_code);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty() && app.count("--headless") == 0)
-      throw CLI::RequiredError("A subcommand (text, tokenize, batch, queue, metrics, bench, models, image, template) or --headless");
+      throw CLI::RequiredError("A subcommand (text, tokenize, batch, queue, metrics, bench, models, image, template, serve) or --headless");
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

@@ -9,8 +9,10 @@ packages=(
   # engine
   libsqlite3-dev libssl-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libicu-dev
   libcurl4-openssl-dev libpng-dev libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # the HTTP API (app/server)
+  libcpp-httplib-dev
+  # tests and benchmarks (prometheus: promtool checks /metrics)
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus
   # ui
   qt6-base-dev libgl-dev xvfb xauth
   # the studio end-to-end test: keystrokes and screen captures on Xvfb
@@ -24,14 +26,25 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# Node (the openai SDK test client of tests/server): Debian's when none is installed.
+if ! command -v node >/dev/null 2>&1; then missing+=(nodejs npm); fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The test clients' npm packages, exactly as tests/server/package-lock.json
+# pins them; nothing is fetched when that lock was already installed (offline runs).
+server_tests="$(cd "$(dirname "$0")/../tests/server" && pwd)"
+if ! cmp -s "$server_tests/package-lock.json" "$server_tests/node_modules/.installed-lock.json"; then
+  echo "setup: npm ci in tests/server"
+  (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error &&
+   cp package-lock.json node_modules/.installed-lock.json)
+fi

@@ -15,5 +15,6 @@ void add_models_commands(CLI::App& root, int& exit_code);  // models synth, mode
 void add_queue_commands(CLI::App& root, int& exit_code);   // batch, queue ..., metrics, --headless
 void add_image_commands(CLI::App& root, int& exit_code);   // image
 void add_template_commands(CLI::App& root, int& exit_code);  // template render
+void add_serve_commands(CLI::App& root, int& exit_code);     // serve (the HTTP API, app/server)
 
 }  // namespace atelier::app

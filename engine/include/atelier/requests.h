@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace atelier {
@@ -43,6 +44,16 @@ struct TextRequest {
   bool add_bos = true;              // when the vocabulary uses a BOS token
   bool parse_special = true;        // "<|eot_id|>" etc. in the prompt become their tokens
   bool ignore_eos = false;          // keep generating past end-of-sequence (benchmarks)
+  // Structured output: a JSON Schema (type, properties, required,
+  // additionalProperties, items, enum, const). Tokens are drawn only where
+  // the text stays a prefix of one JSON value valid for it, and generation
+  // ends ("stop") when the value is complete. "" = free text.
+  std::string json_schema;
+  // Log-probabilities of the model's distribution (before penalties and
+  // sampling filters) for each new token, and the top_logprobs (0..20) most
+  // likely tokens at each position: TextResult::logprobs.
+  bool logprobs = false;
+  int top_logprobs = 0;
   // Queue placement (Engine only). Higher priority is admitted first; an
   // interactive job counts kInteractiveBoost above its priority and has a latency target.
   int priority = 0;
@@ -52,7 +63,7 @@ struct TextRequest {
 
 // The JSON form of a request: the job database stores it, `atelier batch`
 // reads one per line. Keys: model, prompt, max_new_tokens, stop, add_bos,
-// parse_special, ignore_eos, priority, interactive, and sampling{temperature, top_k,
+// parse_special, ignore_eos, json_schema, logprobs, top_logprobs, priority, interactive, and sampling{temperature, top_k,
 // top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
 // presence_penalty, seed}; all but model and prompt optional. Unknown keys are
 // refused (a typo should not silently fall back to a default).
@@ -82,11 +93,18 @@ struct TextStats {
   uint64_t seed = 0;
 };
 
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;                               // natural log of its probability
+  std::vector<std::pair<int32_t, float>> top;      // the most likely tokens there and their logprobs, best first
+};
+
 struct TextResult {
   std::string text;                 // the new text (stop string excluded)
   std::vector<int32_t> prompt_ids;  // including BOS
   std::vector<int32_t> ids;         // new tokens
   TextStats stats;
+  std::vector<TokenLogprob> logprobs;  // one per new token when the request asked for logprobs
 };
 
 // ---------------------------------------------------------------- image requests

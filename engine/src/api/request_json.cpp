@@ -30,6 +30,9 @@ std::string request_to_json(const TextRequest& r) {
               {"frequency_penalty", s.frequency_penalty},
               {"presence_penalty", s.presence_penalty}}}};
   if (s.seed != SamplingParams::kRandomSeed) j["sampling"]["seed"] = s.seed;
+  if (!r.json_schema.empty()) j["json_schema"] = r.json_schema;  // written only when set: older readers keep working
+  if (r.logprobs) j["logprobs"] = true;
+  if (r.top_logprobs) j["top_logprobs"] = r.top_logprobs;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -60,7 +63,7 @@ Result<TextRequest> request_from_json(std::string_view text) {
     const json j = json::parse(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
     if (j.contains("kind") && j["kind"] != "text") throw std::invalid_argument("not a text request (kind is not \"text\")");
-    check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "priority", "interactive", "sampling"}, "");
+    check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "json_schema", "logprobs", "top_logprobs", "priority", "interactive", "sampling"}, "");
     if (!j.contains("model") || !j.contains("prompt")) throw std::invalid_argument("a request needs 'model' and 'prompt'");
     TextRequest r;
     read(j, "model", r.model);
@@ -70,6 +73,9 @@ Result<TextRequest> request_from_json(std::string_view text) {
     read(j, "add_bos", r.add_bos);
     read(j, "parse_special", r.parse_special);
     read(j, "ignore_eos", r.ignore_eos);
+    read(j, "json_schema", r.json_schema);
+    read(j, "logprobs", r.logprobs);
+    read(j, "top_logprobs", r.top_logprobs);
     read(j, "priority", r.priority);
     read(j, "interactive", r.interactive);
     if (j.contains("sampling")) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "api/text_model_impl.h"
+#include "text/json_constraint.h"
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "formats/sniff.h"
@@ -83,6 +84,14 @@ Status validate_request(const TextRequest& r, int n_ctx) {
     return bad("frequency and presence penalties must be finite numbers");
   for (const auto& stop : r.stop)
     if (stop.empty()) return bad("a stop string must not be empty");
+  if (r.top_logprobs < 0 || r.top_logprobs > 20) return bad("top_logprobs must be between 0 and 20");
+  if (!r.json_schema.empty()) {
+    auto m = text::JsonMatcher::compile(r.json_schema);
+    if (!m.ok()) return bad("json_schema: " + m.status().message);
+    if (m->close_bytes() > r.max_new_tokens)
+      return bad("json_schema: its shortest valid value takes " + std::to_string(m->close_bytes()) +
+                 " tokens, more than max new tokens " + std::to_string(r.max_new_tokens) + "; allow more tokens");
+  }
   return {};
 }
 
@@ -214,6 +223,7 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
     st.gen_ms = ms_since(t1);
     result.prompt_ids = gen.prompt_ids();
     result.ids = gen.new_ids();
+    result.logprobs = gen.logprobs();
     st.new_tokens = static_cast<int>(result.ids.size());
     st.prompt_tokens_per_s = st.prompt_ms > 0 ? st.prompt_tokens * 1000.0 / st.prompt_ms : 0;
     st.new_tokens_per_s = st.gen_ms > 0 ? st.new_tokens * 1000.0 / st.gen_ms : 0;

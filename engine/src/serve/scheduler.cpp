@@ -772,6 +772,7 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
     r.stats.new_tokens_per_s = stats.tokens_per_s;
     r.stats.stop_reason = reason;
     r.stats.seed = s.gen->seed();
+    r.logprobs = s.gen->logprobs();  // API server: logprobs (text/generation)
     const json result = {{"text", r.text},
                          {"stop_reason", reason},
                          {"prompt_ids", r.prompt_ids},

@@ -1,5 +1,9 @@
 #include "text/generation.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 namespace atelier::text {
 
 Generation::Generation(const tok::Tokenizer& tokenizer, const TextRequest& request, std::vector<int32_t> prompt,
@@ -13,10 +17,61 @@ Generation::Generation(const tok::Tokenizer& tokenizer, const TextRequest& reque
       stream_(request.stop),
       logits_(static_cast<size_t>(tokenizer.n_vocab())) {
   for (int32_t t : tokens_) sampler_.accept(t);
+  if (!request.json_schema.empty()) {
+    auto m = JsonMatcher::compile(request.json_schema);  // validated at submission
+    if (m.ok()) {
+      json_ = std::move(m.value());
+      pieces_.resize(logits_.size());
+      for (size_t i = 0; i < pieces_.size(); ++i)
+        if (!tokenizer.is_eog(static_cast<int32_t>(i))) pieces_[i] = tokenizer.token_to_piece(static_cast<int32_t>(i));
+    }
+  }
+}
+
+bool Generation::allowed(int32_t id) const {
+  const std::string& p = pieces_[static_cast<size_t>(id)];
+  // End of sequence and empty pieces never (the value ends it); and the value
+  // must still close within the tokens left after this one (one byte each).
+  const int left = request_.max_new_tokens - static_cast<int>(new_ids_.size()) - 1;
+  return !p.empty() && json_->accepts(p, left);
+}
+
+int32_t Generation::sample() {
+  const int n = static_cast<int>(logits_.size());
+  if (request_.logprobs || request_.top_logprobs > 0) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float l : logits_) mx = std::max(mx, l);
+    double sum = 0;
+    for (float l : logits_) sum += std::exp(static_cast<double>(l - mx));
+    log_sum_exp_ = mx + std::log(sum);
+    raw_ = logits_;
+    top_.clear();
+    if (request_.top_logprobs > 0) {
+      std::vector<int32_t> idx(static_cast<size_t>(n));
+      for (int32_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i;
+      const auto k = static_cast<std::ptrdiff_t>(std::min(request_.top_logprobs, n));
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return raw_[static_cast<size_t>(a)] > raw_[static_cast<size_t>(b)] || (raw_[static_cast<size_t>(a)] == raw_[static_cast<size_t>(b)] && a < b);
+      });
+      for (std::ptrdiff_t i = 0; i < k; ++i)
+        top_.push_back({idx[static_cast<size_t>(i)], static_cast<float>(raw_[static_cast<size_t>(idx[static_cast<size_t>(i)])] - log_sum_exp_)});
+    }
+  }
+  if (!json_) return sampler_.sample(logits_.data(), n);
+  std::vector<float> original = logits_;
+  const int32_t id = sampler_.sample(logits_.data(), n);
+  if (allowed(id)) return id;
+  logits_ = std::move(original);
+  for (int32_t t = 0; t < n; ++t)
+    if (!allowed(t)) logits_[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
+  return sampler_.sample(logits_.data(), n);
 }
 
 TokenEvent Generation::accept(int32_t id) {
   sampler_.accept(id);
+  if (json_) json_->feed(pieces_[static_cast<size_t>(id)]);
+  if (request_.logprobs || request_.top_logprobs > 0)
+    logprobs_.push_back({id, raw_.empty() ? 0.0f : static_cast<float>(raw_[static_cast<size_t>(id)] - log_sum_exp_), top_});
   tokens_.push_back(id);
   new_ids_.push_back(id);
   TokenEvent ev;
@@ -28,7 +83,7 @@ TokenEvent Generation::accept(int32_t id) {
 }
 
 const char* Generation::end_reason(bool cancelled) const {
-  if (stream_.stopped()) return "stop";
+  if (stream_.stopped() || (json_ && json_->complete())) return "stop";
   if (cancelled) return "cancelled";
   if (static_cast<int>(new_ids_.size()) >= request_.max_new_tokens) return "length";
   if (n_tokens() >= max_tokens_) return "context";

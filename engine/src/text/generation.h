@@ -11,9 +11,11 @@
 #include <atelier/requests.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "text/json_constraint.h"
 #include "text/sampler.h"
 #include "text/text_stream.h"
 #include "tokenizer/tokenizer.h"
@@ -35,8 +37,11 @@ class Generation {
 
   // Where the forward pass writes the next token's logits (n_vocab floats).
   float* logits() { return logits_.data(); }
-  // Draws the next token from logits() (modified in place).
-  int32_t sample() { return sampler_.sample(logits_.data(), static_cast<int>(logits_.size())); }
+  // Draws the next token from logits() (modified in place): with a
+  // json_schema, only a token the schema's matcher accepts (the sampler's
+  // pick when it fits, else a draw from the tokens that do); with logprobs,
+  // the model's distribution is read first.
+  int32_t sample();
   // ID ends the generation as end of generation ("eos"); it is then not accepted.
   bool ends_with_eos(int32_t id) const { return tokenizer_.is_eog(id) && !request_.ignore_eos; }
   // Appends ID: the sampler's history, the tokens, the stream. Returns its token event.
@@ -46,6 +51,7 @@ class Generation {
   const char* end_reason(bool cancelled = false) const;
 
   std::string text() const { return stream_.text(); }  // cut before a stop string
+  const std::vector<TokenLogprob>& logprobs() const { return logprobs_; }  // one per accepted token (when asked)
   size_t released() const { return stream_.released(); }
   uint64_t seed() const { return sampler_.seed(); }
 
@@ -57,6 +63,13 @@ class Generation {
   Sampler sampler_;
   TextStream stream_;
   std::vector<float> logits_;
+  std::optional<JsonMatcher> json_;
+  std::vector<std::string> pieces_;  // every token's bytes (with json_)
+  std::vector<float> raw_;           // logits before sampling (logprobs, or the masked redraw)
+  double log_sum_exp_ = 0;
+  std::vector<std::pair<int32_t, float>> top_;
+  std::vector<TokenLogprob> logprobs_;
+  bool allowed(int32_t id) const;
 };
 
 }  // namespace atelier::text

@@ -1,0 +1,108 @@
+// What every route file shares: the engine, the options, the job event
+// router, request-body field readers that name the field on a wrong type,
+// and errors in OpenAI's shape. Internal to app/server.
+#pragma once
+
+#include <atelier/engine.h>
+#include <atelier/models.h>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "server/api_server.h"
+#include "server/job_events.h"
+
+namespace atelier::server {
+
+using nlohmann::json;
+
+// Thrown inside a handler, turned into {"error": {...}} with STATUS by the
+// route wrapper: exceptions never leave the server.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string param = "", std::string type = "",
+           std::string code = "")
+      : std::runtime_error(message), status(status), param(std::move(param)), type(std::move(type)), code(std::move(code)) {}
+  int status;
+  std::string param, type, code;
+};
+ApiError bad_field(const std::string& field, const std::string& what);  // 400 naming the field
+ApiError from_status(const Status& status, const std::string& param = "");
+
+json error_body(int status, const std::string& message, const std::string& param = "", std::string type = "",
+                std::string code = "");
+void send_json(httplib::Response& res, const json& body, int status = 200);
+
+json parse_body(const httplib::Request& req);  // 400 when not a JSON object
+
+// Optional typed fields: absent or null gives nullopt; a wrong type or a value
+// out of [lo, hi] is a 400 naming the field.
+std::optional<double> opt_number(const json& body, const char* field, double lo, double hi);
+std::optional<int64_t> opt_int(const json& body, const char* field, int64_t lo, int64_t hi);
+std::optional<bool> opt_bool(const json& body, const char* field);
+std::optional<std::string> opt_string(const json& body, const char* field);
+// A string or a list of strings (OpenAI's stop, prompt).
+std::vector<std::string> string_or_list(const json& body, const char* field);
+
+// The connection a request came on, found by its address (cpp-httplib 0.11
+// hands handlers no socket), so a handler that waits on a job notices a
+// client that went away and cancels it.
+class ClientWatch {
+ public:
+  explicit ClientWatch(const httplib::Request& req);
+  bool gone() const;  // the client closed or reset the connection
+
+ private:
+  int fd_ = -1;
+};
+
+int64_t unix_seconds();
+
+struct ModelEntry {
+  ResolvedModel resolved;
+  ModelInfo info;          // text models
+  std::string fingerprint;  // "fp_" + 12 hex: sha256 of the model digest and the engine build
+};
+
+struct Context {
+  Engine& engine;
+  ApiServerOptions options;
+  JobEvents events;
+  std::atomic<bool> ready{false};  // /health: the default model is loaded
+  std::atomic<int64_t> requests{0}, errors{0};
+  std::mutex mu;
+  std::map<std::string, ModelEntry> models;  // by reference
+  std::map<std::string, std::shared_ptr<Vocabulary>> vocabularies;  // by model file
+  std::string sd_model;  // A1111 options' sd_model_checkpoint ("" = the first image model)
+
+  Context(Engine& e, ApiServerOptions o) : engine(e), options(std::move(o)), events(e) {}
+  // The request's model (or the default), resolved and described; 404 in OpenAI's shape when unknown.
+  ModelEntry model(const std::string& ref);
+  std::shared_ptr<Vocabulary> vocabulary(const ModelEntry& model);  // 400 when it has none
+
+};
+
+void add_openai_routes(httplib::Server& http, Context& ctx);
+void add_llama_routes(httplib::Server& http, Context& ctx);
+void add_native_routes(httplib::Server& http, Context& ctx);
+void add_sdapi_routes(httplib::Server& http, Context& ctx);
+
+// OpenAI's messages (content a string or a list of text parts); 400 naming the field otherwise.
+std::vector<ChatMessage> chat_messages(const json& body);
+
+std::string base64_encode(const std::string& bytes);
+std::string base64_decode(const std::string& text);  // "" when malformed
+std::string sse_line(const json& j);                  // "data: {...}\n\n"
+json job_json(const JobInfo& job);                    // the native form of a job
+std::string preview_png(const ImageProgress& progress);  // PNG bytes of a preview ("" when none)
+
+// Wraps a handler: ApiError and any other exception become an error response.
+httplib::Server::Handler guarded(Context& ctx, std::function<void(const httplib::Request&, httplib::Response&)> fn);
+
+}  // namespace atelier::server
