@@ -196,6 +196,11 @@ test('16 concurrent streaming clients are decoded in shared batches (the batch-s
     return { upTo8: bucket(8), all: Number(text.match(/atelier_batch_size_count (\S+)/)[1]), text };
   };
   const before = await metric();
+  // Paused while the 16 arrive (through the queue database, as another
+  // process would), so their arrival spread on a loaded machine cannot keep
+  // them apart; resumed once all 16 wait.
+  const cli = (...args) => execFileSync(process.env.ATELIER_BINARY, args, { env: { ...process.env, ATELIER_HOME: home } }).toString();
+  cli('queue', 'pause');
   const one = async () => {
     let n = 0;
     // Long enough (300 tokens) that all 16 overlap even when a loaded machine spreads their arrival.
@@ -204,7 +209,14 @@ test('16 concurrent streaming clients are decoded in shared batches (the batch-s
       n += c.choices.length && c.choices[0].text ? 1 : 0;
     return n;
   };
-  const counts = await Promise.all(Array.from({ length: 16 }, one));
+  const running = Promise.all(Array.from({ length: 16 }, one));
+  for (let i = 0; i < 600; ++i) {
+    const queued = cli('queue', 'list', '--json').split('\n').filter((l) => l.includes('"queued"')).length;
+    if (queued >= 16) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  cli('queue', 'resume');
+  const counts = await running;
   assert.ok(counts.every((n) => n > 0));
   const afterM = await metric();
   const bigSteps = (afterM.all - afterM.upTo8) - (before.all - before.upTo8);
