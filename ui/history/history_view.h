@@ -40,7 +40,7 @@ class HistoryView : public QWidget {
  signals:
   void reopenText(const atelier::JobInfo& job);
   void reopenImage(const atelier::JobInfo& job);
-  void ranAgain(atelier::JobId original, atelier::JobId copy);  // the new job was queued
+  void ranAgain(qint64 original, qint64 copy);  // the new job was queued
   void statusMessage(const QString& text);
 
  private:
