@@ -10,6 +10,7 @@
 #include <QSplitter>
 #include <QTableWidget>
 #include <QTextBrowser>
+#include <QToolButton>
 #include <QVBoxLayout>
 
 #include <algorithm>
@@ -37,6 +38,8 @@ HistoryView::HistoryView(bridge::EngineBridge* bridge, QWidget* parent) : QWidge
   search_->setPlaceholderText(tr("Search prompts and models"));
   search_->setClearButtonEnabled(true);
   search_->setAccessibleName(tr("Search history"));
+  // Qt's clear button is icon-only: name it for screen readers.
+  for (QToolButton* b : search_->findChildren<QToolButton*>()) b->setAccessibleName(tr("Clear the search"));
   kind_ = new QComboBox(this);
   kind_->setObjectName(QStringLiteral("historyKind"));
   kind_->setAccessibleName(tr("Kind"));
@@ -58,6 +61,7 @@ HistoryView::HistoryView(bridge::EngineBridge* bridge, QWidget* parent) : QWidge
   table_->setSelectionMode(QAbstractItemView::SingleSelection);
   table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   table_->verticalHeader()->hide();
+  table_->setCornerButtonEnabled(false);
   table_->horizontalHeader()->setStretchLastSection(false);
   table_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
   table_->horizontalHeader()->setSectionResizeMode(Prompt, QHeaderView::Stretch);

@@ -288,12 +288,12 @@ void StudioWindow::buildMenus() {
       ->setObjectName(QStringLiteral("actionSettings"));
   file->addAction(tr("Restart the &engine"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_R), this, &StudioWindow::restartEngine)
       ->setObjectName(QStringLiteral("actionRestartEngine"));
-  file->addAction(tr("Open PNG &parameters..."), QKeySequence::Open, this, [this] {
+  file->addAction(tr("Open PNG &parameters..."), QKeySequence(Qt::CTRL | Qt::Key_O), this, [this] {
     const QString path = QFileDialog::getOpenFileName(this, tr("Restore parameters from a PNG"), outputFolder_, tr("PNG (*.png)"));
     if (!path.isEmpty()) restoreFromPng(path);
   });
   file->addSeparator();
-  file->addAction(tr("&Quit"), QKeySequence::Quit, this, &QWidget::close);
+  file->addAction(tr("&Quit"), QKeySequence(Qt::CTRL | Qt::Key_Q), this, &QWidget::close);
 
   QMenu* view = menuBar()->addMenu(tr("&View"));
   auto* writeAct = view->addAction(tr("Write"), QKeySequence(Qt::CTRL | Qt::Key_1), this, [this] { tabs_->setCurrentWidget(write_); });
