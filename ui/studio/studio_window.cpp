@@ -28,11 +28,13 @@
 #include <QStyleFactory>
 #include <QTabWidget>
 #include <QTimer>
+#include <QTreeWidget>
 
 #include "common/model_picker.h"
 #include "gallery/gallery_view.h"
 #include "history/history_view.h"
 #include "models/models_window.h"
+#include "monitor/engine_monitor.h"
 #include "settings/settings_dialog.h"
 #include "welcome/welcome_page.h"
 #include "paint/paint_tab.h"
@@ -110,6 +112,22 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   addDockWidget(Qt::BottomDockWidgetArea, historyDock_);
   tabifyDockWidget(queueDock_, historyDock_);
   queueDock_->raise();
+  // The monitor floats beside the window until it is docked (polls and draws only while shown).
+  monitorDock_ = new QDockWidget(tr("Engine monitor"), this);
+  monitorDock_->setObjectName(QStringLiteral("monitorDock"));
+  if (EngineMonitor::openGLAvailable()) {
+    monitor_ = new EngineMonitor(bridge_, this);
+    monitorDock_->setWidget(monitor_);
+  } else {
+    monitor_ = nullptr;
+    auto* none = new QLabel(tr("The engine monitor draws with OpenGL, which this display does not offer "
+                               "(`atelier metrics` prints the same figures)."), monitorDock_);
+    none->setWordWrap(true);
+    none->setObjectName(QStringLiteral("monitorUnavailable"));
+    monitorDock_->setWidget(none);
+  }
+  addDockWidget(Qt::RightDockWidgetArea, monitorDock_);
+  monitorDock_->hide();
 
   engineLabel_ = new QLabel(tr("opening the engine..."), this);
   engineLabel_->setObjectName(QStringLiteral("engineStatus"));
@@ -238,6 +256,7 @@ ModelsWindow* StudioWindow::modelsWindow() {
   if (!models_) {
     models_ = new ModelsWindow(store_, bridge_, this);
     models_->setWindowFlag(Qt::Window);
+    emit modelsWindowCreated();
     connect(models_, &ModelsWindow::storeChanged, bridge_, &bridge::EngineBridge::scanModels);
     connect(models_, &ModelsWindow::pinned, this, [this](const QString& kind, const QString& ref) {
       if (auto* picker = findChild<ModelPicker*>(kind == QLatin1String("text") ? QStringLiteral("writeModel") : QStringLiteral("imageModel")))
@@ -311,6 +330,10 @@ void StudioWindow::buildMenus() {
   h->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_H));
   h->setObjectName(QStringLiteral("actionHistory"));
   view->addAction(h);
+  QAction* mon = monitorDock_->toggleViewAction();
+  mon->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_E));
+  mon->setObjectName(QStringLiteral("actionMonitor"));
+  view->addAction(mon);
   view->addSeparator();
   view->addAction(tr("&Reset layout"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_L), this, &StudioWindow::resetLayout)
       ->setObjectName(QStringLiteral("actionResetLayout"));
@@ -398,6 +421,31 @@ void StudioWindow::setupSnapshots() {
     what->grab().save(path);
     statusBar()->showMessage(tr("snapshot %1").arg(path), 2000);
   };
+  // The History dock when it is first shown (after its rows are filled), the
+  // monitor once it has plotted a few seconds of work, the Models window once
+  // its list arrived.
+  connect(historyDock_, &QDockWidget::visibilityChanged, this, [this, shot](bool visible) {
+    if (!visible || shotHistory_) return;
+    shotHistory_ = true;
+    QTimer::singleShot(700, this, [this, shot] { shot(QStringLiteral("history.png"), historyDock_); });
+  });
+  if (monitor_) connect(monitor_, &EngineMonitor::sampled, this, [this, shot] {
+    if (shotMonitor_ || monitor_->data().samples().size() < 16) return;
+    const MonitorSample& s = monitor_->data().samples().back();
+    if (s.running == 0 && s.queued_text + s.queued_image == 0) return;  // while work runs
+    shotMonitor_ = true;
+    shot(QStringLiteral("monitor.png"), monitorDock_);
+  });
+  connect(this, &StudioWindow::modelsWindowCreated, this, [this, shot] {
+    connect(models_, &ModelsWindow::listed, this, [this, shot] {
+      if (shotModels_) return;
+      shotModels_ = true;
+      QTimer::singleShot(300, this, [this, shot] {
+        models_->tree()->setCurrentItem(models_->tree()->topLevelItemCount() ? models_->tree()->topLevelItem(0)->child(0) : nullptr);
+        QTimer::singleShot(400, this, [this, shot] { shot(QStringLiteral("models.png"), models_); });
+      });
+    });
+  });
   connect(bridge_, &bridge::EngineBridge::event, this, [this, shot](const Event& ev) {
     if (ev.type == EventType::Token && ev.job == write_->currentJob() && ev.index == 8 && !shotWrite_) {
       shotWrite_ = true;

@@ -20,6 +20,7 @@ class QTabWidget;
 namespace atelier::ui {
 
 class ConversationStore;
+class EngineMonitor;
 class GalleryView;
 class HistoryView;
 class ModelsWindow;
@@ -51,6 +52,8 @@ class StudioWindow : public QMainWindow {
   bridge::StoreWorker* storeWorker() const { return store_; }
   ModelsWindow* modelsWindow();         // created on first use
   HistoryView* historyView() const { return history_; }
+  EngineMonitor* monitor() const { return monitor_; }
+  QDockWidget* monitorDock() const { return monitorDock_; }
   WelcomePage* welcomePage() const { return welcome_; }
   bool showingWelcome() const;
   StudioSettings settings() const { return settings_; }
@@ -69,6 +72,9 @@ class StudioWindow : public QMainWindow {
   QString engineStatus() const;         // what the status bar says about the queue
 
   static void applyTheme(const QString& theme);
+
+ signals:
+  void modelsWindowCreated();
 
  protected:
   void closeEvent(QCloseEvent* event) override;
@@ -95,6 +101,8 @@ class StudioWindow : public QMainWindow {
   QDockWidget* queueDock_;
   QDockWidget* galleryDock_;
   QDockWidget* historyDock_;
+  QDockWidget* monitorDock_;
+  EngineMonitor* monitor_;
   HistoryView* history_;
   bridge::StoreWorker* store_;
   ModelsWindow* models_ = nullptr;
@@ -106,7 +114,7 @@ class StudioWindow : public QMainWindow {
   QByteArray defaultState_;
   QString outputFolder_;
   QString theme_ = QStringLiteral("dark");
-  bool shotWrite_ = false, shotPaint_ = false;
+  bool shotWrite_ = false, shotPaint_ = false, shotHistory_ = false, shotMonitor_ = false, shotModels_ = false;
   QSet<atelier::JobId> steppedJobs_;  // image jobs with denoising steps (snapshots)
 };
 
