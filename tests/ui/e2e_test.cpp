@@ -232,7 +232,7 @@ class EndToEndTest : public QObject {
     QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+shift+e")}), 0);
     for (int i = 0; i < 8; ++i)
       QCOMPARE(cli({QStringLiteral("queue"), QStringLiteral("add"), QStringLiteral("-m"), m15, QStringLiteral("-p"),
-                    QStringLiteral("Once upon a time, story %1").arg(i), QStringLiteral("-n"), QStringLiteral("160")}),
+                    QStringLiteral("Once upon a time, story %1").arg(i), QStringLiteral("-n"), QStringLiteral("64")}),
                0);
     QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+2")}), 0);
     QTest::qWait(300);
@@ -241,7 +241,7 @@ class EndToEndTest : public QObject {
     screen(QStringLiteral("screen-monitor.png"));
     QTRY_VERIFY_WITH_TIMEOUT(countState(QStringLiteral("text"), QStringLiteral("completed")) == 9 &&
                                  countState(QStringLiteral("image"), QStringLiteral("completed")) == 1,
-                             240000);
+                             200000);
     QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+shift+h")}), 0);
     QTRY_VERIFY_WITH_TIMEOUT(QFile::exists(QDir(shots_).filePath(QStringLiteral("history.png"))), 10000);
     screen(QStringLiteral("screen-history.png"));

@@ -127,6 +127,7 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     monitorDock_->setWidget(none);
   }
   addDockWidget(Qt::RightDockWidgetArea, monitorDock_);
+  tabifyDockWidget(galleryDock_, monitorDock_);  // the whole right column when it is in front
   monitorDock_->hide();
 
   engineLabel_ = new QLabel(tr("opening the engine..."), this);
@@ -248,6 +249,8 @@ bool StudioWindow::showingWelcome() const { return welcome_ && stack_->currentWi
 void StudioWindow::leaveWelcome() {
   stack_->setCurrentWidget(tabs_);
   tabs_->setCurrentWidget(write_);
+  // The page's buttons had the focus: it goes to Write's prompt, ready to type.
+  if (auto* prompt = write_->findChild<QWidget*>(QStringLiteral("prompt"))) prompt->setFocus();
   bridge_->scanModels();
   if (models_) models_->refresh();
 }
@@ -326,14 +329,16 @@ void StudioWindow::buildMenus() {
   QAction* g = galleryDock_->toggleViewAction();
   g->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_G));
   view->addAction(g);
-  QAction* h = historyDock_->toggleViewAction();
-  h->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_H));
+  // History and the monitor share their dock area with a neighbour (tabs):
+  // their actions bring them to the front rather than toggle them away.
+  auto front = [](QDockWidget* dock) {
+    dock->show();
+    dock->raise();
+  };
+  QAction* h = view->addAction(tr("&History"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_H), this, [this, front] { front(historyDock_); });
   h->setObjectName(QStringLiteral("actionHistory"));
-  view->addAction(h);
-  QAction* mon = monitorDock_->toggleViewAction();
-  mon->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_E));
+  QAction* mon = view->addAction(tr("&Engine monitor"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_E), this, [this, front] { front(monitorDock_); });
   mon->setObjectName(QStringLiteral("actionMonitor"));
-  view->addAction(mon);
   view->addSeparator();
   view->addAction(tr("&Reset layout"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_L), this, &StudioWindow::resetLayout)
       ->setObjectName(QStringLiteral("actionResetLayout"));
@@ -427,7 +432,13 @@ void StudioWindow::setupSnapshots() {
   connect(historyDock_, &QDockWidget::visibilityChanged, this, [this, shot](bool visible) {
     if (!visible || shotHistory_) return;
     shotHistory_ = true;
-    QTimer::singleShot(700, this, [this, shot] { shot(QStringLiteral("history.png"), historyDock_); });
+    // Room for rows and the details of the newest job, as a reviewer would open it.
+    resizeDocks({historyDock_}, {380}, Qt::Vertical);
+    QTimer::singleShot(300, this, [this] {
+      const QVector<JobId> rows = history_->shownJobs();
+      if (!rows.isEmpty()) history_->selectJob(rows.first());
+    });
+    QTimer::singleShot(900, this, [this, shot] { shot(QStringLiteral("history.png"), historyDock_); });
   });
   if (monitor_) connect(monitor_, &EngineMonitor::sampled, this, [this, shot] {
     if (shotMonitor_ || monitor_->data().samples().size() < 16) return;
