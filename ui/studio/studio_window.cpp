@@ -238,7 +238,14 @@ void StudioWindow::showWelcomeIfEmpty() {
     welcome_ = new WelcomePage(store_, stack_);
     stack_->addWidget(welcome_);
     stack_->setCurrentWidget(welcome_);
-    connect(welcome_, &WelcomePage::installed, this, &StudioWindow::leaveWelcome);
+    connect(welcome_, &WelcomePage::installed, this, [this] {
+      // Write starts on the text model just installed (not a loose file listed before it);
+      // Paint on the image model unless it already has one.
+      if (auto* text = findChild<ModelPicker*>(QStringLiteral("writeModel"))) text->setPreferred(WelcomePage::defaultModels().at(0));
+      if (auto* image = findChild<ModelPicker*>(QStringLiteral("imageModel")); image && image->reference().isEmpty())
+        image->setPreferred(WelcomePage::defaultModels().at(1));
+      leaveWelcome();
+    });
     connect(welcome_, &WelcomePage::skipped, this, &StudioWindow::leaveWelcome);
     if (auto* b = welcome_->findChild<QWidget*>(QStringLiteral("installButton"))) b->setFocus();
   });
