@@ -109,26 +109,38 @@ class MonitorTest : public QObject {
       return done == 5;
     };
     QTRY_VERIFY_WITH_TIMEOUT(allDone(), 60000);
-    // The engine's own figures, read now that it is idle...
-    EngineMetrics truth;
-    bool got = false;
-    engine.run<EngineMetrics>([](Engine* e) { return e->metrics(); }, [&](EngineMetrics m) {
-      truth = m;
-      got = true;
-    });
-    QTRY_VERIFY_WITH_TIMEOUT(got, 10000);
-    // ...and what the monitor sampled after that.
+    // The engine's own figures, read now that it is idle, before and after
+    // the monitor's sample (windowed figures may age between reads: the
+    // sample must equal one of the two; the busy fraction, a 10 s window,
+    // decays while idle and is not compared).
+    auto readMetrics = [&] {
+      EngineMetrics m;
+      bool got = false;
+      engine.run<EngineMetrics>([](Engine* e) { return e->metrics(); }, [&](EngineMetrics v) {
+        m = v;
+        got = true;
+      });
+      [&] { QTRY_VERIFY_WITH_TIMEOUT(got, 10000); }();
+      return m;
+    };
+    const EngineMetrics a = readMetrics();
     const int before = monitor.polls();
     monitor.pollNow();
     QTRY_VERIFY_WITH_TIMEOUT(monitor.polls() > before, 10000);
+    const EngineMetrics b = readMetrics();
     const MonitorSample s = monitor.data().samples().back();
-    QVERIFY(truth.completed >= 5);
-    QCOMPARE(s.kv_used, truth.kv_blocks_used);
-    QCOMPARE(s.kv_free, truth.kv_blocks_free);
-    QCOMPARE(s.kv_cached, truth.kv_blocks_cached);
-    QCOMPARE(s.ttft_p50_ms, truth.time_to_first_token_ms.p50);
-    QCOMPARE(s.itl_p99_ms, truth.inter_token_ms.p99);
-    QVERIFY(truth.time_to_first_token_ms.p50 > 0);
+    auto matches = [&](const EngineMetrics& t) {
+      return s.kv_used == t.kv_blocks_used && s.kv_free == t.kv_blocks_free && s.kv_cached == t.kv_blocks_cached &&
+             s.ttft_p50_ms == t.time_to_first_token_ms.p50 && s.ttft_p99_ms == t.time_to_first_token_ms.p99 &&
+             s.itl_p50_ms == t.inter_token_ms.p50 && s.itl_p99_ms == t.inter_token_ms.p99;
+    };
+    QVERIFY(a.completed >= 5);
+    QVERIFY(a.time_to_first_token_ms.p50 > 0);
+    QVERIFY(a.kv_blocks_used + a.kv_blocks_free > 0);
+    QVERIFY2(matches(a) || matches(b), qPrintable(QStringLiteral("monitor kv %1/%2/%3 ttft %4, engine kv %5/%6/%7 ttft %8")
+                                                     .arg(s.kv_used).arg(s.kv_cached).arg(s.kv_free).arg(s.ttft_p50_ms)
+                                                     .arg(a.kv_blocks_used).arg(a.kv_blocks_cached).arg(a.kv_blocks_free)
+                                                     .arg(a.time_to_first_token_ms.p50)));
     QCOMPARE(s.queued_text + s.queued_image, 0);
   }
 
