@@ -15,6 +15,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
   # ui
   qt6-base-dev libgl-dev xvfb xauth
+  # the engine monitor: Dear ImGui and its OpenGL3 renderer; Mesa (llvmpipe) draws it on Xvfb
+  libimgui-dev libgl1-mesa-dri libqt6opengl6-dev
   # the studio end-to-end test: keystrokes and screen captures on Xvfb
   xdotool imagemagick
 )

@@ -56,14 +56,35 @@ void EngineBridge::post(std::function<void()> work) {
   QMetaObject::invokeMethod(workerContext_, std::move(work), Qt::QueuedConnection);
 }
 
-void EngineBridge::start() {
+void EngineBridge::restart(Options options) {
+  if (options.dataDir.isEmpty()) options.dataDir = defaultDataDir();
+  if (options.storeDir.isEmpty()) options.storeDir = options.dataDir;
+  options_ = options;
+  open_ = false;
+  pollTimer_.stop();
   post([this] {
+    if (engine_ && subscription_) engine_->unsubscribe(subscription_);
+    subscription_ = 0;
+    engine_.reset();
+    infoCache_.clear();
+  });
+  start();
+}
+
+void EngineBridge::start() {
+  const Options o = options_;
+  post([this, o] {
     EngineConfig config;
-    config.data_dir = options_.dataDir.toStdString();
-    config.store_dir = options_.storeDir.toStdString();
-    config.threads = options_.threads;
+    config.data_dir = o.dataDir.toStdString();
+    config.store_dir = o.storeDir.toStdString();
+    config.threads = o.threads;
     config.poll_ms = 200;
-    config.nice = options_.engineNice;
+    config.nice = o.engineNice;
+    config.max_batch = o.maxBatch;
+    config.max_wait_ms = o.maxWaitMs;
+    config.kv_memory_bytes = o.kvMemoryBytes;
+    config.model_cache_bytes = o.modelCacheBytes;
+    config.kv_type = o.kvF32 ? KvType::F32 : KvType::F16;
     auto result = Engine::open(config);
     bool executes = true;
     QString message;

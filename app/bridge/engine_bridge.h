@@ -48,6 +48,12 @@ class EngineBridge : public QObject {
     int threads = 0;
     int pollMs = 500;   // how often the job list is re-read (client mode: the only source of news)
     int engineNice = 5; // the engine's threads yield to the window's (EngineConfig::nice)
+    // EngineConfig's batching and memory settings (the studio's Settings).
+    int maxBatch = 32;
+    int maxWaitMs = 100;
+    int64_t kvMemoryBytes = int64_t{1} << 30;
+    int64_t modelCacheBytes = int64_t{8} << 30;
+    bool kvF32 = false;
   };
   explicit EngineBridge(Options options, QObject* parent = nullptr);
   ~EngineBridge() override;  // closes the engine on the worker thread and waits for it
@@ -56,6 +62,9 @@ class EngineBridge : public QObject {
   // dir's queue is free, else a client of the process that runs it.
   // Emits opened() when done.
   void start();
+  // Closes the engine (running jobs go back to the queue) and opens it again
+  // with OPTIONS; opened() follows. The queue and its jobs survive.
+  void restart(Options options);
   bool isOpen() const { return open_; }
   bool executes() const { return executes_; }  // false: another process runs the queue
   const Options& options() const { return options_; }

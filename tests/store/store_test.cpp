@@ -480,3 +480,51 @@ TEST(Store, GarbageIsRefusedWithNothingRecorded) {
   EXPECT_TRUE(tmp_files(t.store()).empty());
   EXPECT_NE(error_of([&] { st->history("readme"); }).find("no model named"), std::string::npos);
 }
+
+// Import and verify report their bytes as they hash (the window's progress
+// bars) and stop when the callback says so: a cancelled import records
+// nothing and leaves no tmp file.
+TEST(Store, ImportAndVerifyReportProgressAndCanBeCancelled) {
+  TempDir t;
+  auto st = ModelStore::open(t.store());
+  const int64_t tok = static_cast<int64_t>(fs::file_size(kTok));
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  ImportOptions o;
+  o.on_progress = [&](int64_t done, int64_t total) {
+    seen.emplace_back(done, total);
+    return true;
+  };
+  st->import({{kBin, "model"}, {kTok, "tokenizer"}}, "two", o);
+  ASSERT_FALSE(seen.empty());
+  const int64_t all = static_cast<int64_t>(fs::file_size(kBin)) + tok;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].second, all);
+    if (i) EXPECT_GE(seen[i].first, seen[i - 1].first);
+  }
+  EXPECT_EQ(seen.back().first, all);
+
+  seen.clear();
+  const auto report = st->verify("two", [&](int64_t done, int64_t total) {
+    seen.emplace_back(done, total);
+    return true;
+  });
+  EXPECT_TRUE(report.ok());
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().first, all);
+  EXPECT_EQ(seen.back().second, all);
+
+  ImportOptions stop;
+  stop.on_progress = [](int64_t, int64_t) { return false; };
+  const std::string why = error_of([&] { st->import({{kGguf, "model"}}, "cancelled", stop); });
+  EXPECT_NE(why.find("cancelled"), std::string::npos) << why;
+  try {
+    st->import({{kGguf, "model"}}, "cancelled", stop);
+    ADD_FAILURE() << "the import went through";
+  } catch (const atelier::Error& e) {
+    EXPECT_EQ(e.code(), atelier::StatusCode::Cancelled);
+  }
+  EXPECT_EQ(st->list().size(), 1u);  // "two" only
+  EXPECT_TRUE(tmp_files(t.store()).empty());
+  EXPECT_EQ(blobs_in(t.store()).size(), 2u);
+  EXPECT_THROW(st->verify("two", [](int64_t, int64_t) { return false; }), atelier::Error);
+}

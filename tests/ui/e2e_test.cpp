@@ -5,7 +5,12 @@
 // studio saves screenshots of Write mid-stream, Paint mid-generation and
 // done, and the queue (ATELIER_STUDIO_SHOTS) into the build folder's
 // studio-shots/, and the X screen is captured too (ImageMagick's import).
-// The results are checked through the job database with the CLI.
+// The results are checked through the job database with the CLI. Last, from
+// an empty ATELIER_HOME: the first-start page installs the default models
+// from the fixtures mirror, Write generates, and the engine monitor is opened
+// while 8 text jobs and an image run; the studio saves the monitor, History
+// and the Models window (monitor.png, history.png, models.png) beside the X
+// screen captures.
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -26,13 +31,14 @@ class EndToEndTest : public QObject {
   QString display_;
   QString shots_;
   QString sd_;
+  QString homeDir_, configDir_;  // "" = home_'s
 
   QProcessEnvironment env() const {
     QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
     e.insert(QStringLiteral("DISPLAY"), display_);
     e.insert(QStringLiteral("QT_QPA_PLATFORM"), QStringLiteral("xcb"));
-    e.insert(QStringLiteral("ATELIER_HOME"), home_->home());
-    e.insert(QStringLiteral("XDG_CONFIG_HOME"), home_->path(QStringLiteral("config")));
+    e.insert(QStringLiteral("ATELIER_HOME"), homeDir_.isEmpty() ? home_->home() : homeDir_);
+    e.insert(QStringLiteral("XDG_CONFIG_HOME"), configDir_.isEmpty() ? home_->path(QStringLiteral("config")) : configDir_);
     e.insert(QStringLiteral("ATELIER_STUDIO_SHOTS"), shots_);
     return e;
   }
@@ -96,6 +102,21 @@ class EndToEndTest : public QObject {
     p.setProcessEnvironment(env());
     p.start(QStringLiteral("import"), {QStringLiteral("-window"), QStringLiteral("root"), QDir(shots_).filePath(name)});
     p.waitForFinished(20000);
+  }
+
+  int cli(const QStringList& args, QByteArray* out = nullptr) {
+    QProcess p;
+    p.setProcessEnvironment(env());
+    p.start(QStringLiteral(ATELIER_BINARY), args);
+    if (!p.waitForFinished(60000)) return -1;
+    if (out) *out = p.readAllStandardOutput();
+    return p.exitCode();
+  }
+
+  int installedModels() {
+    QByteArray out;
+    if (cli({QStringLiteral("models"), QStringLiteral("list"), QStringLiteral("--json")}, &out) != 0) return -1;
+    return static_cast<int>(out.trimmed().isEmpty() ? 0 : out.trimmed().split('\n').size());
   }
 
  private slots:
@@ -174,6 +195,68 @@ class EndToEndTest : public QObject {
     screen(QStringLiteral("screen-sd.png"));
     closeStudio(studio);
     QCOMPARE(studio.exitCode(), 0);
+  }
+
+  void firstStartFromAnEmptyHome() {
+    QTemporaryDir fresh;
+    homeDir_ = fresh.filePath(QStringLiteral("home"));
+    configDir_ = fresh.filePath(QStringLiteral("config"));
+    QDir().mkpath(homeDir_);
+    const QString m15 = home_->synthText(QStringLiteral("models/m15.gguf"));  // slow enough to watch 8 jobs run
+    QVERIFY(!m15.isEmpty());
+    {
+      QSettings s(configDir_ + QStringLiteral("/atelier/studio.conf"), QSettings::IniFormat);
+      s.setValue(QStringLiteral("models/mirror"), uitest::fixtures());  // the mirror folder the welcome page offers
+      s.setValue(QStringLiteral("write/maxTokens"), 60);
+      s.setValue(QStringLiteral("write/temperature"), 0.0);
+      s.setValue(QStringLiteral("paint/model"), sd_);
+      s.setValue(QStringLiteral("paint/prompt"), QStringLiteral("a lighthouse on a cliff at dusk"));
+      s.setValue(QStringLiteral("paint/steps"), 16);
+      s.setValue(QStringLiteral("paint/width"), 192);
+      s.setValue(QStringLiteral("paint/height"), 192);
+    }
+    QCOMPARE(installedModels(), 0);
+    QProcess studio;
+    QVERIFY(startStudio(studio));
+    QTest::qWait(1500);
+    screen(QStringLiteral("screen-welcome.png"));
+    // The install button has the focus: Return installs from the mirror.
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("Return")}), 0);
+    QTRY_COMPARE_WITH_TIMEOUT(installedModels(), 2, 60000);
+    QTest::qWait(1500);  // Write opens, the pickers fill
+    QCOMPARE(x({QStringLiteral("type"), QStringLiteral("--delay"), QStringLiteral("30"), QStringLiteral("Tell me about a cat")}), 0);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+Return")}), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(countState(QStringLiteral("text"), QStringLiteral("completed")) == 1, 60000);
+    screen(QStringLiteral("screen-first-write.png"));
+    // The monitor, then 8 text jobs (another process queues them; the studio runs them) and an image from Paint.
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+shift+e")}), 0);
+    for (int i = 0; i < 8; ++i)
+      QCOMPARE(cli({QStringLiteral("queue"), QStringLiteral("add"), QStringLiteral("-m"), m15, QStringLiteral("-p"),
+                    QStringLiteral("Once upon a time, story %1").arg(i), QStringLiteral("-n"), QStringLiteral("64")}),
+               0);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+2")}), 0);
+    QTest::qWait(300);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+Return")}), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(QFile::exists(QDir(shots_).filePath(QStringLiteral("monitor.png"))), 60000);
+    screen(QStringLiteral("screen-monitor.png"));
+    QTRY_VERIFY_WITH_TIMEOUT(countState(QStringLiteral("text"), QStringLiteral("completed")) == 9 &&
+                                 countState(QStringLiteral("image"), QStringLiteral("completed")) == 1,
+                             200000);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+shift+h")}), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(QFile::exists(QDir(shots_).filePath(QStringLiteral("history.png"))), 10000);
+    screen(QStringLiteral("screen-history.png"));
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+shift+m")}), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(QFile::exists(QDir(shots_).filePath(QStringLiteral("models.png"))), 10000);
+    QTest::qWait(300);
+    screen(QStringLiteral("screen-models.png"));
+    for (const char* f : {"monitor.png", "history.png", "models.png"})
+      QVERIFY2(QImage(QDir(shots_).filePath(QString::fromLatin1(f))).width() > 200, f);
+    // The Models window has the focus now; the main window closes the studio.
+    x({QStringLiteral("search"), QStringLiteral("--onlyvisible"), QStringLiteral("--name"), QStringLiteral("^Atelier$"),
+       QStringLiteral("windowfocus"), QStringLiteral("--sync")});
+    closeStudio(studio);
+    homeDir_.clear();
+    configDir_.clear();
   }
 
   void cleanupTestCase() {

@@ -20,6 +20,7 @@ SeedBox::SeedBox(QWidget* parent) : QWidget(parent) {
   dice_->setText(QStringLiteral("\u2684"));  // die face
   dice_->setToolTip(tr("Roll a new random seed"));
   dice_->setObjectName(QStringLiteral("seedDice"));
+  dice_->setAccessibleName(tr("Roll a new random seed"));
   lock_ = new QToolButton(this);
   lock_->setCheckable(true);
   lock_->setText(tr("Lock"));

@@ -36,6 +36,7 @@
 #include <QtConcurrent/QtConcurrentRun>
 
 #include <algorithm>
+#include <QRegularExpression>
 #include <cmath>
 
 #include "bridge/engine_bridge.h"
@@ -280,6 +281,7 @@ QWidget* PaintTab::buildPanel() {
   swapSize_->setObjectName(QStringLiteral("swapSize"));
   swapSize_->setText(QStringLiteral("\u21c4"));
   swapSize_->setToolTip(tr("Swap width and height (portrait / landscape)"));
+  swapSize_->setAccessibleName(tr("Swap width and height"));
   auto* wh = new QHBoxLayout;
   wh->setSpacing(4);
   wh->addWidget(width_, 1);
@@ -595,8 +597,16 @@ void PaintTab::setOutputFolder(const QString& folder) {
 }
 
 QString PaintTab::nextOutputPath(uint64_t seed) const {
-  const QString stamp = QDateTime::currentDateTime().toString(QStringLiteral("yyyyMMdd-hhmmss"));
-  const QString base = QDir(outputFolder_).filePath(QStringLiteral("atelier-%1-%2").arg(stamp).arg(seed));
+  const QDateTime now = QDateTime::currentDateTime();
+  QString name = fileNaming_;
+  QString model = model_->reference().section('/', -1).section('.', 0, 0);
+  model.replace(QRegularExpression(QStringLiteral("[^A-Za-z0-9._@-]")), QStringLiteral("_"));
+  name.replace(QStringLiteral("{date}"), now.toString(QStringLiteral("yyyyMMdd")))
+      .replace(QStringLiteral("{time}"), now.toString(QStringLiteral("hhmmss")))
+      .replace(QStringLiteral("{seed}"), QString::number(seed))
+      .replace(QStringLiteral("{model}"), model);
+  name.replace('/', '_');
+  const QString base = QDir(outputFolder_).filePath(name);
   const bool batch = batchCount_->value() * batchSize_->value() > 1;
   // The same second and seed twice (a locked seed): a suffix keeps the first.
   QString stem = base;
@@ -1040,6 +1050,7 @@ void PaintTab::showPreview(const ImageProgress& p) {
   const int round = p.image / perRound;
   updateProgress(round * p.steps + p.step, std::max(1, running_.batch_count) * p.steps, p.seconds, p.steps);
   if (phase_ == Phase::Stopping) progress_->setFormat(tr("stopping\u2026"));
+  if (previewEvery_ > 1 && p.step % previewEvery_ != 0 && p.step != p.steps) return;
   const QImage img = previewImage(p);
   if (img.isNull()) return;
   if (p.image >= 0 && p.image < images_.size()) {

@@ -13,6 +13,8 @@
 #include <QVector>
 #include <QWidget>
 
+#include <algorithm>
+
 #include <optional>
 
 class QComboBox;
@@ -67,6 +69,11 @@ class PaintTab : public QWidget {
   void reuseSeed(quint64 seed);  // shows and locks it
   // A TAESD decoder file for the step previews ("" = the linear latent-to-RGB preview).
   void setPreviewDecoder(const QString& path) { previewDecoder_ = path; }
+  // The canvas shows every Nth denoising step (and the last); the progress bar every step.
+  void setPreviewEvery(int steps) { previewEvery_ = std::max(1, steps); }
+  int previewEvery() const { return previewEvery_; }
+  // File names: {date} {time} {seed} {model}, then ".png".
+  void setFileNaming(const QString& pattern) { fileNaming_ = pattern; }
   QString previewDecoder() const { return previewDecoder_; }
 
   // The panel's values under "paint/" (prompt, model, sampler, size, seed, ...).
@@ -116,6 +123,8 @@ class PaintTab : public QWidget {
   bridge::EngineBridge* bridge_;
   QString outputFolder_;
   QString previewDecoder_;
+  int previewEvery_ = 1;
+  QString fileNaming_ = QStringLiteral("atelier-{date}-{time}-{seed}");
   // panel
   ModelPicker* model_;
   QPlainTextEdit* prompt_;

@@ -19,12 +19,24 @@
 #include <QPalette>
 #include <QPushButton>
 #include <QSettings>
+#include <QHeaderView>
+#include <QKeySequence>
+#include <QStackedWidget>
 #include <QStatusBar>
+#include <QTableWidget>
+#include <QVBoxLayout>
 #include <QStyleFactory>
 #include <QTabWidget>
 #include <QTimer>
+#include <QTreeWidget>
 
+#include "common/model_picker.h"
 #include "gallery/gallery_view.h"
+#include "history/history_view.h"
+#include "models/models_window.h"
+#include "monitor/engine_monitor.h"
+#include "settings/settings_dialog.h"
+#include "welcome/welcome_page.h"
 #include "paint/paint_tab.h"
 #include "queue/queue_view.h"
 #include "write/conversation_store.h"
@@ -66,11 +78,9 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   setWindowTitle(tr("Atelier"));
   setAcceptDrops(true);
   if (options_.dataDir.isEmpty()) options_.dataDir = bridge::defaultDataDir();
-  bridge::EngineBridge::Options bo;
-  bo.dataDir = options_.dataDir;
-  bo.modelFolders = options_.modelFolders;
-  bo.threads = options_.threads;
-  bridge_ = new bridge::EngineBridge(bo, this);
+  settings_ = StudioSettings::load();
+  bridge_ = new bridge::EngineBridge(bridgeOptions(), this);
+  store_ = new bridge::StoreWorker(bridge_->options().storeDir, this);
   conversations_ = new ConversationStore(options_.dataDir);
 
   tabs_ = new QTabWidget(this);
@@ -80,7 +90,10 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   paint_ = new PaintTab(bridge_, tabs_);
   tabs_->addTab(write_, tr("&Write"));
   tabs_->addTab(paint_, tr("&Paint"));
-  setCentralWidget(tabs_);
+  stack_ = new QStackedWidget(this);
+  stack_->setObjectName(QStringLiteral("centralStack"));
+  stack_->addWidget(tabs_);
+  setCentralWidget(stack_);
 
   queue_ = new QueueView(bridge_, this);
   queueDock_ = new QDockWidget(tr("Queue"), this);
@@ -92,6 +105,30 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   galleryDock_->setObjectName(QStringLiteral("galleryDock"));
   galleryDock_->setWidget(gallery_);
   addDockWidget(Qt::RightDockWidgetArea, galleryDock_);
+  history_ = new HistoryView(bridge_, this);
+  historyDock_ = new QDockWidget(tr("History"), this);
+  historyDock_->setObjectName(QStringLiteral("historyDock"));
+  historyDock_->setWidget(history_);
+  addDockWidget(Qt::BottomDockWidgetArea, historyDock_);
+  tabifyDockWidget(queueDock_, historyDock_);
+  queueDock_->raise();
+  // The monitor floats beside the window until it is docked (polls and draws only while shown).
+  monitorDock_ = new QDockWidget(tr("Engine monitor"), this);
+  monitorDock_->setObjectName(QStringLiteral("monitorDock"));
+  if (EngineMonitor::openGLAvailable()) {
+    monitor_ = new EngineMonitor(bridge_, this);
+    monitorDock_->setWidget(monitor_);
+  } else {
+    monitor_ = nullptr;
+    auto* none = new QLabel(tr("The engine monitor draws with OpenGL, which this display does not offer "
+                               "(`atelier metrics` prints the same figures)."), monitorDock_);
+    none->setWordWrap(true);
+    none->setObjectName(QStringLiteral("monitorUnavailable"));
+    monitorDock_->setWidget(none);
+  }
+  addDockWidget(Qt::RightDockWidgetArea, monitorDock_);
+  tabifyDockWidget(galleryDock_, monitorDock_);  // the whole right column when it is in front
+  monitorDock_->hide();
 
   engineLabel_ = new QLabel(tr("opening the engine..."), this);
   engineLabel_->setObjectName(QStringLiteral("engineStatus"));
@@ -109,6 +146,22 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   connect(queue_, &QueueView::statusMessage, this, [this](const QString& m) { statusBar()->showMessage(m, 8000); });
   connect(gallery_, &GalleryView::statusMessage, this, [this](const QString& m) { statusBar()->showMessage(m, 8000); });
   connect(paint_, &PaintTab::imagesSaved, gallery_, &GalleryView::addImages);
+  connect(history_, &HistoryView::statusMessage, this, [this](const QString& m) { statusBar()->showMessage(m, 8000); });
+  connect(history_, &HistoryView::reopenText, this, [this](const JobInfo& j) {
+    if (!write_->openRequest(j.request, j.seed)) {
+      statusBar()->showMessage(tr("Write is busy; stop its generation first"), 8000);
+      return;
+    }
+    tabs_->setCurrentWidget(write_);
+  });
+  connect(history_, &HistoryView::reopenImage, this, [this](const JobInfo& j) {
+    for (const std::string& f : j.files)
+      if (QFileInfo::exists(QString::fromStdString(f))) {
+        restoreFromPng(QString::fromStdString(f));
+        return;
+      }
+    statusBar()->showMessage(tr("Job #%1's images are gone; its parameters are in the History details").arg(j.id), 10000);
+  });
   connect(gallery_, &GalleryView::reuseParameters, this, [this](const QString& path) {
     restoreFromPng(path);
     tabs_->setCurrentWidget(paint_);
@@ -152,7 +205,101 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   QTimer::singleShot(0, this, [this] { emit tabs_->currentChanged(tabs_->currentIndex()); });
   write_->loadSettings(s);
   paint_->loadSettings(s);
+  paint_->setPreviewDecoder(settings_.previewDecoder);
+  paint_->setPreviewEvery(settings_.previewEverySteps);
+  paint_->setFileNaming(settings_.fileNaming);
+  for (const QString& kind : {QStringLiteral("text"), QStringLiteral("image")}) {
+    const QString pinned = s.value(QStringLiteral("models/pinned/%1").arg(kind)).toString();
+    if (pinned.isEmpty()) continue;
+    if (auto* picker = findChild<ModelPicker*>(kind == QLatin1String("text") ? QStringLiteral("writeModel") : QStringLiteral("imageModel")))
+      picker->setPreferred(pinned);
+  }
   bridge_->start();
+  if (options_.welcome) showWelcomeIfEmpty();
+}
+
+bridge::EngineBridge::Options StudioWindow::bridgeOptions() const {
+  bridge::EngineBridge::Options bo;
+  bo.dataDir = options_.dataDir;
+  bo.storeDir = settings_.storeDir;
+  bo.modelFolders = options_.modelFolders;
+  bo.threads = options_.threads ? options_.threads : settings_.threads;
+  bo.maxBatch = settings_.maxBatch;
+  bo.maxWaitMs = settings_.maxWaitMs;
+  bo.kvMemoryBytes = int64_t{settings_.kvMemoryMiB} << 20;
+  bo.modelCacheBytes = int64_t{settings_.modelMemoryMiB} << 20;
+  bo.kvF32 = settings_.kvType == QLatin1String("f32");
+  return bo;
+}
+
+void StudioWindow::showWelcomeIfEmpty() {
+  store_->list([this](Result<std::vector<StoreModel>> r) {
+    if (!r.ok() || !r.value().empty() || welcome_) return;
+    welcome_ = new WelcomePage(store_, stack_);
+    stack_->addWidget(welcome_);
+    stack_->setCurrentWidget(welcome_);
+    connect(welcome_, &WelcomePage::installed, this, [this] {
+      // Write starts on the text model just installed (not a loose file listed before it);
+      // Paint on the image model unless it already has one.
+      if (auto* text = findChild<ModelPicker*>(QStringLiteral("writeModel"))) text->setPreferred(WelcomePage::defaultModels().at(0));
+      if (auto* image = findChild<ModelPicker*>(QStringLiteral("imageModel")); image && image->reference().isEmpty())
+        image->setPreferred(WelcomePage::defaultModels().at(1));
+      leaveWelcome();
+    });
+    connect(welcome_, &WelcomePage::skipped, this, &StudioWindow::leaveWelcome);
+    if (auto* b = welcome_->findChild<QWidget*>(QStringLiteral("installButton"))) b->setFocus();
+  });
+}
+
+bool StudioWindow::showingWelcome() const { return welcome_ && stack_->currentWidget() == welcome_; }
+
+void StudioWindow::leaveWelcome() {
+  stack_->setCurrentWidget(tabs_);
+  tabs_->setCurrentWidget(write_);
+  // The page's buttons had the focus: it goes to Write's prompt, ready to type.
+  if (auto* prompt = write_->findChild<QWidget*>(QStringLiteral("prompt"))) prompt->setFocus();
+  bridge_->scanModels();
+  if (models_) models_->refresh();
+}
+
+ModelsWindow* StudioWindow::modelsWindow() {
+  if (!models_) {
+    models_ = new ModelsWindow(store_, bridge_, this);
+    models_->setWindowFlag(Qt::Window);
+    emit modelsWindowCreated();
+    connect(models_, &ModelsWindow::storeChanged, bridge_, &bridge::EngineBridge::scanModels);
+    connect(models_, &ModelsWindow::pinned, this, [this](const QString& kind, const QString& ref) {
+      if (auto* picker = findChild<ModelPicker*>(kind == QLatin1String("text") ? QStringLiteral("writeModel") : QStringLiteral("imageModel")))
+        picker->setPreferred(ref);
+    });
+  }
+  return models_;
+}
+
+void StudioWindow::showModels() {
+  ModelsWindow* m = modelsWindow();
+  m->show();
+  m->raise();
+  m->activateWindow();
+}
+
+void StudioWindow::restartEngine() {
+  engineLabel_->setText(tr("restarting the engine..."));
+  bridge_->restart(bridgeOptions());
+}
+
+void StudioWindow::applySettings(const StudioSettings& next, bool restart) {
+  const bool engineChanged = settings_.needsRestart(next);
+  settings_ = next;
+  settings_.save();
+  setTheme(next.theme);
+  if (!next.outputFolder.isEmpty() && next.outputFolder != outputFolder_) setOutputFolder(next.outputFolder);
+  paint_->setPreviewDecoder(next.previewDecoder);
+  paint_->setPreviewEvery(next.previewEverySteps);
+  paint_->setFileNaming(next.fileNaming);
+  if (engineChanged && restart) restartEngine();
+  else if (engineChanged) statusBar()->showMessage(tr("The engine settings take effect after a restart (File > Restart the engine)"), 15000);
+  saveState();
 }
 
 StudioWindow::~StudioWindow() {
@@ -166,13 +313,16 @@ StudioWindow::~StudioWindow() {
 
 void StudioWindow::buildMenus() {
   QMenu* file = menuBar()->addMenu(tr("&File"));
-  file->addAction(tr("&Settings..."), this, &StudioWindow::showSettings)->setObjectName(QStringLiteral("actionSettings"));
-  file->addAction(tr("Open PNG &parameters..."), this, [this] {
+  file->addAction(tr("&Settings..."), QKeySequence(Qt::CTRL | Qt::Key_Comma), this, &StudioWindow::showSettings)
+      ->setObjectName(QStringLiteral("actionSettings"));
+  file->addAction(tr("Restart the &engine"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_R), this, &StudioWindow::restartEngine)
+      ->setObjectName(QStringLiteral("actionRestartEngine"));
+  file->addAction(tr("Open PNG &parameters..."), QKeySequence(Qt::CTRL | Qt::Key_O), this, [this] {
     const QString path = QFileDialog::getOpenFileName(this, tr("Restore parameters from a PNG"), outputFolder_, tr("PNG (*.png)"));
     if (!path.isEmpty()) restoreFromPng(path);
   });
   file->addSeparator();
-  file->addAction(tr("&Quit"), QKeySequence::Quit, this, &QWidget::close);
+  file->addAction(tr("&Quit"), QKeySequence(Qt::CTRL | Qt::Key_Q), this, &QWidget::close);
 
   QMenu* view = menuBar()->addMenu(tr("&View"));
   auto* writeAct = view->addAction(tr("Write"), QKeySequence(Qt::CTRL | Qt::Key_1), this, [this] { tabs_->setCurrentWidget(write_); });
@@ -186,16 +336,88 @@ void StudioWindow::buildMenus() {
   QAction* g = galleryDock_->toggleViewAction();
   g->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_G));
   view->addAction(g);
+  // History and the monitor share their dock area with a neighbour (tabs):
+  // their actions bring them to the front rather than toggle them away.
+  auto front = [](QDockWidget* dock) {
+    dock->show();
+    dock->raise();
+  };
+  QAction* h = view->addAction(tr("&History"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_H), this, [this, front] { front(historyDock_); });
+  h->setObjectName(QStringLiteral("actionHistory"));
+  QAction* mon = view->addAction(tr("&Engine monitor"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_E), this, [this, front] { front(monitorDock_); });
+  mon->setObjectName(QStringLiteral("actionMonitor"));
   view->addSeparator();
-  view->addAction(tr("&Reset layout"), this, &StudioWindow::resetLayout)->setObjectName(QStringLiteral("actionResetLayout"));
+  view->addAction(tr("&Reset layout"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_L), this, &StudioWindow::resetLayout)
+      ->setObjectName(QStringLiteral("actionResetLayout"));
   auto* dark = view->addAction(tr("&Dark theme"));
+  dark->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_T));
   dark->setCheckable(true);
   dark->setChecked(theme_ == QLatin1String("dark"));
   connect(dark, &QAction::toggled, this, [this](bool on) { setTheme(on ? QStringLiteral("dark") : QStringLiteral("light")); });
 
   QMenu* queue = menuBar()->addMenu(tr("&Queue"));
-  queue->addAction(tr("&Pause / resume"), this, [this] { bridge_->setPaused(!bridge_->paused()); });
-  queue->addAction(tr("&Clear finished..."), queue_, [this] { queue_->clearFinished(true); });
+  queue->addAction(tr("&Pause / resume"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_P), this, [this] { bridge_->setPaused(!bridge_->paused()); });
+  queue->addAction(tr("&Clear finished..."), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_K), queue_, [this] { queue_->clearFinished(true); });
+
+  QMenu* models = menuBar()->addMenu(tr("&Models"));
+  models->addAction(tr("&Manage models..."), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_M), this, &StudioWindow::showModels)
+      ->setObjectName(QStringLiteral("actionModels"));
+  models->addAction(tr("&Install from the catalog..."), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_I), this, [this] {
+    showModels();
+    models_->showPull();
+  });
+  models->addAction(tr("Import a model &file..."), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_O), this, [this] {
+    const QString path = QFileDialog::getOpenFileName(this, tr("Import a model"), QString(),
+                                                      tr("Models (*.gguf *.safetensors *.ckpt *.pth *.pt *.bin);;All files (*)"));
+    if (path.isEmpty()) return;
+    showModels();
+    models_->importFile(path);
+  });
+
+  QMenu* help = menuBar()->addMenu(tr("&Help"));
+  help->addAction(tr("&Keyboard shortcuts"), QKeySequence(Qt::Key_F1), this, &StudioWindow::showShortcuts)
+      ->setObjectName(QStringLiteral("actionShortcuts"));
+}
+
+// Every menu action with its shortcut, read from the menus themselves (so
+// the list cannot fall behind them), plus the workspaces' own keys.
+void StudioWindow::showShortcuts() {
+  auto* dialog = new QDialog(this);
+  dialog->setObjectName(QStringLiteral("shortcutsDialog"));
+  dialog->setWindowTitle(tr("Keyboard shortcuts"));
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  auto* table = new QTableWidget(0, 3, dialog);
+  table->setObjectName(QStringLiteral("shortcutsTable"));
+  table->setHorizontalHeaderLabels({tr("Menu"), tr("Action"), tr("Shortcut")});
+  table->verticalHeader()->hide();
+  table->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  table->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  auto add = [table](const QString& menu, const QString& action, const QString& keys) {
+    const int r = table->rowCount();
+    table->insertRow(r);
+    table->setItem(r, 0, new QTableWidgetItem(menu));
+    table->setItem(r, 1, new QTableWidgetItem(action));
+    table->setItem(r, 2, new QTableWidgetItem(keys));
+  };
+  for (QAction* top : menuBar()->actions()) {
+    QMenu* menu = top->menu();
+    if (!menu) continue;
+    for (QAction* a : menu->actions()) {
+      if (a->isSeparator()) continue;
+      add(top->text().remove('&'), a->text().remove('&'), a->shortcut().toString(QKeySequence::NativeText));
+    }
+  }
+  add(tr("Write / Paint"), tr("Generate now"), QKeySequence(Qt::CTRL | Qt::Key_Return).toString(QKeySequence::NativeText));
+  add(tr("Write"), tr("Add to the queue"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_Return).toString(QKeySequence::NativeText));
+  add(tr("Write / Paint"), tr("Stop"), QKeySequence(Qt::Key_Escape).toString(QKeySequence::NativeText));
+  add(tr("Write"), tr("Previous / next prompt"), tr("Ctrl+Up / Ctrl+Down"));
+  auto* layout = new QVBoxLayout(dialog);
+  layout->addWidget(table);
+  auto* buttons = new QDialogButtonBox(QDialogButtonBox::Close, dialog);
+  connect(buttons, &QDialogButtonBox::rejected, dialog, &QDialog::reject);
+  layout->addWidget(buttons);
+  dialog->resize(560, 520);
+  dialog->open();
 }
 
 // ATELIER_STUDIO_SHOTS=DIR: the window saves what it shows (Qt's grab) at
@@ -211,6 +433,37 @@ void StudioWindow::setupSnapshots() {
     what->grab().save(path);
     statusBar()->showMessage(tr("snapshot %1").arg(path), 2000);
   };
+  // The History dock when it is first shown (after its rows are filled), the
+  // monitor once it has plotted a few seconds of work, the Models window once
+  // its list arrived.
+  connect(historyDock_, &QDockWidget::visibilityChanged, this, [this, shot](bool visible) {
+    if (!visible || shotHistory_) return;
+    shotHistory_ = true;
+    // Room for rows and the details of the newest job, as a reviewer would open it.
+    resizeDocks({historyDock_}, {380}, Qt::Vertical);
+    QTimer::singleShot(300, this, [this] {
+      const QVector<JobId> rows = history_->shownJobs();
+      if (!rows.isEmpty()) history_->selectJob(rows.first());
+    });
+    QTimer::singleShot(900, this, [this, shot] { shot(QStringLiteral("history.png"), historyDock_); });
+  });
+  if (monitor_) connect(monitor_, &EngineMonitor::sampled, this, [this, shot] {
+    if (shotMonitor_ || monitor_->data().samples().size() < 16) return;
+    const MonitorSample& s = monitor_->data().samples().back();
+    if (s.running == 0 && s.queued_text + s.queued_image == 0) return;  // while work runs
+    shotMonitor_ = true;
+    shot(QStringLiteral("monitor.png"), monitorDock_);
+  });
+  connect(this, &StudioWindow::modelsWindowCreated, this, [this, shot] {
+    connect(models_, &ModelsWindow::listed, this, [this, shot] {
+      if (shotModels_) return;
+      shotModels_ = true;
+      QTimer::singleShot(300, this, [this, shot] {
+        models_->tree()->setCurrentItem(models_->tree()->topLevelItemCount() ? models_->tree()->topLevelItem(0)->child(0) : nullptr);
+        QTimer::singleShot(400, this, [this, shot] { shot(QStringLiteral("models.png"), models_); });
+      });
+    });
+  });
   connect(bridge_, &bridge::EngineBridge::event, this, [this, shot](const Event& ev) {
     if (ev.type == EventType::Token && ev.job == write_->currentJob() && ev.index == 8 && !shotWrite_) {
       shotWrite_ = true;
@@ -252,38 +505,14 @@ void StudioWindow::setTheme(const QString& theme) {
 QString StudioWindow::engineStatus() const { return engineLabel_->text(); }
 
 void StudioWindow::showSettings() {
-  QDialog dialog(this);
-  dialog.setObjectName(QStringLiteral("settingsDialog"));
-  dialog.setWindowTitle(tr("Settings"));
-  auto* form = new QFormLayout(&dialog);
-  auto* theme = new QComboBox(&dialog);
-  theme->addItem(tr("Dark"), QStringLiteral("dark"));
-  theme->addItem(tr("Light"), QStringLiteral("light"));
-  theme->setCurrentIndex(theme_ == QLatin1String("light") ? 1 : 0);
-  theme->setToolTip(tr("The window's colours"));
-  form->addRow(tr("Theme"), theme);
-  auto* folder = new QLineEdit(outputFolder_, &dialog);
-  folder->setToolTip(tr("Where Paint saves its PNGs (with their parameters inside)"));
-  auto* browse = new QPushButton(tr("Browse..."), &dialog);
-  auto* row = new QHBoxLayout;
-  row->addWidget(folder, 1);
-  row->addWidget(browse);
-  form->addRow(tr("Output folder"), row);
-  connect(browse, &QPushButton::clicked, &dialog, [&] {
-    const QString d = QFileDialog::getExistingDirectory(&dialog, tr("Output folder"), folder->text());
-    if (!d.isEmpty()) folder->setText(d);
-  });
-  auto* data = new QLabel(options_.dataDir, &dialog);
-  data->setToolTip(tr("Queue, conversations and the model store (ATELIER_HOME)"));
-  form->addRow(tr("Data folder"), data);
-  auto* buttons = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel, &dialog);
-  form->addRow(buttons);
-  connect(buttons, &QDialogButtonBox::accepted, &dialog, &QDialog::accept);
-  connect(buttons, &QDialogButtonBox::rejected, &dialog, &QDialog::reject);
-  if (dialog.exec() != QDialog::Accepted) return;
-  setTheme(theme->currentData().toString());
-  if (folder->text() != outputFolder_) setOutputFolder(folder->text());
-  saveState();
+  StudioSettings current = settings_;
+  current.theme = theme_;
+  current.outputFolder = outputFolder_;
+  // The API server section appears once the program has one (app/server/).
+  auto* dialog = new SettingsDialog(current, /*apiServerAvailable=*/false, this);
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  connect(dialog, &QDialog::accepted, this, [this, dialog] { applySettings(dialog->settings(), dialog->restartRequested()); });
+  dialog->open();
 }
 
 void StudioWindow::saveState() {

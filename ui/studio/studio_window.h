@@ -9,16 +9,23 @@
 #include <QSet>
 
 #include "bridge/engine_bridge.h"
+#include "bridge/store_worker.h"
+#include "settings/studio_settings.h"
 
 class QDockWidget;
 class QLabel;
+class QStackedWidget;
 class QTabWidget;
 
 namespace atelier::ui {
 
 class ConversationStore;
+class EngineMonitor;
 class GalleryView;
+class HistoryView;
+class ModelsWindow;
 class PaintTab;
+class WelcomePage;
 class QueueView;
 class WriteTab;
 
@@ -26,6 +33,7 @@ struct StudioOptions {
   QString dataDir;           // queue, conversations, default output folder ("" = the engine's default)
   QStringList modelFolders;  // loose model files for the pickers
   int threads = 0;
+  bool welcome = true;       // an empty store opens on the first-start page
 };
 
 class StudioWindow : public QMainWindow {
@@ -41,6 +49,20 @@ class StudioWindow : public QMainWindow {
   GalleryView* gallery() const { return gallery_; }
   QueueView* queueView() const { return queue_; }
   QTabWidget* tabs() const { return tabs_; }
+  bridge::StoreWorker* storeWorker() const { return store_; }
+  ModelsWindow* modelsWindow();         // created on first use
+  HistoryView* historyView() const { return history_; }
+  EngineMonitor* monitor() const { return monitor_; }
+  QDockWidget* monitorDock() const { return monitorDock_; }
+  WelcomePage* welcomePage() const { return welcome_; }
+  bool showingWelcome() const;
+  StudioSettings settings() const { return settings_; }
+  // Keeps NEXT in QSettings and applies it (Paint, folders, theme at once;
+  // the engine's settings when RESTART, by opening the engine again).
+  void applySettings(const StudioSettings& next, bool restart);
+  void restartEngine();
+  void showModels();
+  void showShortcuts();
   QString outputFolder() const { return outputFolder_; }
   void setOutputFolder(const QString& folder);
   QString theme() const { return theme_; }
@@ -51,6 +73,9 @@ class StudioWindow : public QMainWindow {
 
   static void applyTheme(const QString& theme);
 
+ signals:
+  void modelsWindowCreated();
+
  protected:
   void closeEvent(QCloseEvent* event) override;
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -60,6 +85,9 @@ class StudioWindow : public QMainWindow {
   void buildMenus();
   void setupSnapshots();
   void showSettings();
+  void showWelcomeIfEmpty();
+  void leaveWelcome();
+  bridge::EngineBridge::Options bridgeOptions() const;
   void restoreFromPng(const QString& path);
 
   StudioOptions options_;
@@ -72,12 +100,21 @@ class StudioWindow : public QMainWindow {
   QueueView* queue_;
   QDockWidget* queueDock_;
   QDockWidget* galleryDock_;
+  QDockWidget* historyDock_;
+  QDockWidget* monitorDock_;
+  EngineMonitor* monitor_;
+  HistoryView* history_;
+  bridge::StoreWorker* store_;
+  ModelsWindow* models_ = nullptr;
+  WelcomePage* welcome_ = nullptr;
+  QStackedWidget* stack_;
+  StudioSettings settings_;
   QLabel* engineLabel_;
   QLabel* statsLabel_;
   QByteArray defaultState_;
   QString outputFolder_;
   QString theme_ = QStringLiteral("dark");
-  bool shotWrite_ = false, shotPaint_ = false;
+  bool shotWrite_ = false, shotPaint_ = false, shotHistory_ = false, shotMonitor_ = false, shotModels_ = false;
   QSet<atelier::JobId> steppedJobs_;  // image jobs with denoising steps (snapshots)
 };
 

@@ -507,6 +507,28 @@ TextRequest WriteTab::baseRequest(bool interactive) {
   return r;
 }
 
+bool WriteTab::openRequest(const TextRequest& r, uint64_t seed) {
+  if (phase_ != Phase::Idle) return false;
+  newConversation();
+  setMode(QStringLiteral("notebook"));
+  conv().document = QString::fromStdString(r.prompt);
+  notebook_->setPlainText(conv().document);
+  model_->setReference(QString::fromStdString(r.model));
+  maxTokens_->setValue(r.max_new_tokens);
+  temperature_->setValue(r.sampling.temperature);
+  topK_->setValue(r.sampling.top_k);
+  topP_->setValue(r.sampling.top_p);
+  minP_->setValue(r.sampling.min_p);
+  repeatPenalty_->setValue(r.sampling.repeat_penalty);
+  QStringList stops;
+  for (const auto& s : r.stop) stops << QString::fromStdString(s);
+  stops_->setPlainText(stops.join('\n'));
+  seed_->setSeed(seed);
+  persist();
+  render();
+  return true;
+}
+
 void WriteTab::generate() { start(Action::Reply, true); }
 void WriteTab::queue() { start(Action::Reply, false); }
 void WriteTab::regenerate() { start(Action::Regenerate, true); }

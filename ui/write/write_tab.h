@@ -78,6 +78,9 @@ class WriteTab : public QWidget {
   void newConversation();
   void setMode(const QString& mode);  // "chat" or "notebook"
   bool saveMarkdown(const QString& path);
+  // A finished job again (History): a new notebook holding exactly the prompt
+  // the model saw, with the job's model, sampling and (locked) seed. False while generating.
+  bool openRequest(const atelier::TextRequest& request, uint64_t seed);
   // Replaces message INDEX, drops what followed it and continues from there:
   // a user message gets a new answer, an assistant message is written on.
   void editMessage(int index, const QString& text);

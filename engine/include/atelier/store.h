@@ -78,8 +78,14 @@ struct StoreImportFile {
   std::string role = "model";
 };
 
+// Called as bytes are hashed (import: copied and hashed; verify: hashed) with
+// the bytes done so far and in all of the call; returning false stops the
+// work with Cancelled (an import then records nothing).
+using StoreProgressFn = std::function<bool(int64_t bytes_done, int64_t bytes_total)>;
+
 struct StoreImportOptions {
   std::string label, kind, notes, licence, description;
+  StoreProgressFn on_progress;  // may be empty
 };
 
 // ---------------------------------------------------------------- the catalog
@@ -153,7 +159,7 @@ class Store {
   Result<int> rollback(const std::string& name, const std::string& channel);  // 0: the channel is now unset
   Status remove(const std::string& ref, bool force = false);
   Result<StoreGcReport> gc();
-  Result<StoreVerifyReport> verify(const std::string& ref = "") const;  // "" = every blob
+  Result<StoreVerifyReport> verify(const std::string& ref = "", const StoreProgressFn& on_progress = {}) const;  // "" = every blob
   Result<std::vector<StoreAuditEntry>> history(const std::string& name) const;
 
   struct Impl;

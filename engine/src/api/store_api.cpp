@@ -259,6 +259,7 @@ Result<int> Store::import(const std::vector<StoreImportFile>& files, const std::
     o.notes = options.notes;
     o.licence = options.licence;
     o.description = options.description;
+    o.on_progress = options.on_progress;
     return impl_->st->import(in, name, o);
   });
 }
@@ -289,9 +290,9 @@ Result<StoreGcReport> Store::gc() {
   });
 }
 
-Result<StoreVerifyReport> Store::verify(const std::string& ref) const {
+Result<StoreVerifyReport> Store::verify(const std::string& ref, const StoreProgressFn& on_progress) const {
   return store_call([&]() -> Result<StoreVerifyReport> {
-    const auto r = impl_->st->verify(ref);
+    const auto r = impl_->st->verify(ref, on_progress);
     StoreVerifyReport o;
     o.blobs_checked = r.blobs_checked;
     o.bytes_checked = r.bytes_checked;

@@ -91,7 +91,7 @@ bool is_hex_digest(const std::string& s) {
          std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-std::string sha256_file(const std::string& path, int64_t* size) {
+std::string sha256_file(const std::string& path, int64_t* size, const std::function<bool(int64_t)>& on_bytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw IoError(sys_error("cannot open", path, errno));
   Sha256 sha;
@@ -103,6 +103,7 @@ std::string sha256_file(const std::string& path, int64_t* size) {
     if (r == 0) break;
     sha.update(buf.get(), static_cast<size_t>(r));
     total += r;
+    if (on_bytes && !on_bytes(total)) throw Error(StatusCode::Cancelled, "hashing " + path + " was cancelled");
   }
   if (size) *size = total;
   return sha.hex();
@@ -115,7 +116,8 @@ BlobStore::BlobStore(std::string root) : root_(std::move(root)) {
 }
 
 BlobStore::Stored BlobStore::put(const std::string& src,
-                                 const std::function<void(const std::string&)>& after_hash) const {
+                                 const std::function<void(const std::string&)>& after_hash,
+                                 const std::function<bool(int64_t)>& on_bytes) const {
   Fd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (in.get() < 0) throw IoError(sys_error("cannot open", src, errno));
   struct stat st {};
@@ -144,6 +146,8 @@ BlobStore::Stored BlobStore::put(const std::string& src,
     sha.update(buf.get(), static_cast<size_t>(r));
     write_all(out.get(), buf.get(), static_cast<size_t>(r), tmp);
     total += r;
+    if (on_bytes && !on_bytes(total))
+      throw Error(StatusCode::Cancelled, "the import of " + src + " was cancelled; nothing was recorded");
   }
   if (::fchmod(out.get(), 0444) != 0) throw IoError(sys_error("cannot set the mode of", tmp, errno));
   if (::fsync(out.get()) != 0) throw IoError(sys_error("cannot sync", tmp, errno) + " (is the disk full?)");

@@ -11,8 +11,10 @@
 namespace atelier::store {
 
 // Lower-case hex SHA-256 of a file's bytes; SIZE receives its length.
-// Throws atelier::Error naming the file.
-std::string sha256_file(const std::string& path, int64_t* size);
+// Throws atelier::Error naming the file. ON_BYTES (may be empty) gets the bytes
+// hashed so far after every chunk; returning false throws Error(Cancelled).
+std::string sha256_file(const std::string& path, int64_t* size,
+                        const std::function<bool(int64_t bytes_done)>& on_bytes = {});
 
 bool is_hex_digest(const std::string& s);  // 64 lower-case hex digits
 
@@ -30,8 +32,10 @@ class BlobStore {
   };
   // Copies SRC into the folder (see above); identical content ends up in one
   // blob. AFTER_HASH (test hook) runs with the tmp path before the rename.
+  // ON_BYTES as for sha256_file (a cancel leaves no tmp file behind).
   // The caller holds a shared lock (Lock below).
-  Stored put(const std::string& src, const std::function<void(const std::string&)>& after_hash) const;
+  Stored put(const std::string& src, const std::function<void(const std::string&)>& after_hash,
+             const std::function<bool(int64_t bytes_done)>& on_bytes = {}) const;
 
   // Digests of the blobs present, sorted.
   std::vector<std::string> list() const;

@@ -511,8 +511,17 @@ int ModelStore::import(const std::vector<ImportFile>& files, const std::string& 
   BlobStore blobs(root_);
   BlobStore::Lock flock(root_, BlobStore::Lock::kShared);  // keeps gc away until the commit
   std::vector<BlobStore::Stored> stored;
+  int64_t bytes_total = 0, bytes_before = 0;
+  if (options.on_progress) {
+    std::error_code ec;
+    for (const auto& f : files) bytes_total += static_cast<int64_t>(fs::file_size(f.path, ec));
+  }
   for (const auto& f : files) {
-    stored.push_back(blobs.put(f.path, options.after_hash));
+    std::function<bool(int64_t)> on_bytes;
+    if (options.on_progress)
+      on_bytes = [&](int64_t done) { return options.on_progress(bytes_before + done, bytes_total); };
+    stored.push_back(blobs.put(f.path, options.after_hash, on_bytes));
+    bytes_before += stored.back().size;
     if (!f.expected_sha256.empty() && stored.back().digest != f.expected_sha256)
       throw Error("refusing " + f.path + ": its sha256 is " + stored.back().digest + ", not " + f.expected_sha256 +
                   " as expected; nothing was recorded (the file is damaged or not the one the catalog names)");
@@ -725,7 +734,8 @@ GcReport ModelStore::gc() {
   return report;
 }
 
-VerifyReport ModelStore::verify(const std::string& ref) const {
+VerifyReport ModelStore::verify(const std::string& ref,
+                                const std::function<bool(int64_t bytes_done, int64_t bytes_total)>& on_progress) const {
   std::vector<std::string> digests;
   {
     std::lock_guard lock(mu_);
@@ -742,9 +752,19 @@ VerifyReport ModelStore::verify(const std::string& ref) const {
   }
   // Hashing runs without the lock; blobs are immutable once named.
   VerifyReport report;
+  int64_t bytes_total = 0, bytes_before = 0;
+  if (on_progress) {
+    std::error_code ec;
+    for (const auto& d : digests) {
+      const auto n = fs::file_size(blob_path(d), ec);
+      if (!ec) bytes_total += static_cast<int64_t>(n);
+    }
+  }
   for (const auto& d : digests) {
     const std::string p = blob_path(d);
     std::error_code ec;
+    std::function<bool(int64_t)> on_bytes;
+    if (on_progress) on_bytes = [&](int64_t done) { return on_progress(bytes_before + done, bytes_total); };
     if (!fs::exists(p, ec)) {
       report.problems.push_back({d, p, "missing"});
       continue;
@@ -752,13 +772,15 @@ VerifyReport ModelStore::verify(const std::string& ref) const {
     int64_t size = 0;
     std::string got;
     try {
-      got = sha256_file(p, &size);
+      got = sha256_file(p, &size, on_bytes);
     } catch (const Error& e) {
+      if (e.code() == StatusCode::Cancelled) throw;
       report.problems.push_back({d, p, std::string("unreadable: ") + e.what()});
       continue;
     }
     ++report.blobs_checked;
     report.bytes_checked += size;
+    bytes_before += size;
     if (got != d) report.problems.push_back({d, p, "corrupted (hashes to " + got + "); re-import or pull the model again"});
   }
   return report;

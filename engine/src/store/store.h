@@ -79,6 +79,8 @@ struct ImportOptions {
   // Test hook: called with the tmp file's path after it is hashed and synced,
   // before the rename (a crash test kills the process here).
   std::function<void(const std::string& tmp_path)> after_hash;
+  // Bytes copied so far and in all files; false cancels (StatusCode::Cancelled, nothing recorded).
+  std::function<bool(int64_t bytes_done, int64_t bytes_total)> on_progress;
 };
 
 struct FileEntry {
@@ -178,7 +180,8 @@ class ModelStore {
   // Deletes blobs no version references, and tmp leftovers.
   GcReport gc();
   // Re-hashes the blobs of REF's version ("" = every referenced blob).
-  VerifyReport verify(const std::string& ref = "") const;
+  VerifyReport verify(const std::string& ref = "",
+                      const std::function<bool(int64_t bytes_done, int64_t bytes_total)>& on_progress = {}) const;
 
   std::vector<AuditRow> history(const std::string& name) const;
   std::vector<ModelInfo> list() const;
