@@ -1,5 +1,7 @@
 #include "bridge/engine_bridge.h"
 
+#include "server/api_server.h"
+
 #include <atelier/store.h>
 #include <atelier/tools.h>
 
@@ -45,6 +47,7 @@ EngineBridge::~EngineBridge() {
   // The engine closes on the worker (its destructor stops the runner, which
   // may take a step); the subscription goes first so no event outlives us.
   post([this] {
+    stopApiServer();
     if (engine_ && subscription_) engine_->unsubscribe(subscription_);
     engine_.reset();
   });
@@ -63,6 +66,7 @@ void EngineBridge::restart(Options options) {
   open_ = false;
   pollTimer_.stop();
   post([this] {
+    stopApiServer();
     if (engine_ && subscription_) engine_->unsubscribe(subscription_);
     subscription_ = 0;
     engine_.reset();
@@ -117,6 +121,7 @@ void EngineBridge::start() {
           Qt::QueuedConnection);
     });
     const bool paused = engine_->paused();
+    applyApiServer();  // the server, when on, serves the engine just opened
     open_ = true;
     executes_ = executes;
     paused_ = paused;
@@ -129,6 +134,50 @@ void EngineBridge::start() {
         },
         Qt::QueuedConnection);
   });
+}
+
+void EngineBridge::setApiServer(bool enabled, const QString& address, const QString& key) {
+  post([this, enabled, address, key] {
+    api_ = {enabled, address, key};
+    applyApiServer();
+  });
+}
+
+void EngineBridge::stopApiServer() {
+  if (!apiServer_) return;
+  apiServer_->stop();
+  apiServer_.reset();
+  QMetaObject::invokeMethod(this, [this] { emit apiServerChanged(false, QString(), QString()); }, Qt::QueuedConnection);
+}
+
+void EngineBridge::applyApiServer() {
+  stopApiServer();
+  if (!api_.enabled || !engine_) return;
+  server::ApiServerOptions o;
+  // HOST:PORT; a bare port means loopback.
+  const int colon = api_.address.lastIndexOf(QLatin1Char(':'));
+  const QString host = colon > 0 ? api_.address.left(colon) : QStringLiteral("127.0.0.1");
+  bool ok = false;
+  const int port = (colon >= 0 ? api_.address.mid(colon + 1) : api_.address).toInt(&ok);
+  if (!ok || port < 0 || port > 65535) {
+    const QString why = tr("API server: \"%1\" is not HOST:PORT (a port from 0 to 65535)").arg(api_.address);
+    QMetaObject::invokeMethod(this, [this, why] { emit apiServerChanged(false, QString(), why); }, Qt::QueuedConnection);
+    return;
+  }
+  o.host = host.toStdString();
+  o.port = port;
+  o.api_key = api_.key.toStdString();
+  o.store_dir = options_.storeDir.toStdString();
+  auto server = std::make_unique<server::ApiServer>(*engine_, o);
+  const Status st = server->start();
+  if (!st.ok()) {
+    const QString why = tr("API server: %1").arg(QString::fromStdString(st.message));
+    QMetaObject::invokeMethod(this, [this, why] { emit apiServerChanged(false, QString(), why); }, Qt::QueuedConnection);
+    return;
+  }
+  const QString address = QString::fromStdString(server->address());
+  apiServer_ = std::move(server);
+  QMetaObject::invokeMethod(this, [this, address] { emit apiServerChanged(true, address, QString()); }, Qt::QueuedConnection);
 }
 
 void EngineBridge::submitText(const TextRequest& request, SubmitDone done) {

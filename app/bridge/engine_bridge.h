@@ -26,6 +26,10 @@ Q_DECLARE_METATYPE(atelier::Event)
 Q_DECLARE_METATYPE(atelier::JobInfo)
 Q_DECLARE_METATYPE(atelier::ModelInfo)
 
+namespace atelier::server {
+class ApiServer;
+}
+
 namespace atelier::bridge {
 
 // A model the pickers offer: a store version or a loose file.
@@ -85,6 +89,10 @@ class EngineBridge : public QObject {
   void scanModels();   // -> modelsScanned
   // Loads the text model's header (info, chat template) once per reference -> modelInfoReady.
   void requestModelInfo(const QString& reference);
+  // The local HTTP API (app/server/) over this engine: on at ADDRESS
+  // ("HOST:PORT", port 0 = any free one) with KEY ("" = any token), or off.
+  // Kept across restarts. -> apiServerChanged
+  void setApiServer(bool enabled, const QString& address, const QString& key);
   // Any slow read: runs WORK on the worker thread, then DONE(result) here.
   template <class T>
   void run(std::function<T(atelier::Engine*)> work, std::function<void(T)> done);
@@ -100,6 +108,9 @@ class EngineBridge : public QObject {
   void modelsScanned(const QVector<atelier::bridge::ModelChoice>& models);
   void modelInfoReady(const QString& reference, bool ok, const atelier::ModelInfo& info, const QString& error);
   void errorOccurred(const QString& message);      // a slow call failed with nobody to tell
+  // The API server is listening at ADDRESS ("http://HOST:PORT"), or is off
+  // (ADDRESS empty; ERROR says why when it could not start).
+  void apiServerChanged(bool running, const QString& address, const QString& error);
 
  private:
   void post(std::function<void()> work);  // to the worker thread
@@ -109,7 +120,14 @@ class EngineBridge : public QObject {
   Options options_;
   QThread worker_;
   QObject* workerContext_ = nullptr;  // lives on worker_
+  void applyApiServer();                  // worker: (re)start or stop the server as api_ says
+  void stopApiServer();                   // worker: before the engine closes
   std::unique_ptr<atelier::Engine> engine_;  // touched only on the worker thread (and its own threads)
+  struct ApiSettings {
+    bool enabled = false;
+    QString address, key;
+  } api_;                                 // worker thread only
+  std::unique_ptr<atelier::server::ApiServer> apiServer_;  // worker thread only; stopped before engine_ closes
   uint64_t subscription_ = 0;
   std::atomic<bool> open_{false}, executes_{false}, paused_{false};
   std::atomic<bool> polling_{false};

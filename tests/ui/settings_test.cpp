@@ -23,6 +23,7 @@
 #include <QTabBar>
 #include <QTableWidget>
 #include <QtTest>
+#include <httplib.h>
 
 #include <memory>
 
@@ -149,6 +150,53 @@ class SettingsTest : public QObject {
     QTRY_VERIFY_WITH_TIMEOUT(w.bridge()->isOpen(), 20000);
     QTest::qWait(300);  // the store's answer has come by now
     QVERIFY(!w.showingWelcome());
+  }
+
+  // Settings > API server, as a person sets it: the studio then serves the
+  // HTTP API over its own engine, shows the address, and a real HTTP client
+  // lists the store's models there; switched off, the port closes.
+  void theApiServerRunsFromTheSettings() {
+    StudioOptions o;
+    o.dataDir = home_->home();
+    o.welcome = false;
+    StudioWindow w(o);
+    w.show();
+    QTRY_VERIFY_WITH_TIMEOUT(w.bridge()->isOpen(), 20000);
+    QVERIFY(w.apiAddress().isEmpty());
+    QAction* open = nullptr;  // File > Settings..., as a person opens it
+    for (QAction* a : w.findChildren<QAction*>())
+      if (a->text().remove(QLatin1Char('&')).startsWith(QStringLiteral("Settings"))) open = a;
+    QVERIFY(open);
+    open->trigger();
+    SettingsDialog* d = nullptr;
+    QTRY_VERIFY_WITH_TIMEOUT((d = w.findChild<SettingsDialog*>()) != nullptr, 5000);
+    QVERIFY(!child<QGroupBox>(d, "apiGroup")->isHidden());
+    child<QCheckBox>(d, "apiEnabled")->setChecked(true);
+    auto* address = child<QLineEdit>(d, "apiAddress");
+    address->clear();
+    QTest::keyClicks(address, QStringLiteral("127.0.0.1:0"));  // any free port
+    d->accept();
+    QTRY_VERIFY_WITH_TIMEOUT(!w.apiAddress().isEmpty(), 20000);
+    const QUrl url(w.apiAddress());
+    QCOMPARE(url.host(), QStringLiteral("127.0.0.1"));
+    QVERIFY(url.port() > 0);
+    QVERIFY(child<QLabel>(&w, "apiStatus")->text().contains(w.apiAddress()));
+    {
+      httplib::Client http(url.host().toStdString(), url.port());
+      auto res = http.Get("/v1/models");
+      QVERIFY(res);
+      QCOMPARE(res->status, 200);
+      QVERIFY2(res->body.find("stories260k") != std::string::npos, res->body.c_str());
+    }
+    QVERIFY(StudioSettings::load().apiEnabled);
+    StudioSettings off = w.settings();
+    off.apiEnabled = false;
+    w.applySettings(off, false);
+    QTRY_VERIFY_WITH_TIMEOUT(w.apiAddress().isEmpty(), 10000);
+    httplib::Client http(url.host().toStdString(), url.port());
+    http.set_connection_timeout(2);
+    QVERIFY(!http.Get("/health"));
+    StudioSettings{}.save();
   }
 
   void applyAndRestartOpensTheEngineAgain() {

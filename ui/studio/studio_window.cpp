@@ -137,7 +137,12 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   // Room for the longest figures, so the label does not jump or clip while tokens stream.
   statsLabel_->setMinimumWidth(statsLabel_->fontMetrics().horizontalAdvance(QStringLiteral("9999.9 tokens/s · 9999 tokens · context 9999/9999")));
   statsLabel_->setAlignment(Qt::AlignRight | Qt::AlignVCenter);
+  apiLabel_ = new QLabel(this);
+  apiLabel_->setObjectName(QStringLiteral("apiStatus"));
+  apiLabel_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  apiLabel_->hide();
   statusBar()->addPermanentWidget(statsLabel_);
+  statusBar()->addPermanentWidget(apiLabel_);
   statusBar()->addPermanentWidget(engineLabel_);
 
   connect(write_, &WriteTab::statsChanged, statsLabel_, &QLabel::setText);
@@ -182,6 +187,13 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     bridge_->scanModels();
   });
   connect(bridge_, &bridge::EngineBridge::errorOccurred, this, [this](const QString& m) { statusBar()->showMessage(m, 10000); });
+  // The local API (Settings > API server): its address in the status bar while it listens.
+  connect(bridge_, &bridge::EngineBridge::apiServerChanged, this, [this](bool running, const QString& address, const QString& error) {
+    apiAddress_ = address;
+    apiLabel_->setText(running ? tr("API %1").arg(address) : QString());
+    apiLabel_->setVisible(running);
+    if (!error.isEmpty()) statusBar()->showMessage(error, 15000);
+  });
 
   buildMenus();
   setupSnapshots();
@@ -214,6 +226,7 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     if (auto* picker = findChild<ModelPicker*>(kind == QLatin1String("text") ? QStringLiteral("writeModel") : QStringLiteral("imageModel")))
       picker->setPreferred(pinned);
   }
+  bridge_->setApiServer(settings_.apiEnabled, settings_.apiAddress, settings_.apiKey);  // applied once the engine opens
   bridge_->start();
   if (options_.welcome) showWelcomeIfEmpty();
 }
@@ -290,6 +303,7 @@ void StudioWindow::restartEngine() {
 
 void StudioWindow::applySettings(const StudioSettings& next, bool restart) {
   const bool engineChanged = settings_.needsRestart(next);
+  const StudioSettings previous = settings_;
   settings_ = next;
   settings_.save();
   setTheme(next.theme);
@@ -297,6 +311,8 @@ void StudioWindow::applySettings(const StudioSettings& next, bool restart) {
   paint_->setPreviewDecoder(next.previewDecoder);
   paint_->setPreviewEvery(next.previewEverySteps);
   paint_->setFileNaming(next.fileNaming);
+  if (next.apiEnabled != previous.apiEnabled || next.apiAddress != previous.apiAddress || next.apiKey != previous.apiKey)
+    bridge_->setApiServer(next.apiEnabled, next.apiAddress, next.apiKey);
   if (engineChanged && restart) restartEngine();
   else if (engineChanged) statusBar()->showMessage(tr("The engine settings take effect after a restart (File > Restart the engine)"), 15000);
   saveState();
@@ -503,13 +519,13 @@ void StudioWindow::setTheme(const QString& theme) {
 }
 
 QString StudioWindow::engineStatus() const { return engineLabel_->text(); }
+QString StudioWindow::apiAddress() const { return apiAddress_; }
 
 void StudioWindow::showSettings() {
   StudioSettings current = settings_;
   current.theme = theme_;
   current.outputFolder = outputFolder_;
-  // The API server section appears once the program has one (app/server/).
-  auto* dialog = new SettingsDialog(current, /*apiServerAvailable=*/false, this);
+  auto* dialog = new SettingsDialog(current, /*apiServerAvailable=*/true, this);
   dialog->setAttribute(Qt::WA_DeleteOnClose);
   connect(dialog, &QDialog::accepted, this, [this, dialog] { applySettings(dialog->settings(), dialog->restartRequested()); });
   dialog->open();

@@ -70,6 +70,7 @@ class StudioWindow : public QMainWindow {
   void resetLayout();
   void saveState();                     // settings and layout now (also on close)
   QString engineStatus() const;         // what the status bar says about the queue
+  QString apiAddress() const;           // "http://HOST:PORT" while the API server listens, else ""
 
   static void applyTheme(const QString& theme);
 
@@ -110,6 +111,8 @@ class StudioWindow : public QMainWindow {
   QStackedWidget* stack_;
   StudioSettings settings_;
   QLabel* engineLabel_;
+  QLabel* apiLabel_;
+  QString apiAddress_;
   QLabel* statsLabel_;
   QByteArray defaultState_;
   QString outputFolder_;
