@@ -11,7 +11,8 @@
 // comes out right only when the scheduler stored and shared every block
 // correctly (prefix sharing, preemption and recompute).
 //
-// Images: a stand-in DiffusionModel (row-wise formula) whose UNet call sleeps.
+// Images: the row-wise stand-in network of tests/image (stand_in_model.h)
+// whose UNet call sleeps.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
+#include "image/stand_in_model.h"
 #include "serve/runner.h"
 #include "tokenizer/clip.h"
 #include "tokenizer/tokenizer.h"
@@ -122,7 +124,9 @@ class FakeRunner final : public Runner {
   Result<std::unique_ptr<ImageSlot>> load_image(const ImageRequest&, const ResolvedModel&) override {
     auto slot = std::make_unique<ImageSlot>();
     slot->model = std::make_unique<LoadedDiffusion>();
-    slot->model->model = std::make_unique<Diffusion>(*this);
+    auto net = std::make_unique<image::test::StandInModel>();
+    net->before_unet = [ms = image_step_ms_] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+    slot->model->model = std::move(net);
     slot->model->tokenizer = tok::ClipTokenizer::open(clip_vocab_);
     slot->model->name = "fake";
     slot->bytes = 1000;
@@ -150,46 +154,6 @@ class FakeRunner final : public Runner {
     std::unique_ptr<tok::Tokenizer> tok;
     int n_vocab = 0;
     std::vector<int32_t> stored;  // per KV slot: the token stored there
-  };
-
-  // Row-wise: out = 0.1 x + 1e-4 t + mean(context row); the UNet call sleeps.
-  class Diffusion final : public image::DiffusionModel {
-   public:
-    explicit Diffusion(FakeRunner& r) : r_(r), schedule_(image::NoiseSchedule::scaled_linear()) {}
-    int latent_channels() const override { return 4; }
-    int context_dim() const override { return 8; }
-    image::Prediction prediction() const override { return image::Prediction::epsilon; }
-    int32_t pad_id() const override { return 49407; }
-    const image::NoiseSchedule& schedule() const override { return schedule_; }
-    void encode_text(const tok::PromptChunk& chunk, float* out) override {
-      for (int k = 0; k < tok::ClipTokenizer::kContext; ++k)
-        for (int d = 0; d < 8; ++d) out[k * 8 + d] = static_cast<float>(chunk.ids[k] % 97) * 0.01f + d * 1e-3f;
-    }
-    void unet(int n, int h, int w, const float* x, const float* t, int ctx_tokens, const float* ctx, float* out) override {
-      std::this_thread::sleep_for(std::chrono::milliseconds(r_.image_step_ms_));
-      const size_t per = static_cast<size_t>(4) * h * w, pc = static_cast<size_t>(ctx_tokens) * 8;
-      for (int row = 0; row < n; ++row) {
-        double mean = 0;
-        for (size_t i = 0; i < pc; ++i) mean += ctx[row * pc + i];
-        mean /= static_cast<double>(pc);
-        for (size_t i = 0; i < per; ++i) out[row * per + i] = 0.1f * x[row * per + i] + 1e-4f * t[row] + static_cast<float>(mean);
-      }
-    }
-    std::vector<float> decode(const float* latent, int h, int w) override {
-      std::vector<float> rgb(static_cast<size_t>(3) * 64 * h * w);
-      for (int c = 0; c < 3; ++c)
-        for (int y = 0; y < 8 * h; ++y)
-          for (int x = 0; x < 8 * w; ++x)
-            rgb[(static_cast<size_t>(c) * 8 * h + y) * 8 * w + x] = 0.1f * latent[(c * h + y / 8) * w + x / 8];
-      return rgb;
-    }
-    std::vector<float> encode(const float*, int height, int width) override {
-      return std::vector<float>(static_cast<size_t>(4) * (height / 8) * (width / 8), 0.25f);
-    }
-
-   private:
-    FakeRunner& r_;
-    image::NoiseSchedule schedule_;
   };
 
   void log(const FakeCall& c) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,6 +31,19 @@ std::vector<float> last_logits(const text::LlamaWeights& w, const std::vector<in
     runner.forward(toks.data() + p, n, static_cast<int>(p), cache, logits.data());
   }
   return logits;
+}
+
+// stories260K.gguf rewritten with EXTRA applied to its writer (more metadata
+// or tensors), at a temporary PATH the caller removes.
+std::string rewrite_stories(const std::string& name, const std::function<void(formats::GgufWriter&)>& extra) {
+  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
+  formats::GgufWriter wr;
+  for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
+  for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
+  extra(wr);
+  const auto path = (std::filesystem::temp_directory_path() / name).string();
+  wr.write(path);
+  return path;
 }
 }  // namespace
 
@@ -111,18 +125,12 @@ TEST(Llama, InconsistentShapesAreReported) {
 
 TEST(Llama, RopeFrequencyFactorsAreApplied) {
   // stories260K rewritten with a rope_freqs tensor (n_rot/2 = 4 divisors).
-  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
   auto write_with = [&](const std::vector<float>& factors, const std::string& name) {
-    formats::GgufWriter wr;
-    for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
-    for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
-    wr.add_tensor("rope_freqs.weight", {4}, kernels::DType::F32, factors.data(), factors.size() * sizeof(float));
-    const auto path = (std::filesystem::temp_directory_path() / name).string();
-    wr.write(path);
-    return path;
+    return rewrite_stories(name, [&](formats::GgufWriter& wr) {
+      wr.add_tensor("rope_freqs.weight", {4}, kernels::DType::F32, factors.data(), factors.size() * sizeof(float));
+    });
   };
-  const auto base = last_logits(text::load_llama_gguf(std::move(src)), kPrompt, 4);
-  src = formats::GgufFile::open(kDir + "stories260K.gguf");
+  const auto base = last_logits(text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf")), kPrompt, 4);
   const auto ones_path = write_with({1, 1, 1, 1}, "atelier_rope_ones.gguf");
   const auto eights_path = write_with({1, 1, 8, 8}, "atelier_rope_eights.gguf");
   auto ones = text::load_llama_gguf(formats::GgufFile::open(ones_path));
@@ -138,14 +146,9 @@ TEST(Llama, RopeFrequencyFactorsAreApplied) {
 // one does not (the kernel itself is checked against a plain reference and by
 // hand in tests/kernels).
 TEST(Llama, SlidingWindowFromTheMetadata) {
-  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
-  formats::GgufWriter wr;
-  for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
-  for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
-  wr.set_u32("llama.attention.sliding_window", 4);
-  const auto path = (std::filesystem::temp_directory_path() / "atelier_sliding_window.gguf").string();
-  wr.write(path);
-  auto full = text::load_llama_gguf(std::move(src));
+  const auto path = rewrite_stories("atelier_sliding_window.gguf",
+                                    [](formats::GgufWriter& wr) { wr.set_u32("llama.attention.sliding_window", 4); });
+  auto full = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
   auto windowed = text::load_llama_gguf(formats::GgufFile::open(path));
   std::filesystem::remove(path);
   EXPECT_EQ(full.hp.sliding_window, 0);
@@ -163,16 +166,12 @@ TEST(Llama, SlidingWindowFromTheMetadata) {
 // first position (position 0 has no angle to scale, but YaRN's attention
 // factor scales every rotated pair, so there it differs too).
 TEST(Llama, YarnScalingFromTheMetadata) {
-  auto src = formats::GgufFile::open(kDir + "stories260K.gguf");
-  formats::GgufWriter wr;
-  for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
-  for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
-  wr.set_string("llama.rope.scaling.type", "yarn");
-  wr.set_f32("llama.rope.scaling.factor", 4.0f);
-  wr.set_u32("llama.rope.scaling.original_context_length", 512);
-  const auto path = (std::filesystem::temp_directory_path() / "atelier_yarn.gguf").string();
-  wr.write(path);
-  auto plain = text::load_llama_gguf(std::move(src));
+  const auto path = rewrite_stories("atelier_yarn.gguf", [](formats::GgufWriter& wr) {
+    wr.set_string("llama.rope.scaling.type", "yarn");
+    wr.set_f32("llama.rope.scaling.factor", 4.0f);
+    wr.set_u32("llama.rope.scaling.original_context_length", 512);
+  });
+  auto plain = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
   auto yarn = text::load_llama_gguf(formats::GgufFile::open(path));
   std::filesystem::remove(path);
   ASSERT_TRUE(yarn.hp.rope_yarn);
