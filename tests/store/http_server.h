@@ -17,6 +17,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace atelier::test {
@@ -27,6 +29,8 @@ class HttpServer {
     int64_t drop_at = -1;  // close the connection once the body reaches this absolute offset ...
     int drops = 0;         // ... in this many responses
     bool honour_range = true;
+    int64_t pause_at = -1;  // the first response stops this long at this absolute offset (a slow network) ...
+    int pause_ms = 0;       // ... then goes on
   };
 
   HttpServer(std::string body, Options options) : body_(std::move(body)), options_(options) {
@@ -129,6 +133,12 @@ class HttpServer {
     if (options_.drops > 0 && options_.drop_at > start && options_.drop_at < total) {
       --options_.drops;
       end = options_.drop_at;
+    }
+    if (options_.pause_ms > 0 && options_.pause_at > start && options_.pause_at < end) {
+      send_all(c, body_.data() + start, static_cast<size_t>(options_.pause_at - start));
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.pause_ms));
+      start = options_.pause_at;
+      options_.pause_ms = 0;
     }
     send_all(c, body_.data() + start, static_cast<size_t>(end - start));
     ::shutdown(c, SHUT_RDWR);

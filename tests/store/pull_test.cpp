@@ -147,6 +147,41 @@ TEST(Pull, DownloadIsVerifiedThenRecordedAndThePartialRemoved) {
   EXPECT_EQ(server.ranges().size(), requests);
 }
 
+// A pause (should_stop) ends the pull at once with Cancelled, records
+// nothing and keeps the bytes that arrived; the next pull resumes from them
+// with a Range request and installs the model whole.
+TEST(Pull, APausedDownloadRecordsNothingAndTheNextPullResumesIt) {
+  Dir d;
+  // The first response stalls half way, as a slow network would.
+  HttpServer server(slurp(kGguf), {.pause_at = 500000, .pause_ms = 3000});
+  auto st = ModelStore::open(d / "store");
+  PullOptions o = quick();
+  const std::string part = atelier::store::partial_path(*st, stories_entry(""), stories_entry("").files[0]);
+  o.should_stop = [&] {  // pause once some bytes are on disk
+    std::error_code ec;
+    return fs::exists(part, ec) && fs::file_size(part, ec) > 0;
+  };
+  try {
+    atelier::store::pull(*st, stories_entry(server.url()), o);
+    FAIL() << "the pull did not stop";
+  } catch (const atelier::Error& e) {
+    EXPECT_EQ(e.code(), atelier::StatusCode::Cancelled) << e.what();
+    EXPECT_NE(std::string(e.what()).find("resume"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(st->list().empty());
+  ASSERT_TRUE(fs::exists(part));
+  const auto kept = static_cast<int64_t>(fs::file_size(part));
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, static_cast<int64_t>(fs::file_size(kGguf)));
+  o.should_stop = {};
+  const auto r = atelier::store::pull(*st, stories_entry(server.url()), o);
+  EXPECT_EQ(r.digest, kGgufSha);
+  ASSERT_FALSE(server.ranges().empty());
+  EXPECT_EQ(kept, 500000);
+  EXPECT_EQ(server.ranges().back(), "bytes=500000-") << "the second pull asks for the bytes after those kept";
+  EXPECT_FALSE(fs::exists(part));
+}
+
 TEST(Pull, AWrongDownloadRecordsNothing) {
   Dir d;
   std::string body = slurp(kGguf);

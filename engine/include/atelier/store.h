@@ -126,6 +126,11 @@ struct PullOptions {
   int retry_delay_ms = 1000; // before the first retry; doubled for each further one
   std::function<void(const PullProgress&)> on_progress;
   std::function<void(const std::string&)> on_note;  // one line for people ("downloading ...")
+  // Polled while a file downloads or is recorded; true pauses the pull: it
+  // ends with Cancelled at once, recording nothing, and a download keeps its
+  // bytes in the store's downloads/ folder, so the next pull of the model
+  // (in this process or after a restart) resumes where it stopped.
+  std::function<bool()> should_stop;
 };
 
 struct PullResult {

@@ -54,6 +54,7 @@ size_t on_write(char* data, size_t size, size_t n, void* user) {
 
 int on_progress(void* user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t, curl_off_t) {
   auto* t = static_cast<Transfer*>(user);
+  if (t->options->should_stop && t->options->should_stop()) return 1;  // libcurl aborts the transfer
   if (!t->options->progress) return 0;
   const auto now = Clock::now();
   // Ten reports a second are plenty for a progress bar.
@@ -151,6 +152,10 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
     const std::string what = errbuf[0] ? std::string(errbuf) : std::string(curl_easy_strerror(rc));
     last_error = what;
     switch (rc) {
+      case CURLE_ABORTED_BY_CALLBACK:
+        if (::fsync(fd) != 0) throw IoError("cannot sync " + part + ": " + std::strerror(errno) + " (is the disk full?)");
+        throw Error(StatusCode::Cancelled, "paused with " + std::to_string(file_size(fd)) + " bytes kept in " + part +
+                                               "; pull again to resume from there");
       case CURLE_COULDNT_RESOLVE_HOST:
       case CURLE_COULDNT_RESOLVE_PROXY:
       case CURLE_COULDNT_CONNECT:

@@ -23,6 +23,9 @@ struct DownloadOptions {
   long stall_timeout_s = 60;  // abort a transfer that moved no byte for this long
   // done and total count the whole file (bytes already in PART included); total 0 = unknown.
   std::function<void(int64_t done, int64_t total, double bytes_per_s)> progress;
+  // Polled while bytes arrive; true pauses: the transfer stops at once with
+  // Cancelled, PART keeping (and synced) what arrived, for the next call to resume.
+  std::function<bool()> should_stop;
 };
 
 // Downloads URL into PART. When PART already holds bytes (an earlier attempt

@@ -98,6 +98,7 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
     DownloadOptions d;
     d.retries = options.retries;
     d.retry_delay_ms = options.retry_delay_ms;
+    d.should_stop = options.should_stop;
     if (options.on_progress) {
       d.progress = [&](int64_t done, int64_t total, double rate) {
         PullProgress p;
@@ -127,6 +128,7 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
       } catch (const NetworkError& e) {
         errors.append(errors.empty() ? "" : "; ").append(e.what());
       } catch (const Error& e) {
+        if (e.code() == StatusCode::Cancelled) throw;  // paused: the partial file stays for the next pull
         all_unreachable = false;
         errors.append(errors.empty() ? "" : "; ").append(e.what());
       }
@@ -179,6 +181,7 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
   io.description = entry.description;
   io.label = "catalog";
   io.notes = "pulled from " + result.source + (entry.verified ? "" : " (unverified catalog entry)");
+  if (options.should_stop) io.on_progress = [&](int64_t, int64_t) { return !options.should_stop(); };  // a pause records nothing
   const int version = store.import(files, entry.name, io);
   for (const auto& p : partials) {
     std::error_code ec;
