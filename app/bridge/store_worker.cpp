@@ -175,6 +175,7 @@ void StoreWorker::pull(const QStringList& names, const QString& mirror, std::fun
             return Status::error(StatusCode::NotFound, "the catalog has no model \"" + name.toStdString() + "\"");
           PullOptions o;
           o.mirror = mirror.toStdString();
+          o.should_stop = [this] { return abort_.load(); };  // a pause or cancel stops the transfer at once
           o.on_progress = [this, name](const PullProgress& p) {
             report(tr("installing %1 (%2)").arg(name, QString::fromStdString(p.file)), p.bytes_done, p.bytes_total);
           };

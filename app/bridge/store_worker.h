@@ -77,7 +77,9 @@ class StoreWorker : public QObject {
   // KV_BYTES_BUDGET caps the text estimate (EngineConfig::kv_memory_bytes); KV_TYPE its precision.
   void fit(const QString& reference, qint64 kvBytesBudget, KvType kvType, std::function<void(MemoryFit)> done);
 
-  void cancel() { abort_ = true; }  // the long task in flight stops at its next chunk
+  // The long task in flight stops at its next chunk; a pull stops its
+  // download at once, keeping the bytes for the next pull to resume.
+  void cancel() { abort_ = true; }
   bool busy() const { return busy_; }
 
   static qint64 availableMemoryBytes();

@@ -15,13 +15,16 @@
 #include <QSettings>
 #include <QSignalSpy>
 #include <QTreeWidget>
+#include <QListWidget>
 #include <QtTest>
 
+#include <fstream>
 #include <memory>
 
 #include "bridge/engine_bridge.h"
 #include "bridge/store_worker.h"
 #include "models/models_window.h"
+#include "store/http_server.h"
 #include "ui/ui_test_util.h"
 
 using namespace atelier;
@@ -268,6 +271,67 @@ class ModelsTest : public QObject {
     QTest::mouseClick(child<QPushButton>(&window, "removeButton"), Qt::LeftButton);
     QTRY_VERIFY_WITH_TIMEOUT(window.message().contains(QStringLiteral("removed")), 10000);
     QTRY_VERIFY_WITH_TIMEOUT(!findRow(window.tree(), QStringLiteral("stories260k@1")), 10000);
+  }
+
+  // Install from the catalog, paused half way and resumed: the catalog (set
+  // with ATELIER_CATALOG) points at a local server whose first response stalls
+  // half way; Pause stops the download at once and records nothing, Resume
+  // (also offered by a new window, as after a restart) asks only for the
+  // bytes after those kept and installs the model whole.
+  void aPausedInstallResumesWhereItStopped() {
+    const std::string body = [] {
+      std::ifstream f(uitest::fixtures().toStdString() + "/text/stories260K.gguf", std::ios::binary);
+      return std::string((std::istreambuf_iterator<char>(f)), {});
+    }();
+    atelier::test::HttpServer server(body, {.pause_at = 500000, .pause_ms = 3000});
+    const QString dir = home_->home() + QStringLiteral("/paused-store");
+    const QString catalog = home_->home() + QStringLiteral("/slow-catalog.json");
+    {
+      QFile f(catalog);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write(QStringLiteral(R"({"format": 1, "models": [{"name": "slowstories", "kind": "text", "architecture": "llama",
+        "verified": true, "files": [{"role": "model", "name": "stories260K.gguf", "size": %1, "sha256": "%2",
+        "urls": ["%3"], "mirror": ""}]}]})")
+                  .arg(body.size())
+                  .arg(fixtureSha256(QStringLiteral("text/stories260K.gguf")), QString::fromStdString(server.url()))
+                  .toUtf8());
+    }
+    qputenv("ATELIER_CATALOG", catalog.toUtf8());
+    QSettings().setValue(QStringLiteral("models/mirror"), QString());
+    bridge::StoreWorker store(dir);
+    auto window = std::make_unique<ModelsWindow>(&store, nullptr);
+    window->show();
+    window->showPull();
+    QDialog* d = nullptr;
+    QTRY_VERIFY_WITH_TIMEOUT((d = window->findChild<QDialog*>(QStringLiteral("pullDialog"))) && d->isVisible(), 10000);
+    auto* list = child<QListWidget>(d, "catalogList");
+    QCOMPARE(list->count(), 1);
+    list->item(0)->setCheckState(Qt::Checked);
+    QTest::mouseClick(d->findChild<QPushButton*>(QStringLiteral("pullConfirm")), Qt::LeftButton);
+    auto* pause = child<QPushButton>(window.get(), "pauseButton");
+    auto* bar = child<QProgressBar>(window.get(), "progressBar");
+    QTRY_VERIFY_WITH_TIMEOUT(pause->isEnabled() && bar->value() > 0, 10000);  // bytes are arriving
+    QTest::mouseClick(pause, Qt::LeftButton);
+    QTRY_VERIFY_WITH_TIMEOUT(pause->isEnabled() && pause->text().remove(QLatin1Char('&')) == QStringLiteral("Resume"), 10000);
+    QVERIFY2(window->message().contains(QStringLiteral("paused")), qPrintable(window->message()));
+    QCOMPARE(QSettings().value(QStringLiteral("models/pausedPull/names")).toStringList(), QStringList{QStringLiteral("slowstories")});
+    const size_t requests = server.ranges().size();
+    // A new window (as after a restart) offers Resume.
+    window = std::make_unique<ModelsWindow>(&store, nullptr);
+    window->show();
+    pause = child<QPushButton>(window.get(), "pauseButton");
+    QVERIFY(pause->isEnabled());
+    QCOMPARE(pause->text().remove(QLatin1Char('&')), QStringLiteral("Resume"));
+    QTRY_VERIFY_WITH_TIMEOUT(!findRow(window->tree(), QStringLiteral("slowstories@1")), 5000);  // nothing recorded
+    QTest::mouseClick(pause, Qt::LeftButton);
+    QTRY_VERIFY_WITH_TIMEOUT(window->message().startsWith(QStringLiteral("Installed")), 20000);
+    QTRY_VERIFY_WITH_TIMEOUT(findRow(window->tree(), QStringLiteral("slowstories@1")), 10000);
+    const auto ranges = server.ranges();
+    QVERIFY(ranges.size() > requests);
+    QCOMPARE(QString::fromStdString(ranges.back()), QStringLiteral("bytes=500000-"));
+    QVERIFY(!pause->isEnabled());
+    QVERIFY(QSettings().value(QStringLiteral("models/pausedPull/names")).toStringList().isEmpty());
+    qunsetenv("ATELIER_CATALOG");
   }
 };
 

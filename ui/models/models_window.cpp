@@ -81,6 +81,12 @@ ModelsWindow::ModelsWindow(bridge::StoreWorker* store, bridge::EngineBridge* eng
   pull_ = button(tr("Install from &catalog..."), QStringLiteral("pullButton"), tr("Install catalog models from the internet or a mirror folder"), this);
   cancel_ = button(tr("Cancel"), QStringLiteral("cancelButton"), tr("Stop the import, install or verification in progress"), this);
   cancel_->setEnabled(false);
+  pause_ = button(tr("&Pause"), QStringLiteral("pauseButton"), tr("Pause the install; Resume goes on from where it stopped"), this);
+  pause_->setEnabled(false);
+  if (!QSettings().value(QStringLiteral("models/pausedPull/names")).toStringList().isEmpty()) {
+    pause_->setText(tr("&Resume"));  // paused before the studio last closed
+    pause_->setEnabled(true);
+  }
 
   progress_ = new QProgressBar(this);
   progress_->setObjectName(QStringLiteral("progressBar"));
@@ -109,6 +115,7 @@ ModelsWindow::ModelsWindow(bridge::StoreWorker* store, bridge::EngineBridge* eng
   auto* bar = new QHBoxLayout;
   bar->addWidget(progressLabel_);
   bar->addWidget(progress_, 1);
+  bar->addWidget(pause_);
   bar->addWidget(cancel_);
 
   auto* split = new QSplitter(Qt::Vertical, this);
@@ -134,6 +141,7 @@ ModelsWindow::ModelsWindow(bridge::StoreWorker* store, bridge::EngineBridge* eng
   connect(remove_, &QPushButton::clicked, this, &ModelsWindow::removeSelected);
   connect(history_, &QPushButton::clicked, this, &ModelsWindow::showHistory);
   connect(cancel_, &QPushButton::clicked, this, &ModelsWindow::cancelTask);
+  connect(pause_, &QPushButton::clicked, this, [this] { pulling_ ? pausePull() : resumePull(); });
   connect(pull_, &QPushButton::clicked, this, &ModelsWindow::showPull);
   connect(import_, &QPushButton::clicked, this, [this] {
     const QString path = QFileDialog::getOpenFileName(this, tr("Import a model"), QString(),
@@ -184,6 +192,53 @@ void ModelsWindow::endTask() {
   cancel_->setEnabled(false);
   progress_->setRange(0, 1000);
   updateButtons();
+}
+
+void ModelsWindow::startPull(const QStringList& names, const QString& mirror) {
+  startTask(tr("installing %1").arg(names.join(QStringLiteral(", "))));
+  pulling_ = true;
+  pausing_ = false;
+  pause_->setText(tr("&Pause"));
+  pause_->setEnabled(true);
+  store_->pull(names, mirror, [this, names, mirror](Status s) {
+    pulling_ = false;
+    endTask();
+    QSettings settings;
+    if (s.code == StatusCode::Cancelled && pausing_) {
+      // Kept for Resume, in this session or after a restart.
+      settings.setValue(QStringLiteral("models/pausedPull/names"), names);
+      settings.setValue(QStringLiteral("models/pausedPull/mirror"), mirror);
+      pause_->setText(tr("&Resume"));
+      pause_->setEnabled(true);
+      progressLabel_->setText(tr("paused: %1").arg(names.join(QStringLiteral(", "))));
+      say(tr("Install paused; Resume goes on from where it stopped"));
+      return;
+    }
+    settings.remove(QStringLiteral("models/pausedPull"));
+    pause_->setText(tr("&Pause"));
+    pause_->setEnabled(false);
+    if (!s.ok()) say(QString::fromStdString(s.message), s.code != StatusCode::Cancelled);
+    else {
+      progress_->setValue(1000);
+      say(tr("Installed %1").arg(names.join(QStringLiteral(", "))));
+    }
+  });
+}
+
+void ModelsWindow::pausePull() {
+  if (!pulling_) return;
+  pausing_ = true;
+  pause_->setEnabled(false);
+  store_->cancel();
+  progressLabel_->setText(tr("pausing..."));
+}
+
+void ModelsWindow::resumePull() {
+  if (taskRunning_) return;
+  QSettings settings;
+  const QStringList names = settings.value(QStringLiteral("models/pausedPull/names")).toStringList();
+  if (names.isEmpty()) return;
+  startPull(names, settings.value(QStringLiteral("models/pausedPull/mirror")).toString());
 }
 
 void ModelsWindow::cancelTask() {
@@ -511,15 +566,7 @@ void ModelsWindow::showPull() {
       dialog->accept();
       if (names.isEmpty()) return;
       QSettings().setValue(QStringLiteral("models/mirror"), m);
-      startTask(tr("installing %1").arg(names.join(QStringLiteral(", "))));
-      store_->pull(names, m, [this, names](Status s) {
-        endTask();
-        if (!s.ok()) say(QString::fromStdString(s.message), s.code != StatusCode::Cancelled);
-        else {
-          progress_->setValue(1000);
-          say(tr("Installed %1").arg(names.join(QStringLiteral(", "))));
-        }
-      });
+      startPull(names, m);
     });
     dialog->open();
   });

@@ -48,6 +48,11 @@ class ModelsWindow : public QWidget {
   void removeSelected();
   void showHistory();
   void cancelTask();
+  // A catalog install in progress pauses (its downloads kept, also across a
+  // restart of the studio: QSettings models/pausedPull); Resume installs the
+  // same models again, the downloads going on from where they stopped.
+  void pausePull();
+  void resumePull();
 
  signals:
   void pinned(const QString& kind, const QString& reference);  // new jobs of this kind use it
@@ -62,6 +67,7 @@ class ModelsWindow : public QWidget {
   void fill(const std::vector<atelier::StoreModel>& models);
   void say(const QString& text, bool error = false);
   void startTask(const QString& what);
+  void startPull(const QStringList& names, const QString& mirror);
   void endTask();
   void updateButtons();
   void updateFit();
@@ -71,7 +77,8 @@ class ModelsWindow : public QWidget {
   bridge::StoreWorker* store_;
   bridge::EngineBridge* engine_;
   QTreeWidget* tree_;
-  QPushButton *verify_, *promote_, *rollback_, *pin_, *remove_, *history_, *import_, *pull_, *cancel_;
+  QPushButton *verify_, *promote_, *rollback_, *pin_, *remove_, *history_, *import_, *pull_, *cancel_, *pause_;
+  bool pulling_ = false, pausing_ = false;
   QComboBox* channel_;
   QProgressBar* progress_;
   QLabel* progressLabel_;
