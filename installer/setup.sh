@@ -15,6 +15,8 @@ packages=(
   qt6-base-dev libgl-dev xvfb xauth
   # the studio end-to-end test: keystrokes and screen captures on Xvfb
   xdotool imagemagick
+  # hardening: libFuzzer targets (clang 14 and its fuzzer runtime); the full-disk test's private tmpfs (unshare)
+  clang-14 libclang-rt-14-dev util-linux
 )
 
 missing=()

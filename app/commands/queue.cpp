@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -295,6 +296,14 @@ int run_batch(const BatchOptions& o) {
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return fail(Status::error(StatusCode::Io, o.out_dir + ": cannot create the output folder: " + ec.message()));
+  // Temporary results of runs killed while writing (kill -9): their process is gone.
+  for (fs::directory_iterator it(o.out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("results.jsonl.tmp.", 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + 18, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
+  }
+  ec.clear();
 
   // Run the queue here, or, when another process already runs it, queue and wait for it.
   auto opened = Engine::open(engine_config(o.runner, true));
