@@ -83,12 +83,13 @@ struct Child {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> all = {ATELIER_BINARY};
+    const std::string bin = atelier::test::atelier_binary();
+    std::vector<std::string> all = {bin};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid, ATELIER_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = -1;
     posix_spawn_file_actions_destroy(&fa);
   }
   // Exit code, 128 + signal when killed.
@@ -222,7 +223,7 @@ TEST(HardBatch, AFullDiskLeavesTheEarlierResultsWhole) {
                              json{{"model", "/no/such/model.gguf"}, {"prompt", "x"}}.dump() + "\n");
   const std::string out = sb.path("mnt");
   fs::create_directories(out);
-  std::string batch = atelier::test::shell_quote(ATELIER_BINARY) + " batch " + atelier::test::shell_quote(sb.path("jobs.jsonl")) +
+  std::string batch = atelier::test::shell_quote(atelier::test::atelier_binary()) + " batch " + atelier::test::shell_quote(sb.path("jobs.jsonl")) +
                       " --out " + atelier::test::shell_quote(out) + " --data-dir " + atelier::test::shell_quote(sb.data());
   const std::string script = "mount -t tmpfs -o size=1m tmpfs " + atelier::test::shell_quote(out) + " || exit 99; " + batch +
                              " 2>" + sb.path("err1") + "; echo $? >" + sb.path("code1") + "; cp " + out + "/results.jsonl " +
@@ -332,7 +333,7 @@ TEST(HardFlags, FifosAreRefusedNotRead) {
       {"image", "-m", kCvae, "-p", "apple", "-W", "32", "-H", "32", "--taesd", fifo, "-o", sb.path("a.png")},
   };
   for (auto args : cases) {
-    args.insert(args.begin(), {"20", ATELIER_BINARY});  // `timeout 20`: a hang fails the test instead of stalling it
+    args.insert(args.begin(), {"20", atelier::test::atelier_binary()});  // `timeout 20`: a hang fails the test instead of stalling it
     std::string cmd = "timeout";
     for (const auto& a : args) cmd += " " + atelier::test::shell_quote(a);
     const int rc = std::system((cmd + " >/dev/null 2>" + sb.path("err")).c_str());
