@@ -19,6 +19,8 @@ packages=(
   libimgui-dev libgl1-mesa-dri libqt6opengl6-dev
   # the studio end-to-end test: keystrokes and screen captures on Xvfb
   xdotool imagemagick
+  # hardening: libFuzzer targets (clang 14 and its fuzzer runtime); the full-disk test's private tmpfs (unshare)
+  clang-14 libclang-rt-14-dev util-linux
 )
 
 missing=()

@@ -14,6 +14,7 @@
 
 #include "commands/commands.h"
 #include "commands/output.h"
+#include "commands/request_options.h"
 
 namespace atelier::app {
 
@@ -34,7 +35,7 @@ void add_image_commands(CLI::App& root, int& exit_code) {
   image->add_option("--sampler", o->request.sampler, "Sampler")->capture_default_str();
   image->add_option("-W,--width", o->request.width, "Width (multiple of 8, 8..4096)")->capture_default_str();
   image->add_option("-H,--height", o->request.height, "Height (multiple of 8, 8..4096)")->capture_default_str();
-  image->add_option("--seed", o->request.seed, "Seed (default: random, printed)");
+  add_seed_option(*image, o->request.seed, "Seed, 0..18446744073709551614 (default: random, printed)");
   image->add_option("--rng", o->request.rng, "Noise generator: torch's cuda (Philox) or cpu (mt19937)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
@@ -52,10 +53,12 @@ void add_image_commands(CLI::App& root, int& exit_code) {
       ->check(CLI::IsMember({"auto", "eps", "v"}))
       ->capture_default_str();
   image->add_option("--preview-dir", o->preview_dir, "Write each step's preview as DIR/IMAGE-STEP.png");
-  image->add_option("--threads", o->request.threads, "Threads (default: one per core)");
+  image->add_option("--threads", o->request.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   image->add_option("-o,--output", o->out, "Output PNG (a batch writes OUT-1.png ... OUT-N.png)")->required();
   image->add_flag("--json", o->json, "One JSON line per image written");
   image->callback([o, &exit_code] {
+    // The output is checked before the render, not after it.
+    o->request.output = o->out;
     if (!o->preview_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(o->preview_dir, ec);

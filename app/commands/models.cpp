@@ -2,6 +2,7 @@
 // promote, rollback, remove, gc, history, catalog), synthetic models for
 // benchmarks, and a folder scan. Tables for people, --json (JSON Lines) for
 // scripts; errors are one line on stderr (exit 1, or 2 for bad usage).
+#include <atelier/engine.h>
 #include <atelier/models.h>
 #include <atelier/tools.h>
 #include <atelier/store.h>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <ctime>
 #include <memory>
 
@@ -163,6 +165,37 @@ class ProgressBar {
 };
 
 Result<std::unique_ptr<Store>> open_store(const StoreOptions& o, bool create) { return Store::open(o.store, create); }
+
+// Refuses to remove NAME@NUMBER while a queued or running job of DATA_DIR's
+// queue resolves to it (the job would fail when it starts).
+Status check_no_job_needs(const std::string& data_dir, const std::string& store, const std::string& name, int number) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::path(data_dir) / "jobs.db", ec)) return {};
+  EngineConfig c;
+  c.data_dir = data_dir;
+  c.store_dir = store;
+  c.execute = false;
+  auto e = Engine::open(c);
+  if (!e.ok()) return e.status();
+  std::string ids;
+  int n = 0;
+  for (JobState state : {JobState::Queued, JobState::Running}) {
+    JobFilter f;
+    f.state = state;
+    f.limit = 0;
+    for (const JobInfo& j : e.value()->list(f)) {
+      const std::string& ref = j.kind == "image" ? j.image_request.model : j.request.model;
+      auto r = resolve_model(ref, store);
+      if (!r.ok() || !r->in_store || r->name != name || r->version != number) continue;
+      if (n++ < 10) ids += (ids.empty() ? "" : " ") + std::to_string(j.id);
+    }
+  }
+  if (n == 0) return {};
+  return Status::error(StatusCode::InvalidArgument,
+                       std::to_string(n) + " queued or running job(s) need " + name + "@" + std::to_string(number) + " (jobs " + ids +
+                           (n > 10 ? " ..." : "") + "): let them finish, cancel them (`atelier queue cancel " + ids +
+                           "`), or pass --force to remove it anyway (they will fail)");
+}
 
 int run_list(const StoreOptions& o) {
   auto st = open_store(o, false);
@@ -325,7 +358,10 @@ int run_pull(const PullOptionsCli& o) {
     const std::string ref = r->model + "@" + std::to_string(r->version);
     if (o.store.json) {
       print_json_line({{"model", r->model}, {"version", r->version}, {"ref", ref}, {"already_installed", r->already_installed},
-                       {"source", r->source}, {"bytes", r->bytes}, {"digest", "sha256:" + r->digest}});
+                       {"repaired", r->repaired}, {"source", r->source}, {"bytes", r->bytes}, {"digest", "sha256:" + r->digest}});
+    } else if (r->repaired) {
+      std::fprintf(stderr, "repaired %s: its damaged files were fetched again from %s (sha256:%s)\n", ref.c_str(), r->source.c_str(),
+                   r->digest.substr(0, 12).c_str());
     } else if (r->already_installed) {
       std::fprintf(stderr, "%s is already installed (same sha256:%s); nothing to do\n", ref.c_str(), r->digest.substr(0, 12).c_str());
     } else {
@@ -495,17 +531,42 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   });
 
   auto rm = std::make_shared<ChannelArgs>();
+  auto rm_data_dir = std::make_shared<std::string>();
   CLI::App* remove = models->add_subcommand("remove", "Remove the version REF names (its blobs go at the next gc)");
   remove->add_option("ref", rm->ref, "NAME@VERSION (or any reference)")->required();
-  remove->add_flag("--force", rm->force, "Also when channels point at it (they are cleared)");
+  remove->add_flag("--force", rm->force, "Also when channels point at it (they are cleared) or queued jobs need it (they will fail)");
+  remove->add_option("--data-dir", *rm_data_dir, "The queue whose waiting jobs must not lose their model (default: the --store folder, else the default data dir)");
   add_store_option(*remove, rm->store, false);
-  remove->callback([rm, &exit_code] {
+  remove->callback([rm, rm_data_dir, &exit_code] {
     auto st = open_store(rm->store, false);
     if (!st.ok()) return void(exit_code = fail(st.status()));
     auto v = st.value()->resolve(rm->ref);
     if (!v.ok()) return void(exit_code = fail(v.status()));
+    if (!rm->force) {
+      const std::string data = !rm_data_dir->empty() ? *rm_data_dir : !rm->store.store.empty() ? rm->store.store : default_data_dir();
+      if (Status s = check_no_job_needs(data, rm->store.store, v->model, v->number); !s.ok()) return void(exit_code = fail(s));
+    }
     if (Status s = st.value()->remove(rm->ref, rm->force); !s.ok()) return void(exit_code = fail(s));
     std::fprintf(stderr, "removed %s@%d; `atelier models gc` frees blobs no version uses\n", v->model.c_str(), v->number);
+    exit_code = 0;
+  });
+
+  auto rp = std::make_shared<StoreOptions>();
+  CLI::App* repair = models->add_subcommand("repair", "Rebuild a damaged store.db from what is readable and from the blobs (the damaged file is kept beside it)");
+  add_store_option(*repair, *rp, false);
+  repair->callback([rp, &exit_code] {
+    auto r = Store::repair(rp->store);
+    if (!r.ok()) return void(exit_code = fail(r.status()));
+    const std::string root = rp->store.empty() ? default_store_dir() : rp->store;
+    if (!r->damaged) {
+      std::fprintf(stderr, "%s/store.db is not damaged; nothing to do\n", root.c_str());
+    } else {
+      std::fprintf(stderr, "rebuilt %s/store.db: %lld row(s) recovered, %d model file(s) with no record kept as recovered-<digest> models",
+                   root.c_str(), static_cast<long long>(r->rows), r->recovered_models);
+      if (r->unreferenced > 0) std::fprintf(stderr, ", %lld other file(s) left for gc", static_cast<long long>(r->unreferenced));
+      if (!r->backup.empty()) std::fprintf(stderr, "; the damaged file is kept as %s", r->backup.c_str());
+      std::fprintf(stderr, "\n");
+    }
     exit_code = 0;
   });
 

@@ -7,11 +7,17 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <openssl/evp.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -140,19 +146,101 @@ int run_headless(const RunnerOptions& o, bool watch) {
 
 struct BatchOptions {
   std::string file, out_dir = "batch-out", shard;
+  bool overwrite = false, allow_any_output = false;
   RunnerOptions runner;
 };
 
+// What identifies a batch line's job across reruns: its text, its number and
+// the output folder (sha256 of the three), so a rerun after a kill finds the
+// job it queued before instead of adding another.
+std::string line_key(const std::string& out_dir_abs, int number, const std::string& text) {
+  const std::string material = out_dir_abs + '\n' + std::to_string(number) + '\n' + text;
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(material.data(), material.size(), md, &len, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string key = "batch:";
+  for (unsigned i = 0; i < len; ++i) key.append(1, hex[md[i] >> 4]).append(1, hex[md[i] & 15]);
+  return key;
+}
+
+// Writes TEXT to PATH atomically: a temporary file beside it, every write
+// checked, fsync, rename, then the folder synced. On any failure the
+// temporary file is removed and PATH is left as it was.
+Status write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  auto io = [&](const std::string& what) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return Status::error(StatusCode::Io, path.string() + ": " + what + ": " + why +
+                                             (errno == ENOSPC ? " (the disk is full: free some space and rerun the same command)" : ""));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io("cannot create the temporary file");
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      ::close(fd);
+      return io("cannot write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    return io("cannot sync");
+  }
+  if (::close(fd) != 0) return io("cannot close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return io("cannot rename the temporary file into place");
+  const std::string dir = path.parent_path().empty() ? "." : path.parent_path().string();
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
+}
+
+// A batch line's "output": relative values land inside --out; an absolute
+// path or a ".." escape is refused unless --allow-any-output. "" = OUT/line-N.png.
+Result<std::string> line_output(const BatchOptions& o, int number, const std::string& output) {
+  if (output.empty()) return (fs::path(o.out_dir) / ("line-" + std::to_string(number) + ".png")).string();
+  const fs::path p(output);
+  bool escapes = p.is_absolute();
+  for (const auto& part : p)
+    if (part == "..") escapes = true;
+  if (escapes && !o.allow_any_output)
+    return Status::error(StatusCode::InvalidArgument,
+                         "output \"" + output + "\" is outside the --out folder (an absolute path or a \"..\"): write a path "
+                         "relative to --out, or pass --allow-any-output to write it where it says");
+  if (p.is_absolute()) return output;
+  return (fs::path(o.out_dir) / p).string();
+}
+
 int run_batch(const BatchOptions& o) {
+  // From the start: an interrupt at any point still ends with results.jsonl.
+  g_interrupted = false;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   int shard_i = 0, shard_n = 1;
   if (!o.shard.empty()) {
     if (std::sscanf(o.shard.c_str(), "%d/%d", &shard_i, &shard_n) != 2 || shard_n < 1 || shard_i < 0 || shard_i >= shard_n)
       return fail(Status::error(StatusCode::InvalidArgument, "--shard wants I/N with 0 <= I < N, e.g. 0/4; got '" + o.shard + "'"));
   }
+  {
+    std::error_code ec;
+    const auto st = fs::status(o.file, ec);
+    if (!fs::exists(st)) return fail(Status::error(StatusCode::NotFound, o.file + ": no such batch file"));
+    if (fs::is_directory(st))
+      return fail(Status::error(StatusCode::InvalidArgument, o.file + " is a folder: pass a JSON Lines file, one request per line"));
+    if (!fs::is_regular_file(st))
+      return fail(Status::error(StatusCode::InvalidArgument, o.file + " is not a regular file (a FIFO or device): pass a JSON Lines file"));
+  }
   std::ifstream in(o.file);
   if (!in) return fail(Status::error(StatusCode::NotFound, o.file + ": cannot open the batch file"));
   struct Line {
     int number = 0;
+    std::string key;
     TextRequest request;
     JobId job = 0;
     bool image = false;  // "kind": "image": an ImageRequest
@@ -161,42 +249,61 @@ int run_batch(const BatchOptions& o) {
   std::vector<Line> lines;
   std::vector<std::string> errors;
   std::string text;
+  std::error_code abs_ec;
+  const std::string out_abs = fs::absolute(o.out_dir, abs_ec).lexically_normal().string();
   for (int number = 1; std::getline(in, text); ++number) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not jobs
     if (number % shard_n != shard_i) continue;
+    const std::string where = o.file + ":" + std::to_string(number) + ": ";
+    Line l;
+    l.number = number;
+    l.key = line_key(out_abs, number, text);
     if (is_image_request_json(text)) {
       auto req = image_request_from_json(text);
       if (!req.ok()) {
-        errors.push_back(o.file + ":" + std::to_string(number) + ": " + req.status().message);
+        errors.push_back(where + req.status().message);
         continue;
       }
-      Line l;
-      l.number = number;
       l.image = true;
       l.image_request = req.value();
-      // Images land in the output folder unless the line names a file.
-      if (l.image_request.output.empty())
-        l.image_request.output = (fs::path(o.out_dir) / ("line-" + std::to_string(number) + ".png")).string();
+      auto out = line_output(o, number, l.image_request.output);
+      if (!out.ok()) {
+        errors.push_back(where + out.status().message);
+        continue;
+      }
+      l.image_request.output = out.value();
       lines.push_back(std::move(l));
       continue;
     }
     auto req = request_from_json(text);
-    if (!req.ok()) errors.push_back(o.file + ":" + std::to_string(number) + ": " + req.status().message);
-    else {
-      Line l;
-      l.number = number;
-      l.request = req.value();
-      lines.push_back(std::move(l));
+    if (!req.ok()) {
+      errors.push_back(where + req.status().message);
+      continue;
     }
+    l.request = req.value();
+    lines.push_back(std::move(l));
   }
+  if (in.bad()) return fail(Status::error(StatusCode::Io, o.file + ": cannot read the batch file"));
   if (!errors.empty()) {
     for (const auto& e : errors) std::fprintf(stderr, "atelier: error: %s\n", e.c_str());
     std::fprintf(stderr, "atelier: nothing was queued: fix the %zu line(s) above\n", errors.size());
     return 2;
   }
+  if (lines.empty())
+    return fail(Status::error(StatusCode::InvalidArgument,
+                              o.file + " holds no request" + (o.shard.empty() ? "" : " in shard " + o.shard) +
+                                  ": write one JSON request per line (see README)"));
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return fail(Status::error(StatusCode::Io, o.out_dir + ": cannot create the output folder: " + ec.message()));
+  // Temporary results of runs killed while writing (kill -9): their process is gone.
+  for (fs::directory_iterator it(o.out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("results.jsonl.tmp.", 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + 18, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
+  }
+  ec.clear();
 
   // Run the queue here, or, when another process already runs it, queue and wait for it.
   auto opened = Engine::open(engine_config(o.runner, true));
@@ -206,33 +313,54 @@ int run_batch(const BatchOptions& o) {
     std::fprintf(stderr, "another process runs the queue in %s; waiting for it to run these jobs\n", o.runner.data_dir.c_str());
   }
   Engine& e = *opened.value();
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
   // A request the engine refuses (a missing model file, say) is a failed line, not the end of the batch.
   // All lines in one transaction when they are all acceptable; else one by one.
+  // Lines submitted by an earlier run (killed, or run again) are recognised by their key, not queued twice.
   std::map<int, std::string> refused;
   std::vector<TextRequest> all;
+  std::vector<std::string> keys;
   std::vector<Line*> text_lines;
-  for (auto& l : lines)
+  int resumed = 0;
+  for (auto& l : lines) {
+    if (auto earlier = e.find_submitted(l.key); earlier.ok()) {
+      l.job = earlier.value();
+      ++resumed;
+      continue;
+    }
     if (!l.image) {
       all.push_back(l.request);
+      keys.push_back(l.key);
       text_lines.push_back(&l);
     }
-  if (auto ids = e.submit_many(all); ids.ok()) {
+  }
+  if (auto ids = e.submit_many(all, keys); ids.ok()) {
     for (size_t i = 0; i < text_lines.size(); ++i) text_lines[i]->job = ids.value()[i];
   } else {
-    for (Line* l : text_lines) {
-      auto id = e.submit(l->request);
-      if (id.ok()) l->job = id.value();
-      else refused[l->number] = id.status().message;
+    for (size_t i = 0; i < text_lines.size(); ++i) {
+      auto id = e.submit_many({text_lines[i]->request}, {keys[i]});
+      if (id.ok()) text_lines[i]->job = id.value().front();
+      else refused[text_lines[i]->number] = id.status().message;
     }
   }
   for (auto& l : lines) {
-    if (!l.image) continue;
-    auto id = e.submit(l.image_request);
+    if (!l.image || l.job != 0) continue;
+    // Never replace a file the user has, unless asked to.
+    const ImageRequest& r = l.image_request;
+    const int n = r.batch_count * r.batch_size;
+    std::string exists;
+    for (int i = 0; i < n && exists.empty(); ++i)
+      if (const std::string f = numbered_output_path(r.output, i, n); fs::exists(fs::symlink_status(f, ec))) exists = f;
+    if (!exists.empty() && !o.overwrite) {
+      refused[l.number] = exists + " already exists: pass --overwrite to replace it, or name another output";
+      continue;
+    }
+    if (const fs::path parent = fs::path(r.output).parent_path(); !parent.empty() && !o.allow_any_output)
+      fs::create_directories(parent, ec);  // inside --out (checked above)
+    auto id = e.submit(l.image_request, l.key);
     if (id.ok()) l.job = id.value();
     else refused[l.number] = id.status().message;
   }
+  if (resumed > 0) std::fprintf(stderr, "%d of %zu line(s) were queued by an earlier run; not queued again\n", resumed, lines.size());
   const auto t0 = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
   std::map<JobId, JobInfo> finished;
@@ -263,25 +391,26 @@ int run_batch(const BatchOptions& o) {
     if (tty) std::fprintf(stderr, "\r%s", bar);
     else if (decile != last_decile) std::fprintf(stderr, "%s\n", bar);
     last_decile = decile;
-    if (done == total) break;
+    if (done >= total) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   if (tty) std::fprintf(stderr, "\n");
-  if (g_interrupted) {
-    std::fprintf(stderr, "interrupted: unfinished jobs stay in the queue (run `atelier --headless` to finish them)\n");
-    return 1;
-  }
-  const fs::path results = fs::path(o.out_dir) / "results.jsonl";
-  std::ofstream out(results);
+  const bool interrupted = g_interrupted;
+  // Every line once, finished or not (on an interrupt too), then one atomic write.
+  std::string body;
   std::vector<std::string> failed;
   for (const auto& l : lines) {
     JobInfo j;
-    if (l.job != 0) {
-      j = finished[l.job];
-    } else {
+    if (l.job == 0) {
       j.state = JobState::Failed;
       j.error = refused[l.number];
+    } else if (auto f = finished.find(l.job); f != finished.end()) {
+      j = f->second;
+    } else if (auto now = e.job(l.job); now.ok()) {
+      j = now.value();
     }
+    const bool complete = j.state == JobState::Completed;
+    const bool pending = j.state == JobState::Queued || j.state == JobState::Running;
     json r = {{"line", l.number},
               {"job", l.job},
               {"state", job_state_name(j.state)},
@@ -298,22 +427,34 @@ int run_batch(const BatchOptions& o) {
       r["new_tokens"] = j.stats.new_tokens;
       r["tokens_per_s"] = j.stats.tokens_per_s;
     }
-    if (j.state != JobState::Completed) {
-      r["error"] = j.error.empty() ? std::string(job_state_name(j.state)) : j.error;
+    if (!complete) {
+      r["error"] = pending ? std::string("interrupted before it finished: the job stays queued; rerun the same command to finish it")
+                           : (j.error.empty() ? std::string(job_state_name(j.state)) : j.error);
       failed.push_back("line " + std::to_string(l.number) + " (job " + std::to_string(l.job) + "): " + r["error"].get<std::string>());
     }
-    out << r.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    body += r.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   }
-  out.close();
-  if (!out) return fail(Status::error(StatusCode::Io, results.string() + ": cannot write the results (disk full?)"));
-  std::fprintf(stderr, "wrote %s (%zu results)\n", results.string().c_str(), lines.size());
-  if (o.runner.metrics) print_json_line(metrics_json(e.metrics()));
-  if (!failed.empty()) {
+  auto list_failed = [&] {
+    if (failed.empty()) return;
     std::fprintf(stderr, "atelier: %zu of %zu jobs did not complete:\n", failed.size(), lines.size());
     for (const auto& f : failed) std::fprintf(stderr, "  %s\n", f.c_str());
+  };
+  const fs::path results = fs::path(o.out_dir) / "results.jsonl";
+  if (Status st = write_file_atomically(results, body); !st.ok()) {
+    list_failed();
+    std::fprintf(stderr, "atelier: error: %s; no results file was written (an earlier results.jsonl is left as it was); "
+                         "the finished jobs stay in the queue, so rerunning the same command writes it without redoing them\n",
+                 st.message.c_str());
     return 1;
   }
-  return 0;
+  std::fprintf(stderr, "wrote %s (%zu results)\n", results.string().c_str(), lines.size());
+  if (o.runner.metrics) print_json_line(metrics_json(e.metrics()));
+  list_failed();
+  if (interrupted) {
+    std::fprintf(stderr, "interrupted: unfinished jobs stay in the queue (rerun the same command, or `atelier --headless`, to finish them)\n");
+    return 1;
+  }
+  return failed.empty() ? 0 : 1;
 }
 
 std::string excerpt(const std::string& s, size_t n) {
@@ -346,6 +487,8 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   CLI::App* batch = root.add_subcommand("batch", "Run a JSON Lines file of requests through the queue; results to DIR/results.jsonl");
   batch->add_option("file", b->file, "One request per line, in the JSON form (see README)")->required();
   batch->add_option("--out", b->out_dir, "Output folder")->capture_default_str();
+  batch->add_flag("--overwrite", b->overwrite, "Replace image files that already exist (default: such a line fails)");
+  batch->add_flag("--allow-any-output", b->allow_any_output, "Let lines' \"output\" be absolute or leave --out with \"..\" (default: refused)");
   batch->add_option("--shard", b->shard, "Run only lines whose number (1-based) is I modulo N, e.g. 0/4 (a Kubernetes indexed Job or Slurm array task)");
   add_runner_options(*batch, b->runner);
   batch->callback([b, &exit_code] { exit_code = run_batch(*b); });
@@ -456,6 +599,17 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
     const int cleared = e.value()->clear_finished();
     std::fprintf(stderr, "cleared %d finished job(s)%s\n", cleared,
                  *also_queued ? (", cancelled " + std::to_string(cancelled) + " queued").c_str() : "");
+    exit_code = 0;
+  });
+
+  CLI::App* repair = queue->add_subcommand("repair", "Rebuild a damaged jobs.db from what is readable (the damaged file is kept beside it)");
+  repair->callback([dir, &exit_code] {
+    auto r = Engine::repair_queue(dir->data_dir);
+    if (!r.ok()) return void(exit_code = fail(r.status()));
+    if (!r->damaged) std::fprintf(stderr, "%s/jobs.db is not damaged; nothing to do\n", dir->data_dir.c_str());
+    else
+      std::fprintf(stderr, "rebuilt %s/jobs.db: %lld row(s) recovered; the damaged file is kept as %s\n", dir->data_dir.c_str(),
+                   static_cast<long long>(r->rows), r->backup.c_str());
     exit_code = 0;
   });
 

@@ -4,6 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
 namespace atelier::app {
 
 void add_request_options(CLI::App& cmd, TextRequest& req) {
@@ -18,8 +22,25 @@ void add_request_options(CLI::App& cmd, TextRequest& req) {
   cmd.add_option("--repeat-last-n", sp.repeat_last_n, "Window of recent tokens the penalties look at")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   cmd.add_option("--frequency-penalty", sp.frequency_penalty, "Subtract F times a token's count")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
   cmd.add_option("--presence-penalty", sp.presence_penalty, "Subtract P from tokens already present")->check(CLI::Range(-100.0f, 100.0f))->capture_default_str();
-  cmd.add_option("--seed", sp.seed, "Random seed (default: random; printed in the summary)");
+  add_seed_option(cmd, sp.seed, "Random seed, 0..18446744073709551614 (default: random; printed in the summary)");
   cmd.add_option("--stop", req.stop, "Stop before this string (repeatable)")->allow_extra_args(false);
+}
+
+void add_seed_option(CLI::App& cmd, uint64_t& seed, const char* help) {
+  cmd.add_option_function<std::string>(
+         "--seed",
+         [&seed](const std::string& v) {
+           const auto bad = [&v] {
+             return CLI::ValidationError("--seed", "a seed is a whole number from 0 to 18446744073709551614, got '" + v + "'");
+           };
+           if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) throw bad();
+           errno = 0;
+           const unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+           if (errno == ERANGE || x >= SamplingParams::kRandomSeed) throw bad();
+           seed = x;
+         },
+         help)
+      ->type_name("UINT");
 }
 
 }  // namespace atelier::app

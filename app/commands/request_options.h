@@ -3,6 +3,8 @@
 
 #include <atelier/requests.h>
 
+#include <cstdint>
+
 namespace CLI {
 class App;
 }
@@ -12,5 +14,9 @@ namespace atelier::app {
 // -p, -n, --temp, --top-k, --top-p, --min-p, the penalties, --seed, --stop.
 // (-m is registered by each command: its meaning differs.)
 void add_request_options(CLI::App& cmd, TextRequest& req);
+
+// --seed: a whole number from 0 to 2^64 - 2. Anything else (-5, 2^64, 1.5) is
+// refused (exit 2) instead of wrapping around or silently becoming random.
+void add_seed_option(CLI::App& cmd, uint64_t& seed, const char* help);
 
 }  // namespace atelier::app

@@ -4,6 +4,8 @@
 
 #include <atelier/kernels.h>
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 
@@ -30,8 +32,10 @@ Simd capped(Simd want) {
 Simd detected_simd() {
   static const Simd level = [] {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+    // F16C through CPUID: clang 14's __builtin_cpu_supports does not know "f16c" (the fuzz build uses clang).
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                         __builtin_cpu_supports("avx512vnni");

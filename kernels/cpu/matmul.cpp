@@ -323,7 +323,10 @@ void matmul_many(const WeightView* const* w, float* const* y, int count, const f
   if (count <= 0) return;
   for (int i = 0; i < count; ++i)
     if (!shape_ok(*w[i], n_x_rows)) return;
-  const auto [fn, unit] = rows_fn(*w[0], n_x_rows);
+  // Not a structured binding: clang 14 (the fuzz build) cannot capture one in the lambda below.
+  const auto rows = rows_fn(*w[0], n_x_rows);
+  const auto fn = rows.first;
+  const auto unit = rows.second;
   thread_local std::vector<unsigned char> storage;
   const MatmulArgs a = prepare(*w[0], x, y[0], n_x_rows, storage, ex);  // one quantization for all
   // Matrix i's rows are units [first[i], first[i + 1]) of the joint range.

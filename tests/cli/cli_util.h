@@ -27,6 +27,13 @@ inline std::string shell_quote(const std::string& s) {
   return r + "'";
 }
 
+// The binary under test. ATELIER_TEST_BINARY runs the suite against another
+// build (an older one, to see a regression test fail before its fix).
+inline std::string atelier_binary() {
+  const char* other = std::getenv("ATELIER_TEST_BINARY");
+  return other && *other ? other : ATELIER_BINARY;
+}
+
 struct CliRun {
   int code;
   std::string out, err;
@@ -38,7 +45,7 @@ inline CliRun run_atelier(const std::vector<std::string>& args, const std::files
   const std::filesystem::path base = dir.empty() ? std::filesystem::temp_directory_path() : dir;
   const std::string tag = std::to_string(::getpid());
   const std::string out = (base / ("atelier_out_" + tag)).string(), err = (base / ("atelier_err_" + tag)).string();
-  std::string cmd = shell_quote(ATELIER_BINARY);
+  std::string cmd = shell_quote(atelier_binary());
   for (const auto& a : args) cmd.append(" ").append(shell_quote(a));  // append: GCC 12 misreports " " + s (-Wrestrict)
   cmd.append(" >").append(out).append(" 2>").append(err);
   const int status = std::system(cmd.c_str());

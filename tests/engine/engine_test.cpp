@@ -409,4 +409,64 @@ TEST(Engine, ContextLimitIsTheSameAsGenerate) {
   EXPECT_EQ(info->stop_reason, "context");
   engine.value().reset();
   std::filesystem::remove(path);
+
+// Issue 14 mutant: admission under KV pressure skipping (`continue`) instead
+// of stopping (`break`) at a job that does not fit. Blocks of 16 tokens, 24 in
+// all. R (priority 10, a 6-block prompt, 280 new tokens: 24 blocks at its end)
+// runs; while it does, at most 18 blocks are free. A (priority 5, a 19-block
+// prompt) cannot fit beside it and may not preempt it; B (priority 1, one
+// block) would fit, but admission is in priority order: B waits behind A
+// until R is done. (Should R finish before A and B are even looked at, both
+// codes pass; the test never fails on the right one.)
+TEST(Engine, AJobThatDoesNotFitHoldsBackLowerOnesUnderKvPressure) {
+  TempDir dir("kvorder");
+  EngineConfig c = config(dir.path);
+  c.kv_block_tokens = 16;
+  c.kv_memory_bytes = 24 * 10240;  // stories260K: 10240 bytes per 16-token block
+  auto model = TextModel::open(kModel).value();
+  // The shortest run of words from FIRST with at least MIN_TOKENS tokens (BOS
+  // included); different first words, so that no prompt shares a prefix block with another.
+  auto tokens = [&](const std::string& p) { return static_cast<int>(model->tokenize(p, true, true).value().size()); };
+  auto prompt_of = [&](const std::string& first, int min_tokens) {
+    std::string p = first;
+    const char* words[] = {" upon", " a", " time", " there", " was", " a", " little", " girl", " named", " Lily."};
+    for (int i = 0; tokens(p) < min_tokens; ++i) p += words[i % 10];
+    return p;
+  };
+  TextRequest r = request(0, 280), a = request(1, 8), b = request(2, 4);
+  r.prompt = prompt_of("Once", 82);
+  r.ignore_eos = true;
+  a.prompt = prompt_of("The dog", 290);
+  b.prompt = "Mom said";
+  const int nr = tokens(r.prompt), na = tokens(a.prompt), nb = tokens(b.prompt);
+  // The arithmetic the test stands on: R holds 6..24 blocks, A needs 19, B 1.
+  ASSERT_TRUE(nr > 80 && nr <= 96 && nr + 280 <= 24 * 16) << nr;
+  ASSERT_TRUE(na > 288 && na <= 304) << na;
+  ASSERT_LE(nb, 16);
+  r.priority = 10;
+  a.priority = 5;
+  b.priority = 1;
+  auto e = std::move(Engine::open(c).value());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool r_decoding = false;
+  std::vector<JobId> started;
+  e->subscribe(0, [&](const Event& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ev.type == EventType::Started) started.push_back(ev.job);
+    if (ev.type == EventType::Token) r_decoding = true;
+    cv.notify_all();
+  });
+  const JobId jr = e->submit(r).value();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return r_decoding; }));
+  }
+  const JobId ja = e->submit(a).value(), jb = e->submit(b).value();
+  ASSERT_TRUE(e->wait_idle(60'000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(started, (std::vector<JobId>{jr, ja, jb})) << "a lower-priority job went ahead of one that did not fit";
+  EXPECT_GE(e->job(jb).value().started_ms, e->job(jr).value().finished_ms) << "B started while R still ran";
+  EXPECT_EQ(e->job(jr).value().stats.new_tokens, 280);
 }

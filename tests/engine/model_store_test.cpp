@@ -6,6 +6,7 @@
 #include <atelier/models.h>
 #include <atelier/store.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -167,4 +168,32 @@ TEST(ModelStoreEngine, ImagesResolveThroughTheStoreToo) {
   ASSERT_TRUE(by_file.ok()) << by_file.status().message;
   EXPECT_EQ(by_name.value()[0].pixels, by_file.value()[0].pixels);
   EXPECT_NE(by_name.value()[0].parameters.find("Model: quickdraw@1"), std::string::npos);
+}
+
+// Issue 14 mutant: the per-process digest cache ignoring mtime. A blob that
+// passed its check in this process and is then damaged in place (same size,
+// newer modification time) must be hashed again and refused.
+TEST(ModelStoreEngine, ABlobDamagedAfterItWasVerifiedInThisProcessIsRefused) {
+  TempDir d("recheck");
+  auto st = two_versions(d);
+  ResolveOptions check;
+  check.check_digest = true;
+  auto first = resolve_model("stories260k@1", d.store(), check);
+  ASSERT_TRUE(first.ok()) << first.status().message;
+  EXPECT_EQ(first->digest, "sha256:" + kGgufSha);
+  const std::string blob = first->path;
+  const auto size = fs::file_size(blob);
+  fs::permissions(blob, fs::perms::owner_write, fs::perm_options::add);
+  {
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096);
+    f.put('\x55');
+  }
+  // A clock tick later than the first check, whatever the file system's timestamp granularity.
+  struct timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) + 5, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, blob.c_str(), times, 0), 0);
+  ASSERT_EQ(fs::file_size(blob), size);  // only the time says it changed
+  auto again = resolve_model("stories260k@1", d.store(), check);
+  ASSERT_FALSE(again.ok()) << "a cached digest was trusted for a changed file";
+  EXPECT_EQ(again.status().code, StatusCode::InvalidModel);
 }

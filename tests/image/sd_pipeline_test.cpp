@@ -137,5 +137,30 @@ TEST(SdPipeline, PromptAndNegativeArePaddedToTheSameLength) {
   EXPECT_EQ(0, std::memcmp(neg.values.data() + 77 * 8, e.values.data(), 77 * 8 * sizeof(float)));
 }
 
+// Issue 14 mutant: CFG with the conditional and unconditional predictions
+// swapped. With the stand-in model, eps_cond - eps_uncond = 0.3 - (-0.2) =
+// 0.5 everywhere (the x and t terms are the same in both rows), so by hand
+// eps(s) = eps_uncond + s * 0.5 and eps(1) = eps_cond (unguided). One Euler
+// step ends at x0 = x - sigma * eps, linear in eps: with the same seed,
+// (x0(7) - x0(1)) / (x0(2) - x0(1)) = (6 * 0.5) / (1 * 0.5) = 6 and x0 falls
+// as the guidance pushes eps toward the prompt. (Swapped: 3.5, and it rises.)
+TEST(SdPipeline, GuidancePushesTowardThePromptByItsScale) {
+  FakeModel m;
+  auto c = cond_of(0.3f), u = cond_of(-0.2f);
+  auto x0 = [&](float scale) {
+    TaskOptions o = options(11, SamplerKind::euler);
+    o.steps = 1;
+    o.cfg_scale = scale;
+    return run_alone(m, o, c, u);
+  };
+  const auto x1 = x0(1.0f), x2 = x0(2.0f), x7 = x0(7.0f);
+  ASSERT_EQ(x1.size(), x7.size());
+  for (size_t i = 0; i < x1.size(); ++i) {
+    const double d2 = static_cast<double>(x2[i]) - x1[i], d7 = static_cast<double>(x7[i]) - x1[i];
+    ASSERT_LT(d2, 0) << i << ": guidance moved away from the prompt";
+    EXPECT_NEAR(d7 / d2, 6.0, 1e-3) << i;
+  }
+}
+
 }  // namespace
 }  // namespace atelier::image

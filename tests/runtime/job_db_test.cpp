@@ -1005,3 +1005,106 @@ TEST(RunnerLock, MissingDataDirIsAClearError) {
   }
   EXPECT_EQ(RunnerLock::holder_pid(dir), 0);
 }
+
+// Crash-loop protection (issue 14): a job found running at two process
+// deaths is failed, not re-run forever; one death (or a clean requeue) is not counted against it.
+TEST(JobDbCrashLoop, AJobRunningAtTwoDeathsIsFailedWithAReason) {
+  TempDir t;
+  int64_t victim = 0, once = 0, requeued = 0;
+  {
+    auto db = JobDb::open(t.db());
+    victim = db->insert("{\"n\":1}", 0, false, 0, 1);
+    once = db->insert("{\"n\":2}", 0, false, 0, 1);
+    requeued = db->insert("{\"n\":3}", 0, false, 0, 1);
+    ASSERT_TRUE(db->mark_running(victim, 10));
+    // A clean shutdown's requeue is no interruption, however often.
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(db->mark_running(requeued, 10));
+      ASSERT_TRUE(db->requeue(requeued));
+    }
+  }  // first death: the victim was running
+  {
+    auto db = JobDb::open(t.db());
+    EXPECT_EQ(db->recover(), 1);
+    EXPECT_EQ(state_of(*db, victim), "queued");
+    EXPECT_EQ(db->get(victim)->interrupted, 1);
+    ASSERT_TRUE(db->mark_running(victim, 20));
+    ASSERT_TRUE(db->mark_running(once, 20));
+    ASSERT_TRUE(db->mark_running(requeued, 20));
+  }  // second death: all three running; the victim for the second time
+  auto db = JobDb::open(t.db());
+  EXPECT_EQ(db->recover(), 2);
+  const JobRow v = *db->get(victim);
+  EXPECT_EQ(v.state, "failed");
+  EXPECT_EQ(v.error_message.rfind("interrupted twice; retry to run it again", 0), 0u) << v.error_message;
+  EXPECT_EQ(v.error_code, "internal");
+  EXPECT_GT(v.finished_ms, 0);
+  EXPECT_EQ(v.attempts, 2);
+  EXPECT_EQ(state_of(*db, once), "queued");
+  EXPECT_EQ(state_of(*db, requeued), "queued");
+  EXPECT_EQ(db->get(requeued)->interrupted, 1);
+  EXPECT_EQ(db->recover(), 0);
+  EXPECT_EQ(state_of(*db, victim), "failed");
+}
+
+// A kill -9 while the job runs, twice, in real processes.
+TEST(JobDbCrashLoop, TwoKillsWhileRunningFailTheJob) {
+  TempDir t;
+  int64_t id = 0;
+  {
+    auto db = JobDb::open(t.db());
+    id = db->insert("{}", 0, false, 0, 1);
+  }
+  for (int round = 0; round < 2; ++round) {
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    const pid_t kid = fork_child([&] {
+      ::close(out[0]);
+      auto db = JobDb::open(t.db());
+      db->recover();
+      if (!db->mark_running(id, 100)) return 3;
+      write_i64(out[1], 1);
+      ::pause();
+      return 0;
+    });
+    ::close(out[1]);
+    int64_t ready = 0;
+    ASSERT_TRUE(read_i64(out[0], &ready));
+    ::close(out[0]);
+    ::kill(kid, SIGKILL);
+    EXPECT_EQ(wait_child(kid), -SIGKILL);
+  }
+  auto db = JobDb::open(t.db());
+  db->recover();
+  EXPECT_EQ(state_of(*db, id), "failed");
+  EXPECT_NE(db->get(id)->error_message.find("interrupted twice"), std::string::npos);
+}
+
+// Idempotent submission (issue 14, `atelier batch` reruns): a key names one job
+// while it is queued, running or completed; a failed or cancelled one is queued afresh.
+TEST(JobDbKeys, AKeyedJobIsInsertedOnceUntilItFails) {
+  TempDir t;
+  auto db = JobDb::open(t.db());
+  std::vector<bool> fresh;
+  const auto first = db->insert_many({{"{\"a\":1}", 0, false, 1, "k1"}, {"{\"b\":1}", 0, false, 2, "k2"}, {"{}", 0, false, 3, ""}}, 5, &fresh);
+  EXPECT_EQ(fresh, (std::vector<bool>{true, true, true}));
+  fresh.clear();
+  const auto again = db->insert_many({{"{\"a\":2}", 0, false, 1, "k1"}, {"{\"b\":2}", 0, false, 2, "k2"}, {"{}", 0, false, 3, ""}}, 6, &fresh);
+  EXPECT_EQ(fresh, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(again[0], first[0]);
+  EXPECT_EQ(again[1], first[1]);
+  EXPECT_NE(again[2], first[2]);  // no key: always a new job
+  EXPECT_EQ(db->get(first[0])->request_json, "{\"a\":1}");  // the earlier job is kept as it was
+  EXPECT_EQ(db->find_key("k1"), first[0]);
+  // Running and completed still count; failed and cancelled do not.
+  ASSERT_TRUE(db->mark_running(first[0], 7));
+  EXPECT_EQ(db->insert_many({{"{}", 0, false, 1, "k1"}}, 8)[0], first[0]);
+  ASSERT_TRUE(db->complete(first[0], "{}", "v", 9));
+  EXPECT_EQ(db->insert_many({{"{}", 0, false, 1, "k1"}}, 10)[0], first[0]);
+  ASSERT_TRUE(db->fail(first[1], "io", "x", 11));
+  EXPECT_FALSE(db->find_key("k2").has_value());
+  const int64_t retried = db->insert_many({{"{}", 0, false, 2, "k2"}}, 12)[0];
+  EXPECT_NE(retried, first[1]);
+  EXPECT_EQ(db->find_key("k2"), retried);
+  EXPECT_EQ(db->count(""), 5);
+}

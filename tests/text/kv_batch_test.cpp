@@ -451,3 +451,26 @@ TEST(KvBatch, PrefixSharingKeepsOutputs) {
     expect_same({sc}, {generate(d, pc, 0)}, "d recomputed over shared blocks");
   }
 }
+
+// Issue 14 mutant: a chain hash that ignores the first token of each block.
+// Two prompts whose first blocks differ only in their first token and whose
+// second blocks are equal: the second sequence must not find the first one's
+// second block (its K/V were computed after another prefix).
+TEST(KvPool, TheSameBlockAfterADifferentPrefixIsNotShared) {
+  const auto hp = tiny_hp();
+  for (int i = 0; i < 4; ++i) {  // each position of a block counts, the first one too
+    int32_t a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4};
+    b[i] = 9;
+    EXPECT_NE(KvPool::chain_hash(0, a, 4), KvPool::chain_hash(0, b, 4)) << "position " << i;
+    EXPECT_NE(KvPool::chain_hash(7, a, 4), KvPool::chain_hash(7, b, 4)) << "position " << i;
+  }
+  KvPool pool(hp, 4, 8 * 512, false);
+  const std::vector<int32_t> first = {1, 2, 3, 4, 5, 6, 7, 8, 9}, second = {100, 2, 3, 4, 5, 6, 7, 8, 9};
+  PagedSeq s1(pool);
+  ASSERT_TRUE(s1.reserve(9));
+  s1.publish(first.data(), 8);
+  PagedSeq s2(pool);
+  EXPECT_EQ(s2.attach_prefix(second.data(), 8), 0) << "shared a block computed after another prefix";
+  PagedSeq s3(pool);
+  EXPECT_EQ(s3.attach_prefix(first.data(), 8), 8);  // the same prefix is shared
+}

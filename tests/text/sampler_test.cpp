@@ -190,3 +190,23 @@ TEST(Sampler, TopKOnALargeVocabularyKeepsExactlyTheTrueTopK) {
   for (const auto& [id, n] : seen) got.insert(id);
   EXPECT_EQ(got, expect);
 }
+
+// Issue 14 mutant: top-p keeping by `>` instead of `>=` at the mass boundary.
+// Four equal logits have probabilities of exactly 0.25 each (exp(0) / 4, no
+// rounding), so top-p 0.5 reaches its mass exactly at the second token: the
+// nucleus is {0, 1} (llama.cpp keeps tokens until the sum is >= p).
+TEST(Sampler, TopPStopsAtATokenThatReachesTheMassExactly) {
+  SamplingParams p = plain(1.0f);
+  p.top_p = 0.5f;
+  std::map<int, int> seen;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    p.seed = seed;
+    Sampler s(p);
+    std::vector<float> l = {3.0f, 3.0f, 3.0f, 3.0f};
+    ++seen[s.sample(l.data(), 4)];
+  }
+  EXPECT_GT(seen[0], 100);
+  EXPECT_GT(seen[1], 100);
+  EXPECT_EQ(seen.count(2), 0u) << "a third token was kept past an exact top-p boundary";
+  EXPECT_EQ(seen.count(3), 0u);
+}

@@ -134,6 +134,13 @@ struct AlertRules {
   double error_rate = 0.05;                // failed / finished over the last 100 jobs
 };
 
+// `atelier queue repair` (Engine::repair_queue).
+struct QueueRepairReport {
+  bool damaged = false;  // false: jobs.db was fine; nothing was done
+  std::string backup;    // where the damaged jobs.db was moved
+  int64_t rows = 0;      // rows (jobs and settings) salvaged from it
+};
+
 class Engine {
  public:
   // Opens the data dir, recovers the queue (jobs that were running when a
@@ -142,6 +149,11 @@ class Engine {
   // dir's queue at a time; a second one gets an error (use execute = false).
   static Result<std::unique_ptr<Engine>> open(const EngineConfig& config);
   ~Engine();  // stops the executor; running jobs go back to the queue
+  // Rebuilds a damaged (truncated, overwritten) DATA_DIR/jobs.db: the bad file
+  // is kept as jobs.db.damaged-<ms> and every readable job is copied into a
+  // fresh one. Refused while a process runs the queue. A healthy database is
+  // left alone (damaged = false).
+  static Result<QueueRepairReport> repair_queue(const std::string& data_dir);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -154,6 +166,14 @@ class Engine {
   // Many at once, in one transaction (one disk sync): all are queued or none.
   // The first invalid request is named (by index) in the error.
   Result<std::vector<JobId>> submit_many(const std::vector<TextRequest>& requests);
+  // Idempotent forms (`atelier batch`: a rerun after a kill does each line
+  // once). A non-empty KEY names the job; while a job with that key is queued,
+  // running or completed, its id is returned and nothing new is queued (one
+  // that failed or was cancelled is queued afresh). KEYS: one per request.
+  Result<std::vector<JobId>> submit_many(const std::vector<TextRequest>& requests, const std::vector<std::string>& keys);
+  Result<JobId> submit(const ImageRequest& request, const std::string& key);
+  // The queued, running or completed job submitted under KEY; NotFound when none.
+  Result<JobId> find_submitted(const std::string& key) const;
   Status cancel(JobId id);                    // takes effect within one step; NotFound / InvalidArgument if finished
   Status set_priority(JobId id, int priority);
   void pause();                               // stop admitting new jobs (persistent); running ones finish

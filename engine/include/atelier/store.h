@@ -73,6 +73,15 @@ struct StoreGcReport {
   int64_t blobs_removed = 0, bytes_freed = 0, tmp_removed = 0;
 };
 
+// `atelier models repair` (Store::repair).
+struct StoreRepairReport {
+  bool damaged = false;       // false: store.db was fine; nothing was done
+  std::string backup;         // where the damaged store.db was moved ("" when there was none)
+  int64_t rows = 0;           // rows salvaged from it
+  int recovered_models = 0;   // unreferenced model blobs recorded as models "recovered-<12 hex>"
+  int64_t unreferenced = 0;   // blobs left unreferenced (not model files on their own)
+};
+
 struct StoreImportFile {
   std::string path;
   std::string role = "model";
@@ -136,7 +145,8 @@ struct PullOptions {
 struct PullResult {
   std::string model;
   int version = 0;
-  bool already_installed = false;  // an identical version was there; nothing was done
+  bool already_installed = false;  // an identical version was there, its files intact; nothing was done
+  bool repaired = false;           // an identical version was there with damaged files: they were fetched again
   std::string source;              // the mirror folder or the first URL used
   int64_t bytes = 0;
   std::string digest;              // the primary file's
@@ -147,6 +157,11 @@ class Store {
   // Opens (creating when CREATE) the store at ROOT ("" = default_store_dir()).
   // NotFound when it does not exist and !CREATE.
   static Result<std::unique_ptr<Store>> open(const std::string& root = "", bool create = true);
+  // Rebuilds a damaged (truncated, overwritten, emptied) store.db: the bad
+  // file is kept as store.db.damaged-<ms>, every readable row is copied into
+  // a fresh one, and blobs no version references become "recovered-<12 hex>"
+  // models. A healthy store is left alone (damaged = false). Io on failure.
+  static Result<StoreRepairReport> repair(const std::string& root = "");
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "formats/sniff.h"
 #include "serve/events.h"
 #include "api/image_job.h"
 #include "serve/metrics.h"
@@ -163,20 +164,53 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   });
 }
 
+Result<QueueRepairReport> Engine::repair_queue(const std::string& data_dir) {
+  const std::string path = (fs::path(data_dir) / "jobs.db").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::error(StatusCode::NotFound, "no job database at " + path);
+  return guarded([&]() -> Result<QueueRepairReport> {
+    auto lock = runtime::RunnerLock::try_acquire(data_dir);
+    if (!lock)
+      return Status::error(StatusCode::InvalidArgument, "another Atelier process is running the queue in " + data_dir + "; stop it first");
+    const auto r = runtime::JobDb::repair(path);
+    return QueueRepairReport{r.damaged, r.backup, r.rows};
+  });
+}
+
 namespace {
 // Validates a request and fixes its seed, so the stored request reproduces the job exactly.
 // The model reference stays as written; the runner resolves it when the job
 // starts and records the digest of what it loaded.
 // CHECKED remembers each model reference's outcome (a batch names few models).
-Result<TextRequest> prepare(const TextRequest& request, const std::string& store_dir, std::map<std::string, Status>& checked) {
+// The context a job of this model gets in the runner (as TextModel::open
+// sets it): the model's training context, capped at 4096. 1 << 20 when the
+// header cannot be read (the runner then reports what is wrong with the file).
+int runner_context(const ResolvedModel& m) {
+  // GGUF headers only: a llama2.c checkpoint is read whole, too slow for a submit.
+  if (formats::sniff_model_file(m.path).kind != formats::FileKind::gguf) return 1 << 20;
+  auto info = read_model_info(m.path, m.file("tokenizer"));
+  if (!info.ok()) return 1 << 20;
+  return std::min(info->n_ctx_train > 0 ? info->n_ctx_train : 4096, 4096);
+}
+
+struct ModelCheck {
+  Status status;
+  int n_ctx = 1 << 20;
+};
+
+Result<TextRequest> prepare(const TextRequest& request, const std::string& store_dir, std::map<std::string, ModelCheck>& checked) {
   if (request.model.empty()) return Status::error(StatusCode::InvalidArgument, "the request names no model");
   auto seen = checked.find(request.model);
   if (seen == checked.end()) {
     auto resolved = resolve_model(request.model, store_dir);
-    seen = checked.emplace(request.model, resolved.ok() ? Status{} : resolved.status()).first;
+    ModelCheck c;
+    if (resolved.ok()) c.n_ctx = runner_context(resolved.value());
+    else c.status = resolved.status();
+    seen = checked.emplace(request.model, c).first;
   }
-  if (!seen->second.ok()) return seen->second;
-  if (Status s = validate_request(request, 1 << 20); !s.ok()) return s;
+  if (!seen->second.status.ok()) return seen->second.status;
+  // The same limit `atelier text` applies, so a batch line and the flag agree.
+  if (Status s = validate_request(request, seen->second.n_ctx); !s.ok()) return s;
   TextRequest r = request;
   if (r.sampling.seed == SamplingParams::kRandomSeed) {
     std::random_device rd;
@@ -188,8 +222,11 @@ Result<TextRequest> prepare(const TextRequest& request, const std::string& store
 // Stores jobs in one transaction, announces them and wakes the executor.
 Result<std::vector<JobId>> insert_jobs(Engine::Impl& impl, const std::vector<runtime::NewJob>& jobs) {
   return guarded([&]() -> Result<std::vector<JobId>> {
-    std::vector<JobId> ids = impl.db->insert_many(jobs, epoch_ms());
-    for (JobId id : ids) {
+    std::vector<bool> fresh;
+    std::vector<JobId> ids = impl.db->insert_many(jobs, epoch_ms(), &fresh);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!fresh[i]) continue;  // an earlier job with the same key: already announced
+      const JobId id = ids[i];
       Event ev;
       ev.type = EventType::Queued;
       ev.job = id;
@@ -208,28 +245,45 @@ Result<JobId> Engine::submit(const TextRequest& request) {
 }
 
 Result<std::vector<JobId>> Engine::submit_many(const std::vector<TextRequest>& requests) {
+  return submit_many(requests, std::vector<std::string>(requests.size()));
+}
+
+Result<std::vector<JobId>> Engine::submit_many(const std::vector<TextRequest>& requests, const std::vector<std::string>& keys) {
+  if (keys.size() != requests.size())
+    return Status::error(StatusCode::InvalidArgument, "submit_many: one key per request (\"\" for none)");
   std::vector<runtime::NewJob> jobs;
-  std::map<std::string, Status> checked;
+  std::map<std::string, ModelCheck> checked;
   for (size_t i = 0; i < requests.size(); ++i) {
     auto r = prepare(requests[i], impl_->config.store_dir, checked);
     if (!r.ok()) {
       if (requests.size() == 1) return r.status();
       return Status::error(r.status().code, "request " + std::to_string(i) + ": " + r.status().message);
     }
-    jobs.push_back({request_to_json(r.value()), r->priority, r->interactive, r->sampling.seed});
+    jobs.push_back({request_to_json(r.value()), r->priority, r->interactive, r->sampling.seed, keys[i]});
   }
   return insert_jobs(*impl_, jobs);
 }
 
+Result<JobId> Engine::submit(const ImageRequest& request) { return submit(request, ""); }
 
-Result<JobId> Engine::submit(const ImageRequest& request) {
+Result<JobId> Engine::submit(const ImageRequest& request, const std::string& key) {
   if (Status st = validate_image_request(request); !st.ok()) return st;
+  // Checked now, not after the render: the model is an image model and the output can be written.
+  if (Status st = check_image_model_kind(request.model, impl_->config.store_dir); !st.ok()) return st;
+  if (Status st = check_image_output(request.output); !st.ok()) return st;
   ImageRequest r = request;
   // Fixed now, so the job's images are the same whenever (and however often) it runs.
   if (r.seed == SamplingParams::kRandomSeed) r.seed = pick_image_seed();
-  auto ids = insert_jobs(*impl_, {{image_request_to_json(r), r.priority, r.interactive, r.seed}});
+  auto ids = insert_jobs(*impl_, {{image_request_to_json(r), r.priority, r.interactive, r.seed, key}});
   if (!ids.ok()) return ids.status();
   return ids.value().front();
+}
+
+Result<JobId> Engine::find_submitted(const std::string& key) const {
+  return guarded([&]() -> Result<JobId> {
+    if (auto id = impl_->db->find_key(key)) return *id;
+    return Status::error(StatusCode::NotFound, "no job was submitted under this key");
+  });
 }
 
 Status Engine::cancel(JobId id) {

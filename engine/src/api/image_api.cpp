@@ -13,6 +13,9 @@
 #include <chrono>
 #include <random>
 
+#include <unistd.h>
+#include <cerrno>
+
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/safetensors.h"
@@ -62,6 +65,7 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request) { r
 Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir,
                                                 const ImageProgressFn& progress) {
   if (Status st = validate_image_request(request); !st.ok()) return st;
+  if (Status st = check_image_output(request.output); !st.ok()) return st;
   const Result<ResolvedModel> resolved = resolve_image_model(request.model, store_dir);
   if (!resolved.ok()) return resolved.status();
   const std::string& path = resolved->path;
@@ -111,6 +115,36 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
     }
     return out;
   });
+}
+
+Status check_image_model_kind(const std::string& ref, const std::string& store_dir) {
+  return guarded([&]() -> Status {
+  std::error_code ec;
+  if (std::filesystem::is_directory(ref, ec)) return {};  // a diffusers folder
+  auto resolved = resolve_model(ref, store_dir);
+  if (!resolved.ok()) return resolved.status();
+  if (resolved->kind == "text" || !text_model_kind(resolved->path).empty())
+    return Status::error(StatusCode::Unsupported,
+                         ref + " is a text model (" + (resolved->format.empty() ? text_model_kind(resolved->path) : resolved->format) +
+                             "): image generation needs a Stable Diffusion 1.x/2.x checkpoint (.safetensors, .ckpt or a "
+                             "diffusers folder) or the QuickDraw CVAE");
+  return {};
+  });
+}
+
+Status check_image_output(const std::string& output) {
+  if (output.empty()) return {};
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(output, ec))
+    return Status::error(StatusCode::InvalidArgument, output + " is a folder: name the PNG file to write (e.g. " +
+                                                          (fs::path(output) / "image.png").string() + ")");
+  const fs::path parent = fs::path(output).parent_path().empty() ? fs::path(".") : fs::path(output).parent_path();
+  if (!fs::is_directory(parent, ec))
+    return Status::error(StatusCode::NotFound, output + ": the folder " + parent.string() + " does not exist; create it first or write elsewhere");
+  if (::access(parent.c_str(), W_OK) != 0)
+    return Status::error(StatusCode::Io, output + ": the folder " + parent.string() + " is not writable (" + std::strerror(errno) + ")");
+  return {};
 }
 
 std::string numbered_output_path(const std::string& out, int index, int count) {

@@ -143,8 +143,16 @@ Status validate_image_request(const ImageRequest& r) {
   if (!r.init_image.empty() && !(r.strength > 0.0f && r.strength <= 1.0f))
     return bad("strength must be in (0, 1] (the share of the steps that repaint the init image)");
   if (!r.mask.empty() && r.init_image.empty()) return bad("a mask needs an init image (--init) to inpaint");
-  for (const std::string* f : {&r.init_image, &r.mask, &r.tokenizer, &r.preview_decoder})
-    if (!f->empty() && !std::filesystem::exists(*f)) return Status::error(StatusCode::NotFound, *f + ": no such file");
+  for (const std::string* f : {&r.init_image, &r.mask, &r.tokenizer, &r.preview_decoder}) {
+    if (f->empty()) continue;
+    std::error_code ec;
+    const auto st = std::filesystem::status(*f, ec);
+    if (!std::filesystem::exists(st)) return Status::error(StatusCode::NotFound, *f + ": no such file");
+    // A FIFO or a device would block the reader (or never end): only files (and folders where a folder is meant).
+    const bool folder_ok = f == &r.preview_decoder || f == &r.tokenizer;
+    if (!std::filesystem::is_regular_file(st) && !(folder_ok && std::filesystem::is_directory(st)))
+      return bad(*f + " is not a regular file (a folder, FIFO or device): pass a picture or model file");
+  }
   return {};
 }
 

@@ -19,6 +19,12 @@
 namespace atelier {
 
 Status validate_image_request(const ImageRequest& r);
+// Unsupported (with what the file is) when REF resolves to a text model; the
+// resolution's own error when it does not resolve. No hashing (cheap at submit).
+Status check_image_model_kind(const std::string& ref, const std::string& store_dir);
+// OUTPUT ("" = the default, fine) can be written: its folder exists and is
+// writable, and it is not itself a folder. Checked before a render starts.
+Status check_image_output(const std::string& output);
 uint64_t pick_image_seed();  // 32 random bits, like A1111's random seeds
 std::string format_scale(float v);
 // AUTOMATIC1111's infotext, which other tools (ComfyUI loaders, civitai, PNG

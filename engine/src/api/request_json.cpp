@@ -3,7 +3,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <climits>
+#include <cmath>
+#include <limits>
 #include <set>
+#include <type_traits>
 
 namespace atelier {
 
@@ -47,14 +51,62 @@ void check_keys(const json& j, const std::set<std::string>& allowed, const std::
   }
 }
 
+std::string shown(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 template <class T>
 void read(const json& j, const char* key, T& out) {
   if (!j.contains(key)) return;
-  try {
-    out = j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw std::invalid_argument(std::string("key '") + key + "' has the wrong type (" + j.at(key).type_name() + ")");
+  const json& v = j.at(key);
+  const std::string name = std::string("key '") + key + "'";
+  // Numbers are range-checked before they are converted: a double cast to an
+  // int outside its range is undefined behaviour (it read as -2147483648).
+  if constexpr (std::is_same_v<T, uint64_t>) {
+    if (v.is_number_unsigned()) out = v.get<uint64_t>();
+    else if (v.is_number_integer() && v.get<int64_t>() >= 0) out = static_cast<uint64_t>(v.get<int64_t>());
+    else if (v.is_number())
+      throw std::invalid_argument(name + " must be a whole number between 0 and 18446744073709551614, got " + shown(v));
+    else throw std::invalid_argument(name + " has the wrong type (" + std::string(v.type_name()) + "; want a whole number)");
+  } else if constexpr (std::is_same_v<T, int>) {
+    if (!v.is_number()) throw std::invalid_argument(name + " has the wrong type (" + std::string(v.type_name()) + "; want a whole number)");
+    const double d = v.get<double>();
+    const bool whole = v.is_number_integer() || (std::isfinite(d) && std::floor(d) == d);
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{INT_MAX}
+                                             : (v.is_number_integer() ? v.get<int64_t>() >= INT_MIN && v.get<int64_t>() <= INT_MAX
+                                                                      : d >= INT_MIN && d <= INT_MAX);
+    if (!whole || !fits)
+      throw std::invalid_argument(name + " must be a whole number between -2147483648 and 2147483647, got " + shown(v));
+    out = v.is_number_integer() ? static_cast<int>(v.get<int64_t>()) : static_cast<int>(d);
+  } else if constexpr (std::is_same_v<T, float>) {
+    if (!v.is_number()) throw std::invalid_argument(name + " has the wrong type (" + std::string(v.type_name()) + "; want a number)");
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > std::numeric_limits<float>::max())
+      throw std::invalid_argument(name + " is out of range: " + shown(v));
+    out = static_cast<float>(d);
+  } else {
+    try {
+      out = v.get<T>();
+    } catch (const json::exception&) {
+      throw std::invalid_argument(name + " has the wrong type (" + v.type_name() + ")");
+    }
   }
+}
+
+// Every failure of parsing, as one message. nlohmann throws out_of_range (not
+// parse_error) for a number too large for a double, such as 1e400.
+Status json_error(const json::exception& e) {
+  if (e.id == 406)
+    return Status::error(StatusCode::InvalidArgument,
+                         std::string("a number is too large (beyond a double's range): ") + e.what());
+  return Status::error(StatusCode::InvalidArgument, std::string("not valid JSON: ") + e.what());
+}
+
+void check_kind(const json& j, const char* want) {
+  if (!j.contains("kind")) return;
+  const json& k = j["kind"];
+  if (k == want) return;
+  if (k.is_string() && (k == "text" || k == "image"))
+    throw std::invalid_argument(std::string("not a ") + want + " request (kind is " + shown(k) + ")");
+  throw std::invalid_argument("unknown kind " + shown(k) + ": use \"text\" (the default) or \"image\"");
 }
 }  // namespace
 
@@ -62,7 +114,7 @@ Result<TextRequest> request_from_json(std::string_view text) {
   try {
     const json j = json::parse(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
-    if (j.contains("kind") && j["kind"] != "text") throw std::invalid_argument("not a text request (kind is not \"text\")");
+    check_kind(j, "text");
     check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "json_schema", "logprobs", "top_logprobs", "priority", "interactive", "sampling"}, "");
     if (!j.contains("model") || !j.contains("prompt")) throw std::invalid_argument("a request needs 'model' and 'prompt'");
     TextRequest r;
@@ -95,8 +147,8 @@ Result<TextRequest> request_from_json(std::string_view text) {
       read(s, "seed", p.seed);
     }
     return r;
-  } catch (const json::parse_error& e) {
-    return Status::error(StatusCode::InvalidArgument, std::string("not valid JSON: ") + e.what());
+  } catch (const json::exception& e) {
+    return json_error(e);
   } catch (const std::invalid_argument& e) {
     return Status::error(StatusCode::InvalidArgument, e.what());
   }
@@ -138,6 +190,7 @@ Result<ImageRequest> image_request_from_json(std::string_view text) {
   try {
     const json j = json::parse(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
+    check_kind(j, "image");
     check_keys(j, {"kind", "model", "prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "sampler",
                    "scheduler", "seed", "rng", "batch_count", "batch_size", "init_image", "strength", "mask", "tokenizer",
                    "preview_decoder", "prediction", "output", "priority", "interactive"}, " of an image request");
@@ -166,8 +219,8 @@ Result<ImageRequest> image_request_from_json(std::string_view text) {
     read(j, "priority", r.priority);
     read(j, "interactive", r.interactive);
     return r;
-  } catch (const json::parse_error& e) {
-    return Status::error(StatusCode::InvalidArgument, std::string("not valid JSON: ") + e.what());
+  } catch (const json::exception& e) {
+    return json_error(e);
   } catch (const std::invalid_argument& e) {
     return Status::error(StatusCode::InvalidArgument, e.what());
   }

@@ -283,6 +283,16 @@ Status Store::remove(const std::string& ref, bool force) {
   });
 }
 
+Result<StoreRepairReport> Store::repair(const std::string& root_in) {
+  const std::string root = root_in.empty() ? default_store_dir() : root_in;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return Status::error(StatusCode::NotFound, "no model store at " + root);
+  return store_call([&]() -> Result<StoreRepairReport> {
+    const auto r = store::ModelStore::repair(root);
+    return StoreRepairReport{r.damaged, r.backup, r.rows, r.recovered_models, r.unreferenced};
+  });
+}
+
 Result<StoreGcReport> Store::gc() {
   return store_call([&]() -> Result<StoreGcReport> {
     const auto r = impl_->st->gc();

@@ -48,6 +48,8 @@ formats::FileKind text_model_kind(const std::string& path) {
 std::string find_llama2c_tokenizer(const std::string& model_path, const std::string& given) {
   if (!given.empty()) {
     if (!fs::exists(given)) throw NotFoundError(given + ": tokenizer file not found");
+    // A FIFO or device would block the reader until killed.
+    if (!fs::is_regular_file(given)) throw InvalidArgumentError(given + " is not a regular file (a folder, FIFO or device): pass the tokenizer file");
     return given;
   }
   const fs::path dir = fs::path(model_path).parent_path();

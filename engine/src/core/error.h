@@ -54,6 +54,13 @@ class IoError : public Error {
   explicit IoError(const std::string& message) : Error(StatusCode::Io, message) {}
 };
 
+// A database file that is itself damaged (truncated, overwritten): the
+// message names the command that rebuilds it (`atelier queue repair`, ...).
+class DamagedError : public IoError {
+ public:
+  explicit DamagedError(const std::string& message) : IoError(message) {}
+};
+
 // The kind of a failed open(2)/stat(2): a missing path is NotFound, anything
 // else (permissions, too many files) Io.
 inline StatusCode errno_code(int err) { return err == ENOENT || err == ENOTDIR ? StatusCode::NotFound : StatusCode::Io; }

@@ -10,7 +10,14 @@
 
 #include <sqlite3.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <iterator>
+#include <vector>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -23,7 +30,12 @@ namespace atelier::sql {
 template <const char* Noun>
 [[noreturn]] inline void fail(sqlite3* db, const std::string& path, const std::string& what) {
   std::string msg = std::string(Noun) + " " + path + ": " + what;
-  if (db) msg += ": " + std::string(sqlite3_errmsg(db));
+  if (db) {
+    msg += ": " + std::string(sqlite3_errmsg(db));
+    // SQLite says "disk I/O error" for a full disk too; say what it means.
+    if ((sqlite3_extended_errcode(db) & 0xff) == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC)
+      msg += " (the disk is full: free some space and try again; nothing already saved was lost)";
+  }
   throw IoError(msg);
 }
 
@@ -118,8 +130,15 @@ class Txn {
 // busy timeout, WAL journaling, synchronous = FULL (every commit synced, so an
 // acknowledged write survives power loss, not only kill -9) and foreign keys.
 // *db is set before anything can throw, so the caller's destructor closes it.
+// True when SQLite's last error on DB says the file itself is damaged (not a
+// lock, not the disk): a truncated or overwritten database.
+inline bool damaged_code(sqlite3* db) {
+  const int rc = db ? (sqlite3_extended_errcode(db) & 0xff) : SQLITE_OK;
+  return rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB;
+}
+
 template <const char* Noun>
-inline void open_wal(const std::string& path, int busy_timeout_ms, const std::string& wal_advice, sqlite3** db) {
+inline void open_wal_unchecked(const std::string& path, int busy_timeout_ms, const std::string& wal_advice, sqlite3** db) {
   const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
   if (sqlite3_open_v2(path.c_str(), db, flags, nullptr) != SQLITE_OK) fail<Noun>(*db, path, "cannot open");
   sqlite3_extended_result_codes(*db, 1);
@@ -149,6 +168,38 @@ inline void open_wal(const std::string& path, int busy_timeout_ms, const std::st
     throw IoError(std::string(Noun) + " " + path + ": cannot switch to WAL journaling (got \"" + mode + "\"); " + wal_advice);
   exec<Noun>(*db, path, "PRAGMA synchronous = FULL");
   exec<Noun>(*db, path, "PRAGMA foreign_keys = ON");
+  // A truncated file can open fine and fail later, on some page; look at every page now.
+  sqlite3_stmt* q = nullptr;
+  int rc = sqlite3_prepare_v2(*db, "PRAGMA quick_check(1)", -1, &q, nullptr);
+  std::string verdict;
+  if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(q, 0));
+    verdict = p ? p : "";
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_ROW && damaged_code(*db)) fail<Noun>(*db, path, "quick_check failed");
+  if (rc == SQLITE_ROW && verdict != "ok") throw IoError(std::string(Noun) + " " + path + ": quick_check: " + verdict);
+  if (rc != SQLITE_ROW) fail<Noun>(*db, path, "cannot check the file");
+}
+
+// Opens (or creates) PATH into *db: full mutex, extended result codes, the
+// busy timeout, WAL journaling, synchronous = FULL (every commit synced, so an
+// acknowledged write survives power loss, not only kill -9) and foreign keys,
+// then checks every page (PRAGMA quick_check). A damaged file (truncated,
+// overwritten) is reported as DamagedError with REPAIR_ADVICE (the command
+// that rebuilds it), not as SQLite's bare "database disk image is malformed".
+// *db is set before anything can throw, so the caller's destructor closes it.
+template <const char* Noun>
+inline void open_wal(const std::string& path, int busy_timeout_ms, const std::string& wal_advice, sqlite3** db,
+                     const std::string& repair_advice = "") {
+  try {
+    open_wal_unchecked<Noun>(path, busy_timeout_ms, wal_advice, db);
+  } catch (const IoError& e) {
+    const std::string what = e.what();
+    if (!damaged_code(*db) && what.find("quick_check") == std::string::npos) throw;
+    throw DamagedError(std::string(Noun) + " " + path + " is damaged (" + (damaged_code(*db) ? sqlite3_errmsg(*db) : what) + "); " +
+                       (repair_advice.empty() ? "restore it from a backup" : repair_advice));
+  }
 }
 
 // Brings the schema to version `count` by applying migrations[v] for each
@@ -196,6 +247,109 @@ inline void migrate(sqlite3* db, const std::string& path, const char* const* mig
         .run();
     txn.commit();
   }
+}
+
+// Repair: moves PATH (and its -wal, -shm) aside as PATH.damaged-<ms> and
+// returns that name; the caller then creates a fresh database at PATH and
+// salvages from the backup. Throws IoError when the rename fails.
+inline std::string set_aside(const std::string& path) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string backup = path + ".damaged-" + std::to_string(ms);
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string from = path + suffix, to = backup + suffix;
+    if (std::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT)
+      throw IoError("cannot move " + from + " aside to " + to + ": " + std::strerror(errno));
+  }
+  return backup;
+}
+
+// Copies every row still readable from BACKUP's TABLES into the same tables
+// of DB (columns by name, so an older schema's rows fit; rows whose key is
+// already there are skipped). A damaged page ends a scan, so each table is
+// read forwards and then backwards by rowid to reach the rows after it.
+// Returns the rows copied. Never throws for damage in BACKUP.
+// SEQUENCES (optional) receives BACKUP's AUTOINCREMENT counters (sqlite_sequence).
+inline int64_t salvage_rows(sqlite3* db, const std::string& backup, const std::vector<std::string>& tables,
+                            std::map<std::string, int64_t>* sequences = nullptr) {
+  // A working copy (the backup stays as it was found). A truncated file's
+  // header still counts the lost pages, which makes SQLite refuse even the
+  // schema; the copy's page count is set to what is really there.
+  const std::string work = backup + ".salvage";
+  {
+    std::ifstream in(backup, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (bytes.size() >= 100) {
+      const auto u8 = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])); };
+      uint32_t page = (u8(16) << 8) | u8(17);
+      if (page == 1) page = 65536;
+      if (page >= 512) {
+        const uint32_t have = static_cast<uint32_t>(bytes.size() / page);
+        const uint32_t said = (u8(28) << 24) | (u8(29) << 16) | (u8(30) << 8) | u8(31);
+        if (have < said)
+          for (int i = 0; i < 4; ++i) bytes[28 + i] = static_cast<char>((have >> (24 - 8 * i)) & 0xff);
+      }
+    }
+    std::ofstream(work, std::ios::binary | std::ios::trunc) << bytes;
+    std::ifstream wal(backup + "-wal", std::ios::binary);
+    if (wal) std::ofstream(work + "-wal", std::ios::binary | std::ios::trunc) << wal.rdbuf();
+  }
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+    }
+  } cleanup{work};
+  sqlite3* old = nullptr;
+  if (sqlite3_open_v2(work.c_str(), &old, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    sqlite3_close_v2(old);
+    return 0;
+  }
+  if (sequences) {
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(old, "SELECT name, seq FROM sqlite_sequence", -1, &q, nullptr) == SQLITE_OK)
+      while (sqlite3_step(q) == SQLITE_ROW) {
+        const auto* name = reinterpret_cast<const char*>(sqlite3_column_text(q, 0));
+        if (name) (*sequences)[name] = sqlite3_column_int64(q, 1);
+      }
+    sqlite3_finalize(q);
+  }
+  int64_t copied = 0;
+  sqlite3_exec(db, "PRAGMA foreign_keys = OFF", nullptr, nullptr, nullptr);
+  sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+  for (const std::string& table : tables) {
+    for (const char* order : {"ASC", "DESC"}) {
+      sqlite3_stmt* read = nullptr;
+      const std::string q = "SELECT * FROM \"" + table + "\" ORDER BY rowid " + order;
+      if (sqlite3_prepare_v2(old, q.c_str(), -1, &read, nullptr) != SQLITE_OK) {
+        sqlite3_finalize(read);
+        break;  // no such table in the backup (or its schema page is gone)
+      }
+      const int n = sqlite3_column_count(read);
+      std::string cols, marks;
+      for (int c = 0; c < n; ++c) {
+        cols += std::string(c ? ", " : "") + "\"" + sqlite3_column_name(read, c) + "\"";
+        marks += c ? ", ?" : "?";
+      }
+      sqlite3_stmt* write = nullptr;
+      const std::string ins = "INSERT OR IGNORE INTO \"" + table + "\" (" + cols + ") VALUES (" + marks + ")";
+      if (sqlite3_prepare_v2(db, ins.c_str(), -1, &write, nullptr) != SQLITE_OK) {
+        sqlite3_finalize(write);
+        sqlite3_finalize(read);
+        break;
+      }
+      while (sqlite3_step(read) == SQLITE_ROW) {
+        for (int c = 0; c < n; ++c) sqlite3_bind_value(write, c + 1, sqlite3_column_value(read, c));
+        if (sqlite3_step(write) == SQLITE_DONE && sqlite3_changes(db) > 0) ++copied;
+        sqlite3_reset(write);
+      }
+      sqlite3_finalize(write);
+      sqlite3_finalize(read);
+    }
+  }
+  sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+  sqlite3_exec(db, "PRAGMA foreign_keys = ON", nullptr, nullptr, nullptr);
+  sqlite3_close_v2(old);
+  return copied;
 }
 
 }  // namespace atelier::sql

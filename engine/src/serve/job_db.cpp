@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <filesystem>
 #include <string_view>
 #include <thread>
 
@@ -59,12 +61,23 @@ UPDATE jobs SET error_code = CASE error_code
     WHEN 'invalid_request' THEN 'invalid_argument' ELSE error_code END
   WHERE state = 'failed';
 )sql",
+    // 5: crash-loop protection: how many times the job was running when its
+    // process died (recover() fails it the second time instead of re-running it forever).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
+)sql",
+    // 6: idempotent submission: a caller-chosen key (`atelier batch`: its line's
+    // digest, number and output folder) so a rerun finds the job it queued before.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN submit_key TEXT NOT NULL DEFAULT '';
+CREATE INDEX jobs_submit_key ON jobs (submit_key) WHERE submit_key != '';
+)sql",
 };
 static_assert(std::size(kMigrations) == JobDb::kSchemaVersion, "one migration per schema version");
 
 constexpr const char* kColumns =
     "id, state, priority, interactive, request_json, created_ms, started_ms, finished_ms, seed, "
-    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name";
+    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name, interrupted, submit_key";
 
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -99,6 +112,8 @@ JobRow read_row(const Stmt& s) {
   r.attempts = static_cast<int>(s.col_i64(13));
   r.cancel_requested = s.col_i64(14) != 0;
   r.model_name = s.col_text(15);
+  r.interrupted = static_cast<int>(s.col_i64(16));
+  r.submit_key = s.col_text(17);
   return r;
 }
 
@@ -112,9 +127,35 @@ JobDb::~JobDb() {
 
 std::unique_ptr<JobDb> JobDb::open(const std::string& path) {
   std::unique_ptr<JobDb> j(new JobDb(path));
-  sql::open_wal<kNoun>(path, kBusyTimeoutMs, "put the data dir on a local file system", &j->db_);
+  sql::open_wal<kNoun>(path, kBusyTimeoutMs, "put the data dir on a local file system", &j->db_,
+                       "run `atelier queue repair --data-dir " + std::filesystem::path(path).parent_path().string() +
+                           "` to rebuild it from what is readable (the damaged file is kept beside it)");
   j->migrate();
   return j;
+}
+
+JobDb::RepairReport JobDb::repair(const std::string& path) {
+  RepairReport r;
+  try {
+    open(path);
+    return r;
+  } catch (const DamagedError&) {
+  }
+  r.damaged = true;
+  r.backup = sql::set_aside(path);
+  auto db = open(path);
+  std::lock_guard lock(db->mu_);
+  // Ids are never reused, even those of rows that could not be read back.
+  std::map<std::string, int64_t> sequences;
+  r.rows = sql::salvage_rows(db->db_, r.backup, {"jobs", "meta"}, &sequences);
+  const int64_t seq = sequences.count("jobs") ? sequences["jobs"] : 0;
+  if (seq > 0) {
+    Stmt u(db->db_, path, "INSERT INTO sqlite_sequence (name, seq) SELECT 'jobs', ?1 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'jobs')");
+    u.i64(1, seq).run();
+    Stmt m(db->db_, path, "UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'jobs'");
+    m.i64(1, seq).run();
+  }
+  return r;
 }
 
 std::string JobDb::meta_get(const std::string& key) const {
@@ -150,19 +191,33 @@ int64_t JobDb::insert(const std::string& request_json, int priority, bool intera
   return sqlite3_last_insert_rowid(db_);
 }
 
-std::vector<int64_t> JobDb::insert_many(const std::vector<NewJob>& jobs, int64_t now_ms) {
+std::vector<int64_t> JobDb::insert_many(const std::vector<NewJob>& jobs, int64_t now_ms, std::vector<bool>* fresh) {
   std::lock_guard lock(mu_);
   std::vector<int64_t> ids;
   ids.reserve(jobs.size());
   Txn txn(db_, path_);
   for (const NewJob& j : jobs) {
+    // A keyed job already queued, running or completed is that job; one that
+    // failed or was cancelled is queued afresh (a rerun is how it is retried).
+    if (!j.key.empty()) {
+      Stmt f(db_, path_,
+             "SELECT id FROM jobs WHERE submit_key = ?1 AND state IN ('queued', 'running', 'completed') "
+             "ORDER BY id DESC LIMIT 1");
+      f.text(1, j.key);
+      if (f.step()) {
+        ids.push_back(f.col_i64(0));
+        if (fresh) fresh->push_back(false);
+        continue;
+      }
+    }
     Stmt s(db_, path_,
-           "INSERT INTO jobs (state, priority, interactive, request_json, created_ms, seed) "
-           "VALUES ('queued', ?1, ?2, ?3, ?4, ?5)");
+           "INSERT INTO jobs (state, priority, interactive, request_json, created_ms, seed, submit_key) "
+           "VALUES ('queued', ?1, ?2, ?3, ?4, ?5, ?6)");
     s.i64(1, j.priority).i64(2, j.interactive ? 1 : 0).text(3, j.request_json).i64(4, now_ms);
-    s.i64(5, static_cast<int64_t>(j.seed));
+    s.i64(5, static_cast<int64_t>(j.seed)).text(6, j.key);
     s.run();
     ids.push_back(sqlite3_last_insert_rowid(db_));
+    if (fresh) fresh->push_back(true);
   }
   txn.commit();
   return ids;
@@ -250,11 +305,21 @@ bool JobDb::requeue(int64_t id) {
 
 int JobDb::recover() {
   std::lock_guard lock(mu_);
+  const int64_t now = system_now_ms();
   Txn txn(db_, path_);
+  // A job that was running at a process death once before is failed, not
+  // re-run: if it is what kills the process, re-running it would loop forever.
+  Stmt twice(db_, path_,
+             "UPDATE jobs SET state = 'failed', error_code = 'internal', error_message = ?2, finished_ms = ?1, "
+             "  interrupted = interrupted + 1 "
+             "WHERE state = 'running' AND cancel_requested = 0 AND interrupted >= 1");
+  twice.i64(1, now).text(2, kInterruptedTwice).run();
   Stmt c(db_, path_, "SELECT count(*) FROM jobs WHERE state = 'running' AND cancel_requested = 0");
   const int requeued = c.step() ? static_cast<int>(c.col_i64(0)) : 0;
+  Stmt n(db_, path_, "UPDATE jobs SET interrupted = interrupted + 1 WHERE state = 'running' AND cancel_requested = 0");
+  n.run();
   Stmt s(db_, path_, kRequeueSet);
-  s.i64(1, system_now_ms()).run();
+  s.i64(1, now).run();
   txn.commit();
   return requeued;
 }
@@ -265,6 +330,16 @@ std::optional<JobRow> JobDb::get(int64_t id) const {
   s.i64(1, id);
   if (!s.step()) return std::nullopt;
   return read_row(s);
+}
+
+std::optional<int64_t> JobDb::find_key(const std::string& key) const {
+  std::lock_guard lock(mu_);
+  Stmt f(db_, path_,
+         "SELECT id FROM jobs WHERE submit_key = ?1 AND state IN ('queued', 'running', 'completed') "
+         "ORDER BY id DESC LIMIT 1");
+  f.text(1, key);
+  if (!f.step()) return std::nullopt;
+  return f.col_i64(0);
 }
 
 std::vector<JobRow> JobDb::list(const std::string& state, int limit, bool newest_first) const {

@@ -15,6 +15,7 @@
 //                              sees it in cancel_requests() and calls cancel())
 //   running --requeue / recover--> queued   (or cancelled when a cancel was
 //                              requested while it ran)
+//   running --recover-->       failed   (the second time its process died while it ran)
 //
 // One JobDb may be shared by many threads (calls are serialized by a mutex);
 // several JobDb objects, in one process or many, may use the same file.
@@ -46,6 +47,8 @@ struct JobRow {
   std::string error_code, error_message;
   int attempts = 0;             // times it was started
   bool cancel_requested = false;
+  int interrupted = 0;          // times it was running when its process died (recover())
+  std::string submit_key;       // NewJob::key; "" = none
 };
 
 // One job for insert_many().
@@ -54,12 +57,20 @@ struct NewJob {
   int priority = 0;
   bool interactive = false;
   uint64_t seed = 0;
+  // "" = always a new job. Else idempotent: when a job with this key is
+  // queued, running or completed, insert_many returns its id instead of
+  // queuing another (one that failed or was cancelled is queued again).
+  std::string key;
 };
+
+// The error of a job that recover() found running for the second time.
+inline constexpr const char kInterruptedTwice[] =
+    "interrupted twice; retry to run it again (its process died while this job ran, two times)";
 
 class JobDb {
  public:
   // The schema version this build creates and understands.
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 6;
 
   // Opens or creates PATH (SQLite, WAL, synchronous=FULL, busy timeout 5 s,
   // foreign keys on) and applies pending migrations, each in its own
@@ -67,6 +78,17 @@ class JobDb {
   // a database from a newer Atelier is refused ("made by a newer Atelier").
   // The parent folder must exist.
   static std::unique_ptr<JobDb> open(const std::string& path);
+
+  // `atelier queue repair`: when PATH is damaged (open throws DamagedError),
+  // moves it aside (PATH.damaged-<ms>, kept), creates a fresh database and
+  // copies every job row still readable from the old one (a job that was
+  // running is recovered at the next runner start as usual).
+  struct RepairReport {
+    bool damaged = false;  // false: the database was fine; nothing was done
+    std::string backup;
+    int64_t rows = 0;      // rows salvaged (jobs and meta)
+  };
+  static RepairReport repair(const std::string& path);
   ~JobDb();
   JobDb(const JobDb&) = delete;
   JobDb& operator=(const JobDb&) = delete;
@@ -78,7 +100,8 @@ class JobDb {
   // and synced, so an acknowledged job survives kill -9 and power loss.
   int64_t insert(const std::string& request_json, int priority, bool interactive, uint64_t seed, int64_t now_ms);
   // Queues many jobs in one transaction (one sync); ids in input order.
-  std::vector<int64_t> insert_many(const std::vector<NewJob>& jobs, int64_t now_ms);
+  // FRESH (optional): per job, true when it was inserted now (false: an earlier keyed job).
+  std::vector<int64_t> insert_many(const std::vector<NewJob>& jobs, int64_t now_ms, std::vector<bool>* fresh = nullptr);
 
   // queued -> running, attempts + 1, started_ms = now, cancel_requested = 0;
   // false if it was not queued (cancelled meanwhile, or another runner won).
@@ -107,10 +130,14 @@ class JobDb {
   // "running"; false if it was not running.
   bool requeue(int64_t id);
   // At engine start: every running job -> queued (or cancelled when a cancel
-  // was requested). Returns how many were re-queued (cancelled ones not counted).
+  // was requested), its `interrupted` count + 1; a job found running a second
+  // time -> failed with kInterruptedTwice (crash-loop protection). Returns
+  // how many were counted as interrupted this time (cancelled ones not counted).
   int recover();
 
   std::optional<JobRow> get(int64_t id) const;
+  // The newest queued, running or completed job inserted with KEY (NewJob::key).
+  std::optional<int64_t> find_key(const std::string& key) const;
   // STATE "" = all; LIMIT <= 0 = no limit; ordered by id.
   std::vector<JobRow> list(const std::string& state, int limit, bool newest_first) const;
   // Queued jobs by priority desc then id asc; LIMIT <= 0 = no limit.

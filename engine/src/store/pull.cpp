@@ -39,6 +39,22 @@ int identical_version(const ModelStore& store, const CatalogEntry& entry) {
   return 0;
 }
 
+// True when every file of ENTRY is in the blob folder with its catalog
+// sha256 (re-hashed: a damaged blob must be fetched again, not reported as installed).
+bool blobs_intact(const ModelStore& store, const CatalogEntry& entry) {
+  for (const auto& f : entry.files) {
+    const std::string path = store.blob_path(f.sha256);
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return false;
+    try {
+      if (sha256_file(path, nullptr) != f.sha256) return false;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string partial_path(const ModelStore& store, const CatalogEntry& entry, const CatalogFile& file) {
@@ -54,7 +70,10 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
   };
   PullResult result;
   result.model = entry.name;
-  if (const int v = identical_version(store, entry)) {
+  const int damaged = identical_version(store, entry);
+  if (damaged && !blobs_intact(store, entry))
+    note(entry.name + "@" + std::to_string(damaged) + " is installed but its files are damaged on disk; fetching them again to repair it");
+  else if (const int v = damaged) {
     result.version = v;
     result.already_installed = true;
     result.digest = store.resolve(entry.name + "@" + std::to_string(v)).primary().digest;
@@ -165,12 +184,20 @@ PullResult pull(ModelStore& store, const CatalogEntry& entry, const PullOptions&
   CatalogEntry got = entry;
   for (size_t i = 0; i < files.size(); ++i) got.files[i].sha256 = files[i].expected_sha256;
   if (const int v = identical_version(store, got)) {
+    const bool repair = !blobs_intact(store, got);
+    if (repair) {
+      // The same bytes again: each put() renames over the damaged blob.
+      BlobStore blobs(store.root());
+      BlobStore::Lock lock(store.root(), BlobStore::Lock::kShared);
+      for (const auto& f : files) blobs.put(f.path, {});
+    }
     for (const auto& p : partials) {
       std::error_code ec;
       fs::remove(p, ec);
     }
     result.version = v;
-    result.already_installed = true;
+    result.already_installed = !repair;
+    result.repaired = repair;
     result.digest = store.resolve(entry.name + "@" + std::to_string(v)).primary().digest;
     return result;
   }

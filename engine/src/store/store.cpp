@@ -448,7 +448,48 @@ ModelStore::~ModelStore() {
 
 std::string ModelStore::blob_path(const std::string& digest) const { return root_ + "/blobs/sha256/" + digest; }
 
-std::unique_ptr<ModelStore> ModelStore::open(const std::string& root) {
+std::unique_ptr<ModelStore> ModelStore::open(const std::string& root) { return open_store(root, false); }
+
+ModelStore::RepairReport ModelStore::repair(const std::string& root) {
+  RepairReport r;
+  try {
+    open_store(root, false);
+    return r;
+  } catch (const DamagedError&) {
+  }
+  r.damaged = true;
+  const std::string db = root + "/store.db";
+  std::error_code ec;
+  if (fs::exists(db, ec)) r.backup = sql::set_aside(db);
+  auto st = open_store(root, true);
+  if (!r.backup.empty()) {
+    std::lock_guard lock(st->mu_);
+    r.rows = sql::salvage_rows(st->db_, r.backup, {"models", "versions", "files", "channels", "audit"});
+  }
+  // Blobs the salvaged rows do not reach: recorded as models of their own, so nothing is lost to gc.
+  std::set<std::string> referenced;
+  {
+    std::lock_guard lock(st->mu_);
+    Stmt q(st->db_, st->db_path(), "SELECT DISTINCT digest FROM files");
+    while (q.step()) referenced.insert(q.col_text(0));
+  }
+  BlobStore blobs(root);
+  for (const std::string& digest : blobs.list()) {
+    if (referenced.count(digest)) continue;
+    ImportOptions o;
+    o.label = "recovered";
+    o.notes = "recovered by `atelier models repair` from blob sha256:" + digest + " (its name and history were lost)";
+    try {
+      st->import({{st->blob_path(digest), "model"}}, "recovered-" + digest.substr(0, 12), o);
+      ++r.recovered_models;
+    } catch (const Error&) {
+      ++r.unreferenced;  // not a model file on its own (a tokenizer, a VAE, ...)
+    }
+  }
+  return r;
+}
+
+std::unique_ptr<ModelStore> ModelStore::open_store(const std::string& root, bool allow_lost_db) {
   if (root.empty()) throw IoError("model store: no folder given; set ATELIER_HOME or pass --store DIR");
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -456,7 +497,20 @@ std::unique_ptr<ModelStore> ModelStore::open(const std::string& root) {
   std::unique_ptr<ModelStore> st(new ModelStore(root));
   BlobStore blobs(root);
   const std::string path = st->db_path();
-  sql::open_wal<kNoun>(path, kBusyTimeoutMs, "put the store on a local file system", &st->db_);
+  // An empty or missing database beside blobs is a lost database, not a new
+  // store: opening it as new would orphan every model silently.
+  std::error_code se;
+  const bool fresh = !fs::exists(path, se) || fs::file_size(path, se) == 0;
+  if (fresh && !allow_lost_db && !fs::exists(path + "-wal", se)) {
+    const size_t n = blobs.list().size();
+    if (n > 0)
+      throw DamagedError("model store database " + path + " is " + (fs::exists(path, se) ? "empty" : "missing") + " but " +
+                         std::to_string(n) + " model file(s) are in " + root + "/blobs/sha256; run `atelier models repair --store " +
+                         root + "` to rebuild it from them");
+  }
+  sql::open_wal<kNoun>(path, kBusyTimeoutMs, "put the store on a local file system", &st->db_,
+                       "run `atelier models repair --store " + root +
+                           "` to rebuild it from what is readable and from the blobs (the damaged file is kept beside it)");
   st->migrate();
   // Leftovers of interrupted imports; skipped while another import runs.
   BlobStore::Lock lock(root, BlobStore::Lock::kTryExclusive);

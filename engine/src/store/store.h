@@ -152,6 +152,20 @@ class ModelStore {
   // migrations and removes tmp files left by interrupted imports (when no
   // import is running). Throws atelier::Error naming the path.
   static std::unique_ptr<ModelStore> open(const std::string& root);
+
+  // `atelier models repair`: when ROOT/store.db is damaged (or empty or
+  // missing beside blobs), moves it aside (store.db.damaged-<ms>), creates a
+  // fresh one, copies every row still readable from the old file, then
+  // records each blob no version references as a model "recovered-<12 hex>"
+  // (blobs that are not model files, such as tokenizers, are left for gc).
+  struct RepairReport {
+    bool damaged = false;       // false: the database was fine; nothing was done
+    std::string backup;         // the damaged file's new name ("" when there was none)
+    int64_t rows = 0;           // rows salvaged from it
+    int recovered_models = 0;   // blobs recorded as recovered-<digest> models
+    int64_t unreferenced = 0;   // blobs left unreferenced (not model files)
+  };
+  static RepairReport repair(const std::string& root);
   ~ModelStore();
   ModelStore(const ModelStore&) = delete;
   ModelStore& operator=(const ModelStore&) = delete;
@@ -188,6 +202,8 @@ class ModelStore {
 
  private:
   explicit ModelStore(std::string root);
+  // ALLOW_LOST_DB: open an empty or missing store.db beside blobs as new (repair only).
+  static std::unique_ptr<ModelStore> open_store(const std::string& root, bool allow_lost_db);
   void migrate();
 
   std::string root_;
