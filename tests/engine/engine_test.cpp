@@ -409,6 +409,7 @@ TEST(Engine, ContextLimitIsTheSameAsGenerate) {
   EXPECT_EQ(info->stop_reason, "context");
   engine.value().reset();
   std::filesystem::remove(path);
+}
 
 // Issue 14 mutant: admission under KV pressure skipping (`continue`) instead
 // of stopping (`break`) at a job that does not fit. Blocks of 16 tokens, 24 in
