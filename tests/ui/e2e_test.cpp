@@ -232,7 +232,7 @@ class EndToEndTest : public QObject {
     QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+shift+e")}), 0);
     for (int i = 0; i < 8; ++i)
       QCOMPARE(cli({QStringLiteral("queue"), QStringLiteral("add"), QStringLiteral("-m"), m15, QStringLiteral("-p"),
-                    QStringLiteral("Once upon a time, story %1").arg(i), QStringLiteral("-n"), QStringLiteral("64")}),
+                    QStringLiteral("Once upon a time, story %1").arg(i), QStringLiteral("-n"), QStringLiteral("200")}),
                0);
     QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+2")}), 0);
     QTest::qWait(300);

@@ -183,14 +183,14 @@ namespace {
 // starts and records the digest of what it loaded.
 // CHECKED remembers each model reference's outcome (a batch names few models).
 // The context a job of this model gets in the runner (as TextModel::open
-// sets it): the model's training context, capped at 4096. 1 << 20 when the
+// sets it): the model's training context (4096 when the file says none). 1 << 20 when the
 // header cannot be read (the runner then reports what is wrong with the file).
 int runner_context(const ResolvedModel& m) {
   // GGUF headers only: a llama2.c checkpoint is read whole, too slow for a submit.
   if (formats::sniff_model_file(m.path).kind != formats::FileKind::gguf) return 1 << 20;
   auto info = read_model_info(m.path, m.file("tokenizer"));
   if (!info.ok()) return 1 << 20;
-  return std::min(info->n_ctx_train > 0 ? info->n_ctx_train : 4096, 4096);
+  return info->n_ctx_train > 0 ? info->n_ctx_train : 4096;
 }
 
 struct ModelCheck {
