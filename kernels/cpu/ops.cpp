@@ -140,10 +140,7 @@ void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t 
   const bool hit = t.pos == pos && t.rot_dim == rot_dim && t.base == freq_base && t.scale == freq_scale &&
                    t.has_factors == (freq_factors != nullptr) &&
                    (!freq_factors || std::equal(t.factors.begin(), t.factors.end(), freq_factors)) &&
-                   t.has_yarn == (yarn != nullptr) &&
-                   (!yarn || (t.yarn.ext_factor == yarn->ext_factor && t.yarn.attn_factor == yarn->attn_factor &&
-                              t.yarn.beta_fast == yarn->beta_fast && t.yarn.beta_slow == yarn->beta_slow &&
-                              t.yarn.n_ctx_orig == yarn->n_ctx_orig));
+                   t.has_yarn == (yarn != nullptr) && (!yarn || t.yarn == *yarn);
   if (!hit) {
     t.pos = pos;
     t.rot_dim = rot_dim;

@@ -34,6 +34,23 @@ inline std::string atelier_binary() {
   return other && *other ? other : ATELIER_BINARY;
 }
 
+// A scratch folder per test and process (ctest runs cases in parallel
+// processes): emptied when made, removed with everything in it at the end.
+struct ScratchDir {
+  std::filesystem::path dir;
+  explicit ScratchDir(const std::string& name)
+      : dir(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+};
+
 struct CliRun {
   int code;
   std::string out, err;

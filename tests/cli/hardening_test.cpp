@@ -37,17 +37,8 @@ const std::string kFixtures = ATELIER_FIXTURES_DIR;
 const std::string kModel = kFixtures + "/text/stories260K.gguf";
 const std::string kCvae = kFixtures + "/image/quickdraw-cvae.safetensors";
 
-struct Sandbox {
-  fs::path dir;
-  explicit Sandbox(const std::string& tag) {
-    dir = fs::temp_directory_path() / ("atelier_hard_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Sandbox() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct Sandbox : atelier::test::ScratchDir {
+  explicit Sandbox(const std::string& tag) : ScratchDir("atelier_hard_" + tag) {}
   Out run(const std::vector<std::string>& args) const { return atelier::test::run_atelier(args, dir); }
   std::string data() const { return (dir / "data").string(); }
   std::string path(const std::string& name) const { return (dir / name).string(); }

@@ -31,17 +31,8 @@ const std::string kGgufSha = "270cba1bd5109f42d03350f60406024560464db173c0e387d9
 const std::string kCvae = kFixtures + "/image/quickdraw-cvae.safetensors";
 
 // A store and data dir per test, unique across ctest's parallel processes.
-struct Sandbox {
-  fs::path dir;
-  explicit Sandbox(const std::string& tag) {
-    dir = fs::temp_directory_path() / ("atelier_models_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Sandbox() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct Sandbox : atelier::test::ScratchDir {
+  explicit Sandbox(const std::string& tag) : ScratchDir("atelier_models_" + tag) {}
   std::string store() const { return (dir / "store").string(); }
   // Every command gets --store (the user's own store is never touched).
   Out run(std::vector<std::string> args) const {

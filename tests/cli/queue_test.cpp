@@ -25,14 +25,8 @@ const std::string kModel = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260
 using atelier::test::slurp;
 using Out = atelier::test::CliRun;
 
-struct Sandbox {
-  fs::path dir;
-  explicit Sandbox(const std::string& tag) {
-    dir = fs::temp_directory_path() / ("atelier_queue_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Sandbox() { fs::remove_all(dir); }
+struct Sandbox : atelier::test::ScratchDir {
+  explicit Sandbox(const std::string& tag) : ScratchDir("atelier_queue_" + tag) {}
   Out run(const std::vector<std::string>& args) const { return atelier::test::run_atelier(args, dir); }
   std::string data() const { return (dir / "data").string(); }
 };

@@ -147,6 +147,26 @@ std::string state_of(const JobDb& db, int64_t id) {
 
 const std::vector<std::string> kStates = {"queued", "running", "completed", "failed", "cancelled"};
 
+// Runs BODY in a forked child that then holds still, and kills it with
+// SIGKILL once BODY has returned: a process that dies right after its last
+// write. True when BODY returned true and the kill is what ended the child.
+bool run_then_kill9(const std::function<bool()>& body) {
+  int out[2];
+  if (::pipe(out) != 0) return false;
+  const pid_t kid = fork_child([&] {
+    ::close(out[0]);
+    write_i64(out[1], body() ? 1 : 0);
+    ::pause();
+    return 0;
+  });
+  ::close(out[1]);
+  int64_t ok = 0;
+  const bool reported = read_i64(out[0], &ok);
+  ::close(out[0]);
+  ::kill(kid, SIGKILL);
+  return wait_child(kid) == -SIGKILL && reported && ok == 1;
+}
+
 }  // namespace
 
 TEST(JobDb, CreatesAFreshDatabaseAtTheCurrentVersionInWalMode) {
@@ -916,25 +936,14 @@ TEST(JobDbCrash, ARunnerKilledMidRunLeavesJobsThatRecoverAndCompleteOnce) {
     auto db = JobDb::open(t.db());
     for (int i = 0; i < 4; ++i) ids.push_back(db->insert("{}", 0, false, 0, 1));
   }
-  int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  const pid_t kid = fork_child([&] {
-    ::close(out[0]);
+  ASSERT_TRUE(run_then_kill9([&] {
     auto db = JobDb::open(t.db());
     db->mark_running(ids[0], 10);
     db->complete(ids[0], "{\"text\":\"first\"}", "v", 11);
     db->mark_running(ids[1], 12);
     db->mark_running(ids[2], 12);
-    write_i64(out[1], 1);
-    ::pause();
-    return 0;
-  });
-  ::close(out[1]);
-  int64_t ready = 0;
-  ASSERT_TRUE(read_i64(out[0], &ready));
-  ::close(out[0]);
-  ::kill(kid, SIGKILL);
-  EXPECT_EQ(wait_child(kid), -SIGKILL);
+    return true;
+  }));
 
   auto db = JobDb::open(t.db());
   EXPECT_EQ(db->recover(), 2);
@@ -1056,23 +1065,11 @@ TEST(JobDbCrashLoop, TwoKillsWhileRunningFailTheJob) {
     id = db->insert("{}", 0, false, 0, 1);
   }
   for (int round = 0; round < 2; ++round) {
-    int out[2];
-    ASSERT_EQ(::pipe(out), 0);
-    const pid_t kid = fork_child([&] {
-      ::close(out[0]);
+    ASSERT_TRUE(run_then_kill9([&] {
       auto db = JobDb::open(t.db());
       db->recover();
-      if (!db->mark_running(id, 100)) return 3;
-      write_i64(out[1], 1);
-      ::pause();
-      return 0;
-    });
-    ::close(out[1]);
-    int64_t ready = 0;
-    ASSERT_TRUE(read_i64(out[0], &ready));
-    ::close(out[0]);
-    ::kill(kid, SIGKILL);
-    EXPECT_EQ(wait_child(kid), -SIGKILL);
+      return db->mark_running(id, 100);
+    }));
   }
   auto db = JobDb::open(t.db());
   db->recover();

@@ -182,15 +182,15 @@ namespace {
 // The model reference stays as written; the runner resolves it when the job
 // starts and records the digest of what it loaded.
 // CHECKED remembers each model reference's outcome (a batch names few models).
-// The context a job of this model gets in the runner (as TextModel::open
-// sets it): the model's training context (4096 when the file says none). 1 << 20 when the
-// header cannot be read (the runner then reports what is wrong with the file).
+// The context a job of this model gets in the runner (text::default_context,
+// as TextModel::open sets it). 1 << 20 when the header cannot be read (the
+// runner then reports what is wrong with the file).
 int runner_context(const ResolvedModel& m) {
   // GGUF headers only: a llama2.c checkpoint is read whole, too slow for a submit.
   if (formats::sniff_model_file(m.path).kind != formats::FileKind::gguf) return 1 << 20;
   auto info = read_model_info(m.path, m.file("tokenizer"));
   if (!info.ok()) return 1 << 20;
-  return info->n_ctx_train > 0 ? info->n_ctx_train : 4096;
+  return text::default_context(info->n_ctx_train);
 }
 
 struct ModelCheck {

@@ -141,6 +141,7 @@ struct RopeYarn {
   float attn_factor = 1.0f;
   float beta_fast = 32.0f, beta_slow = 1.0f;
   int n_ctx_orig = 0;        // the context the model was trained with before scaling
+  bool operator==(const RopeYarn&) const = default;
 };
 
 void rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, int64_t pos,
