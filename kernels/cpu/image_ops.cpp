@@ -84,8 +84,10 @@ void conv2d_ref(const Conv2dShape& s, const float* x, DType w_type, const void* 
 void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias, float* y,
             Executor* ex) {
   if (!s.valid()) return;
-  if (active_simd() == Simd::avx512 && (w_type == DType::F32 || w_type == DType::F16 || w_type == DType::BF16))
-    return cpu::avx512::conv2d(s, x, w_type, weight, bias, y, ex);
+  if (w_type == DType::F32 || w_type == DType::F16 || w_type == DType::BF16) {
+    if (active_simd() == Simd::avx512) return cpu::avx512::conv2d(s, x, w_type, weight, bias, y, ex);
+    if (active_simd() == Simd::avx2) return cpu::avx2::conv2d(s, x, w_type, weight, bias, y, ex);
+  }
   const int64_t K = s.c_in * s.kh * s.kw, oh = s.out_h(), ow = s.out_w(), P = oh * ow;
   // 64 output pixels per tile: their patches (64 x K floats) stay in L2 while
   // the matmul streams the weights past them.
@@ -340,6 +342,7 @@ void attention_ref(const AttentionShape& s, const float* q, const float* k, cons
 void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out, Executor* ex) {
   if (s.batch <= 0 || s.heads <= 0 || s.lq <= 0 || s.lk <= 0 || s.head_dim <= 0) return;
   if (active_simd() == Simd::avx512) return cpu::avx512::attention(s, q, k, v, out, ex);
+  if (active_simd() == Simd::avx2) return cpu::avx2::attention(s, q, k, v, out, ex);
   const int64_t D = s.head_dim, stride = s.heads * D;
   const float scale = s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(D));
   // Query blocks of 64 rows against key blocks of 512: the block's scores

@@ -1,10 +1,15 @@
-// AVX2 + FMA inner loops of the image ops: the exponentials of the attention
-// softmax and the element-wise activations. Partial last chunks go through a
-// padded buffer, so every element sees the same arithmetic whatever n is.
+// AVX2 + FMA image ops: the avx2 level's conv2d and attention
+// (image_ops_x86.inc over 8-lane ymm vectors: conv tiles of 6 channels x 16
+// pixels, attention 4 queries x 24 keys, in 12 accumulators), and the inner
+// loops the other levels share: the exponentials of the softmax and the
+// element-wise activations. Partial last chunks go through a padded buffer,
+// so every element sees the same arithmetic whatever n is.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "avx2_math.h"
 #include "image_ops_internal.h"
@@ -111,5 +116,51 @@ void geglu_row(const float* value, const float* gate, float* y, int64_t n) {
     std::memcpy(y + i, v, static_cast<size_t>(n - i) * sizeof(float));
   }
 }
+
+namespace {
+
+struct V {
+  using reg = __m256;
+  using mask = __m256i;
+  static constexpr int L = 8, kMR = 6, kNV = 2, kNarrowTM = 1, kQR = 4;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float f) { return _mm256_set1_ps(f); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  // Lanes [0, n) for n clamped to [0, 8], as all-ones int32 lanes.
+  static mask tail(int64_t n) {
+    const int c = static_cast<int>(std::clamp<int64_t>(n, 0, 8));
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static mask and_not(mask a, mask b) { return _mm256_andnot_si256(b, a); }
+  // vmaskmovps: masked-off lanes read as 0 and never fault, as AVX-512's.
+  static reg maskz_load(mask m, const float* p) { return _mm256_maskload_ps(p, m); }
+  static void mask_store(float* p, mask m, reg v) { _mm256_maskstore_ps(p, m, v); }
+  static reg load_or(mask m, const float* p, float fill) {
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+  }
+  static reg keep(mask m, reg v) { return _mm256_and_ps(_mm256_castsi256_ps(m), v); }
+  static float reduce_max(reg v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+  }
+  static float reduce_add(reg v) { return hsum(v); }
+  static reg exp(reg x) { return exp_ps(x); }
+  static reg widen_f16(const uint16_t* s) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))); }
+  static reg widen_bf16(const uint16_t* s) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+};
+
+}  // namespace
+
+#include "image_ops_x86.inc"
 
 }  // namespace atelier::kernels::cpu::avx2

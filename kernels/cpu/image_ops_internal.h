@@ -1,5 +1,6 @@
-// AVX2 helpers of the image ops (image_ops_avx2.cpp) and the AVX-512
-// conv2d / attention (image_ops_avx512.cpp). Private to kernels/cpu.
+// The per-level image ops: AVX2 helpers and conv2d / attention
+// (image_ops_avx2.cpp), the AVX-512 conv2d / attention (image_ops_avx512.cpp),
+// both from image_ops_x86.inc. Private to kernels/cpu.
 #pragma once
 
 #include <atelier/kernels.h>
@@ -28,6 +29,11 @@ float exp_shift_sum(float* x, int64_t n, float m);
 void activation(Activation a, const float* x, float* y, int64_t n);
 // y[i] = value[i] * gelu(gate[i]) (erf GELU).
 void geglu_row(const float* value, const float* gate, float* y, int64_t n);
+// The avx2 level's conv2d and attention (image_ops_x86.inc, 8 lanes); same
+// contracts as the avx512 ones below.
+void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias, float* y,
+            Executor* ex);
+void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out, Executor* ex);
 
 }  // namespace atelier::kernels::cpu::avx2
 

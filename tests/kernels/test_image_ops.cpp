@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -83,9 +84,10 @@ TEST(ImageOps, Conv2dMatchesReference) {
   }
 }
 
-// The AVX-512 conv2d's blocking: K chunks of 256 taps (c_in 40 x 3x3 = 360,
-// a 1x1 over 300 channels, 630 taps in three chunks), pixel blocks of 256 and
-// register tiles of 64 pixels (20x17 = 340 pixels, 1x1 to 5x5 images),
+// The direct conv2d's blocking (avx512 and avx2): K chunks of 256 taps (c_in
+// 40 x 3x3 = 360, a 1x1 over 300 channels, 630 taps in three chunks), pixel
+// blocks of 256 and register tiles of 64 (avx512) or 16 (avx2) pixels (20x17 =
+// 340 pixels, 1x1 to 5x5 images, 15 and 16 pixels),
 // channel tiles of 6 (7, 13 outputs), strides, padding wider than the image,
 // F16 and BF16 weights; every level against the reference, and the batch and
 // thread split never change an image's bits.
@@ -99,7 +101,12 @@ TEST(ImageOps, Conv2dBlockingAndInvariance) {
       {1, 5, 4, 5, 2, 5, 5, 1, 1, 3, 3},      // padding wider than the kernel reach
       {2, 17, 16, 16, 12, 3, 3, 1, 1, 1, 1},  // exactly one 256-pixel block
       {1, 9, 33, 9, 8, 2, 3, 3, 1, 0, 2},     // rectangular kernel, mixed strides
+      {2, 33, 4, 4, 13, 3, 3, 1, 1, 1, 1},    // 16 pixels: the narrow units (avx512 24 channels, avx2 2 vectors)
+      {1, 20, 3, 5, 8, 3, 3, 1, 1, 1, 1},     // 15 pixels: one avx2 vector and a partial one
   };
+  // Per case and weight type, the avx2 result: the avx512 one must equal it
+  // (both are one FMA chain per pixel over the taps in order).
+  std::map<std::string, std::vector<float>> avx2_result;
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
     for (const Case& c : cases) {
@@ -122,6 +129,9 @@ TEST(ImageOps, Conv2dBlockingAndInvariance) {
         conv2d(s, x.data(), t, wp, bias.data(), y.data());
         conv2d_ref(s, x.data(), t, wp, bias.data(), ref.data());
         expect_close(y, ref, 2e-6 * std::sqrt(double(K)), 1e-6, what);
+        const std::string key = std::string(dtype_name(t)) + " " + conv_name(s);
+        if (level == "avx2") avx2_result[key] = y;
+        if (level == "avx512" && avx2_result.count(key)) ASSERT_EQ(y, avx2_result[key]) << "avx512 differs from avx2: " << what;
         for (int threads : {2, 3, 7}) {
           TestExecutor ex(threads);
           std::vector<float> yt(y.size());
@@ -287,9 +297,10 @@ TEST(ImageOps, AttentionMatchesReference) {
   }
 }
 
-// The AVX-512 attention's blocking: query tiles of 8 in blocks of 32 (lq 1,
-// 7, 33, 100), key strips of 48 in softmax blocks of 192 (lk 47, 49, 193,
-// 400, 77), head dims off the 16-lane grid (17, 80, 160) and the VAE's 512;
+// The flash attention's blocking: query tiles of 8 (avx512) or 4 (avx2) in
+// blocks of 32 (lq 1, 3, 5, 7, 33, 36, 100), key strips of 48 or 24 in
+// softmax blocks of 192 (lk 23, 25, 47, 49, 191, 193, 400, 77), head dims off
+// the 16- and 8-lane grids (9, 17, 80, 160) and the VAE's 512;
 // against the reference at every level, and each image and head keeps its
 // bits whatever the batch or the thread split.
 TEST(ImageOps, AttentionBlockingAndInvariance) {
@@ -297,7 +308,8 @@ TEST(ImageOps, AttentionBlockingAndInvariance) {
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
     for (const Case& c : {Case{2, 2, 33, 193, 17}, Case{3, 1, 7, 47, 80}, Case{2, 2, 100, 400, 40},
-                          Case{1, 3, 1, 49, 160}, Case{2, 1, 40, 77, 512}, Case{2, 8, 64, 77, 40}}) {
+                          Case{1, 3, 1, 49, 160}, Case{2, 1, 40, 77, 512}, Case{2, 8, 64, 77, 40},
+                          Case{2, 2, 5, 25, 24}, Case{1, 1, 3, 23, 9}, Case{1, 2, 36, 191, 8}}) {
       AttentionShape s;
       s.batch = c.batch, s.heads = c.heads, s.lq = c.lq, s.lk = c.lk, s.head_dim = c.d;
       const int64_t width = c.heads * c.d;
