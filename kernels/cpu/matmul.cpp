@@ -146,25 +146,26 @@ float dot_generic_row(DType t, const char* w, const float* x, int64_t k) {
   return dot_f32_row(reinterpret_cast<const char*>(row.data()), x, k);
 }
 
-// Row r of a q8_0x16 view back in GGML's Q8_0 layout.
-void unpack_q8_0x16_row(const WeightView& w, int64_t r, BlockQ8_0* out) {
+// Row r of a packed view (q8_0x16 or q8_0x8) back in GGML's Q8_0 layout.
+void unpack_q8_0_row(const WeightView& w, int64_t r, BlockQ8_0* out) {
   const int64_t nb = w.cols / kQK;
-  const auto* g = static_cast<const uint8_t*>(w.data) + (r / kPackRows) * w.row_stride_bytes;
-  const auto* scales = reinterpret_cast<const uint16_t*>(g + nb * kPackBlockBytes);
-  const int64_t j = r % kPackRows;
+  const int rows = packed_group_rows(w.layout);
+  const auto* g = static_cast<const uint8_t*>(w.data) + (r / rows) * w.row_stride_bytes;
+  const auto* scales = reinterpret_cast<const uint16_t*>(g + nb * rows * kQK);
+  const int64_t j = r % rows;
+  const uint8_t flip = w.layout == WeightLayout::q8_0x16 ? 0x80 : 0;
   for (int64_t b = 0; b < nb; ++b) {
-    out[b].d = scales[b * kPackRows + j];
-    for (int c = 0; c < kQK; ++c)
-      out[b].qs[c] = static_cast<int8_t>(g[packed_q8_0x16_quant_offset(b, j, c)] ^ 0x80);
+    out[b].d = scales[b * rows + j];
+    for (int c = 0; c < kQK; ++c) out[b].qs[c] = static_cast<int8_t>(g[packed_q8_0_quant_offset(rows, b, j, c)] ^ flip);
   }
 }
 
 float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
   const int64_t k = a.w->cols;
-  if (a.w->layout == WeightLayout::q8_0x16) {
+  if (a.w->layout != WeightLayout::rows) {
     thread_local std::vector<BlockQ8_0> row;
     row.resize(static_cast<size_t>(k / kQK));
-    unpack_q8_0x16_row(*a.w, r, row.data());
+    unpack_q8_0_row(*a.w, r, row.data());
     return dot_q8_0_row(reinterpret_cast<const char*>(row.data()), act_row(a, m), k);
   }
   const char* w = weight_row(a, r);
@@ -248,38 +249,54 @@ bool matmul_supports(DType t) {
   }
 }
 
+namespace {
+// The packed layout this level's Q8_0 tile wants, or rows for none.
+WeightLayout packed_layout_here() {
+  switch (active_simd()) {
+    case Simd::avx512: return WeightLayout::q8_0x16;
+    case Simd::avx2: return WeightLayout::q8_0x8;
+    case Simd::scalar: break;
+  }
+  return WeightLayout::rows;
+}
+}  // namespace
+
 int64_t packed_weight_bytes(const WeightView& w) {
-  if (w.layout != WeightLayout::rows || w.type != DType::Q8_0 || active_simd() != Simd::avx512 || w.rows <= 0 ||
+  const WeightLayout l = packed_layout_here();
+  if (l == WeightLayout::rows || w.layout != WeightLayout::rows || w.type != DType::Q8_0 || w.rows <= 0 ||
       w.cols <= 0 || w.cols % kQK != 0 || !w.data)
     return 0;
-  return (w.rows + kPackRows - 1) / kPackRows * packed_q8_0x16_group_bytes(w.cols);
+  const int rows = packed_group_rows(l);
+  return (w.rows + rows - 1) / rows * packed_q8_0_group_bytes(rows, w.cols);
 }
 
 WeightView pack_weights(const WeightView& w, void* dst) {
   const int64_t bytes = packed_weight_bytes(w);
   if (bytes == 0) return w;
-  const int64_t nb = w.cols / kQK, stride = packed_q8_0x16_group_bytes(w.cols);
+  const WeightLayout l = packed_layout_here();
+  const int rows = packed_group_rows(l);
+  const int64_t nb = w.cols / kQK, stride = packed_q8_0_group_bytes(rows, w.cols);
   auto* out = static_cast<uint8_t*>(dst);
-  const int64_t groups = bytes / stride, used = nb * (kPackBlockBytes + 2 * kPackRows);
+  const int64_t groups = bytes / stride, used = nb * (rows * kQK + 2 * rows);
   // Every byte but each group's tail is written below (padding rows as scale
   // 0 and quants 0); the tail is zeroed so the copy is fully defined.
   for (int64_t gi = 0; gi < groups; ++gi) std::memset(out + gi * stride + used, 0, static_cast<size_t>(stride - used));
-  for (int64_t r = 0; r < groups * kPackRows; ++r) {
-    uint8_t* g = out + (r / kPackRows) * stride;
-    auto* scales = reinterpret_cast<uint16_t*>(g + nb * kPackBlockBytes);
-    const int64_t j = r % kPackRows;
+  for (int64_t r = 0; r < groups * rows; ++r) {
+    uint8_t* g = out + (r / rows) * stride;
+    auto* scales = reinterpret_cast<uint16_t*>(g + nb * rows * kQK);
+    const int64_t j = r % rows;
     const auto* src = r < w.rows ? reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w.data) + r * w.row_stride_bytes)
                                  : nullptr;
     for (int64_t b = 0; b < nb; ++b) {
-      scales[b * kPackRows + j] = src ? src[b].d : 0;
+      scales[b * rows + j] = src ? src[b].d : 0;
       for (int c = 0; c < kQK; ++c)
-        g[packed_q8_0x16_quant_offset(b, j, c)] = static_cast<uint8_t>((src ? src[b].qs[c] : 0) ^ 0x80);
+        g[packed_q8_0_quant_offset(rows, b, j, c)] = packed_q8_0_code(l, src ? src[b].qs[c] : int8_t{0});
     }
   }
   WeightView v = w;
   v.data = dst;
   v.row_stride_bytes = stride;
-  v.layout = WeightLayout::q8_0x16;
+  v.layout = l;
   return v;
 }
 
@@ -295,6 +312,10 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
     unit = n_x_rows < 4 ? kPackedNarrowRowUnit : kPackedRowUnit;
     // Below AVX-512 (a capped level) the scalar path unpacks row by row.
     if (active_simd() == Simd::avx512) fn = &q8_0x16_rows_avx512;
+  } else if (w.layout == WeightLayout::q8_0x8) {
+    unit = kPackedX8RowUnit;
+    // Packed at the avx2 level, run there or above (an AVX-512 CPU has AVX2).
+    if (active_simd() != Simd::scalar) fn = &q8_0x8_rows_avx2;
   } else if (matmul_supports(w.type)) {
     switch (active_simd()) {
       case Simd::avx512: fn = rows_fn_avx512(w.type); break;

@@ -82,7 +82,87 @@ struct KernelFloat {
   }
 };
 
+// Q8_0 weights packed as WeightLayout::q8_0x8 x Q8_0 activations. Lane j of
+// every register belongs to weight row j of a group of 8: a register holds
+// 4 columns of the 8 rows, and the 4 activation bytes of those columns are
+// broadcast to all lanes. maddubs takes |w| (unsigned) times x with w's sign
+// (|w| x <= 128 x 127, so a pair never saturates int16), madd sums the pairs:
+// 8 of those steps cover a block with one int32 sum per row and no
+// horizontal adds. Per lane and block:
+//   acc += float(sum w x) * (d_w * d_x)
+// The integer sum is exact and the float steps are the same for every tile
+// shape, so the result is batch-, thread- and tile-invariant.
+struct KernelQ8_0x8 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK;
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m256i* q[NG];
+    const uint16_t* sc[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m256i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      sc[g] = reinterpret_cast<const uint16_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kPackBlockBytesX8);
+    }
+    const ActQ8_0* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    __m256 acc[NM][NG];
+    for (auto& row : acc)
+      for (auto& v : row) v = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    // The next tile's groups, one 64-byte line per step (8 per block = the
+    // block's 256 quant bytes), so the DRAM stream runs ahead of the loads.
+    const int64_t ahead = NG * a.w->row_stride_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i is[NM][NG];
+      for (auto& row : is)
+        for (auto& v : row) v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) {
+          if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ahead, _MM_HINT_T1);
+          const __m256i wv = _mm256_load_si256(q[g] + 8 * b + k);
+          const __m256i wa = _mm256_sign_epi8(wv, wv);  // |w|; -128 stays 0x80 = 128 unsigned
+#pragma GCC unroll 4
+          for (int m = 0; m < NM; ++m) {
+            int32_t xv;
+            std::memcpy(&xv, x[m][b].qs + 4 * k, 4);
+            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xv), wv);
+            is[m][g] = _mm256_add_epi32(is[m][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
+          }
+        }
+      }
+      for (int g = 0; g < NG; ++g) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc[g] + kPackRowsX8 * b)));
+        for (int m = 0; m < NM; ++m)
+          acc[m][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m][g]), _mm256_mul_ps(dw, _mm256_set1_ps(x[m][b].d)), acc[m][g]);
+      }
+    }
+    for (int m = 0; m < NM; ++m) {
+      float* y = a.y + (m0 + m) * a.w->rows;
+      for (int g = 0; g < NG; ++g) {
+        const int64_t r = (g0 + g) * kPackRowsX8;
+        if (r + kPackRowsX8 <= a.w->rows) {
+          _mm256_storeu_ps(y + r, acc[m][g]);
+        } else {  // the padded last group: only the real rows
+          alignas(32) float t[kPackRowsX8];
+          _mm256_store_ps(t, acc[m][g]);
+          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+        }
+      }
+    }
+  }
+};
+
 }  // namespace avx2
+
+// Packed Q8_0: tiles of 4 activation rows x 1 group of 8 weight rows (the
+// weights' |w| is shared by the 4 rows); generation (1-3 rows) takes 4, 2, 1
+// groups: more independent chains for the memory-bound case.
+void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using Driver = TileDriver<avx2::KernelQ8_0x8, 4, 1, 4, 2, 1>;
+  Driver::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
+}
 
 // Tile shapes: activation rows x weight rows, sized to the 16 ymm registers.
 RowsFn rows_fn_avx2(DType t) {

@@ -37,6 +37,9 @@ RowsFn rows_fn_avx512(DType t);
 // The AVX-512 tile for WeightLayout::q8_0x16 (r0, r1 multiples of kPackRows,
 // r1 may also be w->rows).
 void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
+// The AVX2 tile for WeightLayout::q8_0x8 (r0, r1 multiples of 8, r1 may also
+// be w->rows).
+void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.
@@ -44,6 +47,8 @@ constexpr int64_t kRowUnit = 24;
 // The same for packed weights: a tile's width of groups of 16 rows, 3 for
 // batches of 4 rows or more, 4 for generation (1-3 rows).
 constexpr int64_t kPackedRowUnit = 48, kPackedNarrowRowUnit = 64;
+// q8_0x8: tiles of 1, 2 or 4 groups of 8 rows.
+constexpr int64_t kPackedX8RowUnit = 32;
 
 // Kernels may re-lay out the activations once per driver call (e.g. the
 // broadcast scales and offsets of the integer dots): `expand_row_bytes(a)`

@@ -78,19 +78,28 @@ static inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t
 // make the same trade: one scale per 256 values.
 constexpr int kActGroupQ8_0 = 8;
 
-// WeightLayout::q8_0x16 (kernels.h): per group of kPackRows rows, nb blocks
-// of 16 x 32 quants (block b, column 4k + i of row j at byte
-// 512 b + 64 k + 4 j + i, stored as q + 128), then nb x 16 fp16 scales
-// (row j of block b at 16 b + j); the group's stride rounded up to 64 bytes.
-constexpr int kPackRows = 16;
+// The packed Q8_0 layouts (kernels.h): per group of R rows (q8_0x16: R = 16,
+// the AVX-512 VNNI tile; q8_0x8: R = 8, the AVX2 tile), nb blocks of R x 32
+// quants (block b, column 4k + i of row j at byte 32 R b + 4 R k + 4 j + i;
+// q8_0x16 stores q + 128, the unsigned operand of dpbusd, q8_0x8 stores q,
+// whose sign maddubs moves onto x), then nb x R fp16 scales (row j of block b
+// at R b + j); the group's stride rounded up to 64 bytes.
+constexpr int kPackRows = 16;  // q8_0x16
 constexpr int64_t kPackBlockBytes = kPackRows * kQK;  // 512
-inline int64_t packed_q8_0x16_group_bytes(int64_t cols) {
+constexpr int kPackRowsX8 = 8;  // q8_0x8
+constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
+inline int packed_group_rows(WeightLayout l) { return l == WeightLayout::q8_0x8 ? kPackRowsX8 : kPackRows; }
+inline int64_t packed_q8_0_group_bytes(int group_rows, int64_t cols) {
   const int64_t nb = cols / kQK;
-  return (nb * (kPackBlockBytes + 2 * kPackRows) + 63) / 64 * 64;
+  return (nb * (group_rows * kQK + 2 * group_rows) + 63) / 64 * 64;
 }
 // Byte of quant c of block b of row j (within its group) in a group's quants.
-inline int64_t packed_q8_0x16_quant_offset(int64_t b, int64_t j, int c) {
-  return b * kPackBlockBytes + (c / 4) * 64 + j * 4 + c % 4;
+inline int64_t packed_q8_0_quant_offset(int group_rows, int64_t b, int64_t j, int c) {
+  return b * group_rows * kQK + (c / 4) * 4 * group_rows + j * 4 + c % 4;
+}
+// The byte stored for quant q.
+inline uint8_t packed_q8_0_code(WeightLayout l, int8_t q) {
+  return static_cast<uint8_t>(l == WeightLayout::q8_0x16 ? q ^ 0x80 : q);
 }
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, BlockQ8_K* y, int64_t n);

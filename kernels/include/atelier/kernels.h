@@ -63,7 +63,9 @@ std::string_view simd_level();
 //            register holds 4 columns of all 16 rows) and stored as q + 128,
 //            then the group's fp16 scales; row_stride_bytes is the stride of
 //            one group.
-enum class WeightLayout : uint8_t { rows, q8_0x16 };
+//   q8_0x8:  the same for the AVX2 tile: groups of 8 rows (one 256-bit
+//            register holds 4 columns of all 8 rows), quants stored as q.
+enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8 };
 
 // A weight matrix: `rows` rows of `cols` elements of type `type`, each row
 // `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
@@ -78,7 +80,9 @@ struct WeightView {
 
 // Re-laying out weights once at load for this CPU's fastest tile (today:
 // Q8_0 on AVX-512 with VNNI, where the packed tile does one multiply-add
-// instruction per 64 products instead of three, and needs no horizontal sums).
+// instruction per 64 products instead of three, and needs no horizontal sums;
+// Q8_0 on AVX2, where each block's float scaling is done for 8 rows at once
+// and the integer sums need no horizontal adds either).
 // packed_weight_bytes: bytes of the packed copy of w, or 0 when w is best used
 // as it is (other types, other SIMD levels). pack_weights writes it to dst
 // (64-byte aligned) and returns its view, which every matmul entry accepts
