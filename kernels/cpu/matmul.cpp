@@ -146,27 +146,27 @@ float dot_generic_row(DType t, const char* w, const float* x, int64_t k) {
   return dot_f32_row(reinterpret_cast<const char*>(row.data()), x, k);
 }
 
-// Row r of a packed view (q8_0x16 or q8_0x8) back in GGML's Q8_0 layout.
-void unpack_q8_0_row(const WeightView& w, int64_t r, BlockQ8_0* out) {
+// Row r of a packed view back in GGML's layout (its type's blocks).
+void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
   const int64_t nb = w.cols / kQK;
-  const int rows = packed_group_rows(w.layout);
+  const int rows = packed_group_rows(w.layout), qb = packed_quant_bytes(w.layout);
   const auto* g = static_cast<const uint8_t*>(w.data) + (r / rows) * w.row_stride_bytes;
-  const auto* scales = reinterpret_cast<const uint16_t*>(g + nb * rows * kQK);
+  const auto* scales = reinterpret_cast<const uint16_t*>(g + nb * rows * qb);
   const int64_t j = r % rows;
-  const uint8_t flip = w.layout == WeightLayout::q8_0x16 ? 0x80 : 0;
-  for (int64_t b = 0; b < nb; ++b) {
-    out[b].d = scales[b * rows + j];
-    for (int c = 0; c < kQK; ++c) out[b].qs[c] = static_cast<int8_t>(g[packed_q8_0_quant_offset(rows, b, j, c)] ^ flip);
+  for (int64_t b = 0; b < nb; ++b, out += 2 + qb) {  // GGML block: fp16 d, then the quant bytes
+    std::memcpy(out, &scales[b * rows + j], 2);
+    for (int c = 0; c < qb; ++c) out[2 + c] = packed_code(w.layout, g[packed_quant_offset(w.layout, b, j, c)]);
   }
 }
 
 float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
   const int64_t k = a.w->cols;
   if (a.w->layout != WeightLayout::rows) {
-    thread_local std::vector<BlockQ8_0> row;
-    row.resize(static_cast<size_t>(k / kQK));
-    unpack_q8_0_row(*a.w, r, row.data());
-    return dot_q8_0_row(reinterpret_cast<const char*>(row.data()), act_row(a, m), k);
+    thread_local std::vector<uint8_t> row;
+    row.resize(static_cast<size_t>(dtype_row_bytes(a.w->type, k)));
+    unpack_row(*a.w, r, row.data());
+    const char* w = reinterpret_cast<const char*>(row.data());
+    return a.w->type == DType::Q4_0 ? dot_q4_0_row(w, act_row(a, m), k) : dot_q8_0_row(w, act_row(a, m), k);
   }
   const char* w = weight_row(a, r);
   const float* x = a.x + m * k;
@@ -227,7 +227,7 @@ MatmulArgs prepare(const WeightView& w, const float* x, float* y, int64_t n_x_ro
 
 bool shape_ok(const WeightView& w, int64_t n_x_rows) {
   return n_x_rows > 0 && w.rows > 0 && w.cols > 0 && w.data && dtype_row_bytes(w.type, w.cols) >= 0 &&
-         (w.layout == WeightLayout::rows || w.type == DType::Q8_0);
+         (w.layout == WeightLayout::rows || w.type == packed_type(w.layout));
 }
 
 }  // namespace
@@ -250,11 +250,13 @@ bool matmul_supports(DType t) {
 }
 
 namespace {
-// The packed layout this level's Q8_0 tile wants, or rows for none.
-WeightLayout packed_layout_here() {
+// The packed layout this level's tile wants for type t, or rows for none.
+WeightLayout packed_layout_here(DType t) {
+  if (t != DType::Q8_0 && t != DType::Q4_0) return WeightLayout::rows;
+  const bool q8 = t == DType::Q8_0;
   switch (active_simd()) {
-    case Simd::avx512: return WeightLayout::q8_0x16;
-    case Simd::avx2: return WeightLayout::q8_0x8;
+    case Simd::avx512: return q8 ? WeightLayout::q8_0x16 : WeightLayout::q4_0x16;
+    case Simd::avx2: return q8 ? WeightLayout::q8_0x8 : WeightLayout::q4_0x8;
     case Simd::scalar: break;
   }
   return WeightLayout::rows;
@@ -262,35 +264,41 @@ WeightLayout packed_layout_here() {
 }  // namespace
 
 int64_t packed_weight_bytes(const WeightView& w) {
-  const WeightLayout l = packed_layout_here();
-  if (l == WeightLayout::rows || w.layout != WeightLayout::rows || w.type != DType::Q8_0 || w.rows <= 0 ||
-      w.cols <= 0 || w.cols % kQK != 0 || !w.data)
+  const WeightLayout l = packed_layout_here(w.type);
+  if (l == WeightLayout::rows || w.layout != WeightLayout::rows || w.rows <= 0 || w.cols <= 0 || w.cols % kQK != 0 ||
+      !w.data)
     return 0;
   const int rows = packed_group_rows(l);
-  return (w.rows + rows - 1) / rows * packed_q8_0_group_bytes(rows, w.cols);
+  return (w.rows + rows - 1) / rows * packed_group_bytes(l, w.cols);
 }
 
 WeightView pack_weights(const WeightView& w, void* dst) {
   const int64_t bytes = packed_weight_bytes(w);
   if (bytes == 0) return w;
-  const WeightLayout l = packed_layout_here();
-  const int rows = packed_group_rows(l);
-  const int64_t nb = w.cols / kQK, stride = packed_q8_0_group_bytes(rows, w.cols);
+  const WeightLayout l = packed_layout_here(w.type);
+  const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
+  const int64_t nb = w.cols / kQK, stride = packed_group_bytes(l, w.cols);
   auto* out = static_cast<uint8_t*>(dst);
-  const int64_t groups = bytes / stride, used = nb * (rows * kQK + 2 * rows);
+  const int64_t groups = bytes / stride, used = nb * rows * (qb + 2);
   // Every byte but each group's tail is written below (padding rows as scale
   // 0 and quants 0); the tail is zeroed so the copy is fully defined.
   for (int64_t gi = 0; gi < groups; ++gi) std::memset(out + gi * stride + used, 0, static_cast<size_t>(stride - used));
   for (int64_t r = 0; r < groups * rows; ++r) {
     uint8_t* g = out + (r / rows) * stride;
-    auto* scales = reinterpret_cast<uint16_t*>(g + nb * rows * kQK);
+    auto* scales = reinterpret_cast<uint16_t*>(g + nb * rows * qb);
     const int64_t j = r % rows;
-    const auto* src = r < w.rows ? reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w.data) + r * w.row_stride_bytes)
-                                 : nullptr;
+    // GGML blocks: fp16 d, then the quant bytes.
+    const auto* src = r < w.rows ? static_cast<const uint8_t*>(w.data) + r * w.row_stride_bytes : nullptr;
     for (int64_t b = 0; b < nb; ++b) {
-      scales[b * rows + j] = src ? src[b].d : 0;
-      for (int c = 0; c < kQK; ++c)
-        g[packed_q8_0_quant_offset(rows, b, j, c)] = packed_q8_0_code(l, src ? src[b].qs[c] : int8_t{0});
+      const uint8_t* blk = src ? src + b * (2 + qb) : nullptr;
+      uint16_t d = 0;
+      if (blk) std::memcpy(&d, blk, 2);
+      scales[b * rows + j] = d;
+      for (int c = 0; c < qb; ++c) {
+        // A padding row is all zero quants (Q8_0 q = 0; Q4_0 nibbles 8 -8 = 0).
+        const uint8_t zero = l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? 0x88 : 0;
+        g[packed_quant_offset(l, b, j, c)] = packed_code(l, blk ? blk[2 + c] : zero);
+      }
     }
   }
   WeightView v = w;
@@ -312,10 +320,13 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
     unit = n_x_rows < 4 ? kPackedNarrowRowUnit : kPackedRowUnit;
     // Below AVX-512 (a capped level) the scalar path unpacks row by row.
     if (active_simd() == Simd::avx512) fn = &q8_0x16_rows_avx512;
-  } else if (w.layout == WeightLayout::q8_0x8) {
+  } else if (w.layout == WeightLayout::q4_0x16) {
+    unit = kPackedNarrowRowUnit;
+    if (active_simd() == Simd::avx512) fn = &q4_0x16_rows_avx512;
+  } else if (w.layout == WeightLayout::q8_0x8 || w.layout == WeightLayout::q4_0x8) {
     unit = kPackedX8RowUnit;
     // Packed at the avx2 level, run there or above (an AVX-512 CPU has AVX2).
-    if (active_simd() != Simd::scalar) fn = &q8_0x8_rows_avx2;
+    if (active_simd() != Simd::scalar) fn = w.layout == WeightLayout::q8_0x8 ? &q8_0x8_rows_avx2 : &q4_0x8_rows_avx2;
   } else if (matmul_supports(w.type)) {
     switch (active_simd()) {
       case Simd::avx512: fn = rows_fn_avx512(w.type); break;

@@ -82,6 +82,24 @@ struct KernelFloat {
   }
 };
 
+// y rows of a tile of packed groups of 8 (lane j = row j of the group).
+template <int NM, int NG>
+inline void store_packed(const MatmulArgs& a, int64_t m0, int64_t g0, __m256 (&acc)[NM][NG]) {
+  for (int m = 0; m < NM; ++m) {
+    float* y = a.y + (m0 + m) * a.w->rows;
+    for (int g = 0; g < NG; ++g) {
+      const int64_t r = (g0 + g) * kPackRowsX8;
+      if (r + kPackRowsX8 <= a.w->rows) {
+        _mm256_storeu_ps(y + r, acc[m][g]);
+      } else {  // the padded last group: only the real rows
+        alignas(32) float t[kPackRowsX8];
+        _mm256_store_ps(t, acc[m][g]);
+        for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+      }
+    }
+  }
+}
+
 // Q8_0 weights packed as WeightLayout::q8_0x8 x Q8_0 activations. Lane j of
 // every register belongs to weight row j of a group of 8: a register holds
 // 4 columns of the 8 rows, and the 4 activation bytes of those columns are
@@ -138,23 +156,78 @@ struct KernelQ8_0x8 {
           acc[m][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m][g]), _mm256_mul_ps(dw, _mm256_set1_ps(x[m][b].d)), acc[m][g]);
       }
     }
-    for (int m = 0; m < NM; ++m) {
-      float* y = a.y + (m0 + m) * a.w->rows;
+    store_packed<NM, NG>(a, m0, g0, acc);
+  }
+};
+
+// Q4_0 weights packed as WeightLayout::q4_0x8 x Q8_0 activations: lane j is
+// weight row j of a group of 8, a register holds 4 of GGML's nibble bytes of
+// each row (4 columns in the low nibbles, 4 columns 16 further in the high
+// ones). The nibbles (0..15, q + 8) are maddubs' unsigned operand as they
+// are: a pair is at most 2 x 15 x 127, so the 8 maddubs of a block add up in
+// int16 lanes without saturating (<= 30480), then one madd gives the int32
+// per row. Per lane and block:
+//   acc += float(sum nibble x  -  8 sum x) * (d_w * d_x)
+// exact integers, the same float steps for every tile shape.
+struct KernelQ4_0x8 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK;
+    constexpr int64_t kBlockBytes = kPackRowsX8 * kQK / 2;  // 128: 4 registers
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m256i* q[NG];
+    const uint16_t* sc[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m256i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      sc[g] = reinterpret_cast<const uint16_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kBlockBytes);
+    }
+    const ActQ8_0* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    __m256 acc[NM][NG];
+    for (auto& row : acc)
+      for (auto& v : row) v = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i p[NM][NG];
+      for (auto& row : p)
+        for (auto& v : row) v = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) {
+          if (t % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 4 * b + t) + ahead, _MM_HINT_T1);
+          const __m256i v = _mm256_load_si256(q[g] + 4 * b + t);
+          const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#pragma GCC unroll 4
+          for (int m = 0; m < NM; ++m) {
+            int32_t xl, xh;
+            std::memcpy(&xl, x[m][b].qs + 4 * t, 4);
+            std::memcpy(&xh, x[m][b].qs + 16 + 4 * t, 4);
+            p[m][g] = _mm256_add_epi16(p[m][g], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
+                                                                 _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
+          }
+        }
+      }
       for (int g = 0; g < NG; ++g) {
-        const int64_t r = (g0 + g) * kPackRowsX8;
-        if (r + kPackRowsX8 <= a.w->rows) {
-          _mm256_storeu_ps(y + r, acc[m][g]);
-        } else {  // the padded last group: only the real rows
-          alignas(32) float t[kPackRowsX8];
-          _mm256_store_ps(t, acc[m][g]);
-          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+        const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc[g] + kPackRowsX8 * b)));
+        for (int m = 0; m < NM; ++m) {
+          const __m256i is = _mm256_add_epi32(_mm256_madd_epi16(p[m][g], ones), _mm256_set1_epi32(-8 * x[m][b].sum));
+          acc[m][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x[m][b].d)), acc[m][g]);
         }
       }
     }
+    store_packed<NM, NG>(a, m0, g0, acc);
   }
 };
 
 }  // namespace avx2
+
+// Packed Q4_0: as packed Q8_0.
+void q4_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using Driver = TileDriver<avx2::KernelQ4_0x8, 4, 1, 4, 2, 1>;
+  Driver::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
+}
 
 // Packed Q8_0: tiles of 4 activation rows x 1 group of 8 weight rows (the
 // weights' |w| is shared by the 4 rows); generation (1-3 rows) takes 4, 2, 1

@@ -333,6 +333,77 @@ struct KernelQ8_0x16 {
   }
 };
 
+// Q4_0 weights packed as WeightLayout::q4_0x16 x Q8_0 activations: lane j
+// is weight row j of a group of 16; a register holds 4 of GGML's nibble
+// bytes of each row (4 columns in the low nibbles, 4 columns 16 further in
+// the high ones), so two dpbusd (the nibbles, q + 8, as the unsigned
+// operand; 4 activation bytes broadcast) add 4 + 4 products to every row.
+// Per lane and block:
+//   acc += float(sum nibble x  -  8 sum x) * (d_w * d_x)
+// exact integers, the same float steps for every tile shape.
+struct KernelQ4_0x16 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK;
+    constexpr int64_t kBlockBytes = kPackRows * kQK / 2;  // 256: 4 registers
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m512i* q[NG];
+    const uint16_t* sc[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m512i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      sc[g] = reinterpret_cast<const uint16_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kBlockBytes);
+    }
+    const ActQ8_0* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const ActQ8_0*>(act_row(a, m0 + m));
+    __m512 acc[NM][NG];
+    zero(acc);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i is[NM][NG];
+      for (int m = 0; m < NM; ++m) {
+        const __m512i bias = _mm512_set1_epi32(-8 * x[m][b].sum);
+        for (int g = 0; g < NG; ++g) is[m][g] = bias;
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) {
+          _mm_prefetch(reinterpret_cast<const char*>(q[g] + 4 * b + t) + ahead, kHint);
+          const __m512i v = _mm512_load_si512(q[g] + 4 * b + t);
+          const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+#pragma GCC unroll 4
+          for (int m = 0; m < NM; ++m) {
+            int32_t xl, xh;
+            std::memcpy(&xl, x[m][b].qs + 4 * t, 4);
+            std::memcpy(&xh, x[m][b].qs + 16 + 4 * t, 4);
+            is[m][g] = _mm512_dpbusd_epi32(is[m][g], lo, _mm512_set1_epi32(xl));
+            is[m][g] = _mm512_dpbusd_epi32(is[m][g], hi, _mm512_set1_epi32(xh));
+          }
+        }
+      }
+      for (int g = 0; g < NG; ++g) {
+        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[g] + kPackRows * b)));
+        for (int m = 0; m < NM; ++m)
+          acc[m][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m][g]), _mm512_mul_ps(dw, _mm512_set1_ps(x[m][b].d)), acc[m][g]);
+      }
+    }
+    for (int m = 0; m < NM; ++m) {
+      float* y = a.y + (m0 + m) * a.w->rows;
+      for (int g = 0; g < NG; ++g) {
+        const int64_t r = (g0 + g) * kPackRows;
+        if (r + kPackRows <= a.w->rows) {
+          _mm512_storeu_ps(y + r, acc[m][g]);
+        } else {  // the padded last group: only the real rows
+          alignas(64) float t[kPackRows];
+          _mm512_store_ps(t, acc[m][g]);
+          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+        }
+      }
+    }
+  }
+};
+
 // Q4_0 weights x Q8_0 activations, two blocks per step: unsigned nibbles
 // times x, minus 8 * sum(x).
 struct KernelQ4_0 : ExpandQ8_0<1> {
@@ -614,6 +685,14 @@ void q8_0_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
   using Driver = TileDriver<KernelQ8_0x16, kPackM, kPackG, 4, 4, 4>;
+  Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
+}
+
+// Packed Q4_0: 4 activation rows x 2 groups of 16 weight rows; generation
+// (1-3 rows) 4, 4, 2 groups.
+void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using namespace avx512;
+  using Driver = TileDriver<KernelQ4_0x16, 4, 2, 4, 4, 2>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 

@@ -78,28 +78,40 @@ static inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t
 // make the same trade: one scale per 256 values.
 constexpr int kActGroupQ8_0 = 8;
 
-// The packed Q8_0 layouts (kernels.h): per group of R rows (q8_0x16: R = 16,
-// the AVX-512 VNNI tile; q8_0x8: R = 8, the AVX2 tile), nb blocks of R x 32
-// quants (block b, column 4k + i of row j at byte 32 R b + 4 R k + 4 j + i;
-// q8_0x16 stores q + 128, the unsigned operand of dpbusd, q8_0x8 stores q,
-// whose sign maddubs moves onto x), then nb x R fp16 scales (row j of block b
-// at R b + j); the group's stride rounded up to 64 bytes.
+// The packed layouts (kernels.h): per group of R rows (x16: R = 16, the
+// AVX-512 VNNI tiles; x8: R = 8, the AVX2 tiles), nb blocks of R rows' quant
+// bytes (Q bytes a row: 32 for Q8_0, 16 for Q4_0's nibble pairs), byte c of
+// row j of block b at Q R b + 4 R (c / 4) + 4 j + c % 4 (one register holds 4
+// bytes of every row), then nb x R fp16 scales (row j of block b at R b + j);
+// the group's stride rounded up to 64 bytes. q8_0x16 stores q + 128, the
+// unsigned operand of dpbusd; q8_0x8 stores q, whose sign maddubs moves onto
+// x; Q4_0 keeps GGML's bytes (element c in the low nibble of byte c, element
+// c + 16 in the high one: the low nibbles of a register are 4 columns, the
+// high nibbles 4 columns 16 further).
 constexpr int kPackRows = 16;  // q8_0x16
 constexpr int64_t kPackBlockBytes = kPackRows * kQK;  // 512
 constexpr int kPackRowsX8 = 8;  // q8_0x8
 constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
-inline int packed_group_rows(WeightLayout l) { return l == WeightLayout::q8_0x8 ? kPackRowsX8 : kPackRows; }
-inline int64_t packed_q8_0_group_bytes(int group_rows, int64_t cols) {
-  const int64_t nb = cols / kQK;
-  return (nb * (group_rows * kQK + 2 * group_rows) + 63) / 64 * 64;
+inline int packed_group_rows(WeightLayout l) {
+  return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 ? kPackRowsX8 : kPackRows;
 }
-// Byte of quant c of block b of row j (within its group) in a group's quants.
-inline int64_t packed_q8_0_quant_offset(int group_rows, int64_t b, int64_t j, int c) {
-  return b * group_rows * kQK + (c / 4) * 4 * group_rows + j * 4 + c % 4;
+inline DType packed_type(WeightLayout l) {
+  return l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? DType::Q4_0 : DType::Q8_0;
 }
-// The byte stored for quant q.
-inline uint8_t packed_q8_0_code(WeightLayout l, int8_t q) {
-  return static_cast<uint8_t>(l == WeightLayout::q8_0x16 ? q ^ 0x80 : q);
+// Quant bytes of one row's block.
+inline int packed_quant_bytes(WeightLayout l) { return packed_type(l) == DType::Q4_0 ? kQK / 2 : kQK; }
+inline int64_t packed_group_bytes(WeightLayout l, int64_t cols) {
+  const int64_t nb = cols / kQK, rows = packed_group_rows(l);
+  return (nb * rows * (packed_quant_bytes(l) + 2) + 63) / 64 * 64;
+}
+// Offset of quant byte c of block b of row j (within its group) in a group.
+inline int64_t packed_quant_offset(WeightLayout l, int64_t b, int64_t j, int c) {
+  const int rows = packed_group_rows(l);
+  return b * rows * packed_quant_bytes(l) + (c / 4) * 4 * rows + j * 4 + c % 4;
+}
+// The byte stored for a GGML quant byte, and back (an involution).
+inline uint8_t packed_code(WeightLayout l, uint8_t byte) {
+  return static_cast<uint8_t>(l == WeightLayout::q8_0x16 ? byte ^ 0x80 : byte);
 }
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, BlockQ8_K* y, int64_t n);

@@ -208,12 +208,12 @@ TEST(Matmul, HonoursRowStride) {
   }
 }
 
-// Q8_0 weights re-laid out by pack_weights (q8_0x16 at avx512, q8_0x8 at
-// avx2; each packed at its level): the same products as the GGML layout
-// within float rounding at every SIMD level (the scalar level, and avx2 for
-// q8_0x16, unpack row by row), matmul_ref reads every layout to the same
-// bits, and the packed tiles are batch-, thread- and tile-invariant,
-// including the zero-padded last group.
+// Q8_0 and Q4_0 weights re-laid out by pack_weights (groups of 16 rows at
+// avx512, 8 at avx2; each packed at its level): the same products as the
+// GGML layout within float rounding at every SIMD level (the scalar level,
+// and avx2 for the x16 layouts, unpack row by row), matmul_ref reads every
+// layout to the same bits, and the packed tiles are batch-, thread- and
+// tile-invariant, including the zero-padded last group.
 struct Packed {
   std::vector<uint8_t> buf;
   WeightView view;
@@ -226,53 +226,59 @@ Packed pack(const Weights& w) {
   return p;
 }
 
-// The levels of this CPU that pack Q8_0, with the layout each writes.
-std::vector<std::pair<std::string, WeightLayout>> packing_levels() {
-  std::vector<std::pair<std::string, WeightLayout>> out;
+// The levels of this CPU that pack (all but scalar), and the layout each
+// writes for type t.
+std::vector<std::string> packing_levels() {
+  std::vector<std::string> out;
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
-    if (level == "scalar") {
-      EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q8_0, 16, 32, 1).view()), 0) << "the scalar level packs nothing";
-      continue;
-    }
-    EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q4_0, 16, 32, 1).view()), 0) << level << " packs only Q8_0";
-    out.emplace_back(level, level == "avx512" ? WeightLayout::q8_0x16 : WeightLayout::q8_0x8);
+    const bool packs = packed_weight_bytes(make_weights(DType::Q8_0, 16, 32, 1).view()) > 0;
+    EXPECT_EQ(packs, level != "scalar") << level;
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q4_K, 16, 256, 1).view()), 0) << level << " packs Q4_K";
+    if (packs) out.push_back(level);
   }
   return out;
 }
+WeightLayout layout_at(const std::string& level, DType t) {
+  if (t == DType::Q8_0) return level == "avx512" ? WeightLayout::q8_0x16 : WeightLayout::q8_0x8;
+  return level == "avx512" ? WeightLayout::q4_0x16 : WeightLayout::q4_0x8;
+}
 
-TEST(Matmul, PackedQ8_0MatchesReference) {
+TEST(Matmul, PackedMatchesReference) {
   const auto packers = packing_levels();
   if (packers.empty()) GTEST_SKIP() << "no packed layout on this CPU (" << simd_level() << ")";
   uint32_t seed = 500;
-  for (const auto& [pack_level, layout] : packers) {
-    for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 47, 49, 250}) {
-      for (int64_t cols : {32, 96, 256, 2816}) {
-        const Weights w = make_weights(DType::Q8_0, rows, cols, ++seed);
-        Packed p;
-        {
-          ScopedSimd simd(pack_level);
-          p = pack(w);
-        }
-        ASSERT_EQ(p.view.layout, layout) << pack_level;
-        EXPECT_EQ(weight_bytes(p.view), weight_bytes(w.view()));
-        for (int64_t m_rows : {1, 2, 3, 4, 5, 8, 16, 17, 33}) {
-          const auto x = random_floats(m_rows * cols, ++seed);
-          std::vector<float> ref(static_cast<size_t>(m_rows * rows)), ref_packed(ref.size());
-          matmul_ref(w.view(), x.data(), ref.data(), m_rows);
-          matmul_ref(p.view, x.data(), ref_packed.data(), m_rows);
-          ASSERT_EQ(0, std::memcmp(ref.data(), ref_packed.data(), ref.size() * sizeof(float)))
-              << "matmul_ref of the " << pack_level << " packed view, rows " << rows << " cols " << cols;
-          const Truth tr = truth(w, x, m_rows);
-          for (const auto& level : available_levels()) {
-            ScopedSimd simd(level);
-            std::vector<float> y(ref.size(), NAN);
-            TestExecutor ex(2);
-            matmul(p.view, x.data(), y.data(), m_rows, &ex);
-            for (size_t i = 0; i < ref.size(); ++i)
-              ASSERT_LE(std::fabs(y[i] - ref[i]), kFloatTol * tr.scale[i] + 1e-30)
-                  << level << " on " << pack_level << " packed rows " << rows << " cols " << cols << " m " << m_rows
-                  << " at " << i;
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    for (const auto& pack_level : packers) {
+      for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 47, 49, 250}) {
+        for (int64_t cols : {32, 96, 256, 2816}) {
+          const Weights w = make_weights(t, rows, cols, ++seed);
+          Packed p;
+          {
+            ScopedSimd simd(pack_level);
+            p = pack(w);
+          }
+          const std::string what = std::string(dtype_name(t)) + " packed at " + pack_level + ", rows " +
+                                   std::to_string(rows) + " cols " + std::to_string(cols);
+          ASSERT_EQ(p.view.layout, layout_at(pack_level, t)) << what;
+          EXPECT_EQ(weight_bytes(p.view), weight_bytes(w.view()));
+          for (int64_t m_rows : {1, 2, 3, 4, 5, 8, 16, 17, 33}) {
+            const auto x = random_floats(m_rows * cols, ++seed);
+            std::vector<float> ref(static_cast<size_t>(m_rows * rows)), ref_packed(ref.size());
+            matmul_ref(w.view(), x.data(), ref.data(), m_rows);
+            matmul_ref(p.view, x.data(), ref_packed.data(), m_rows);
+            ASSERT_EQ(0, std::memcmp(ref.data(), ref_packed.data(), ref.size() * sizeof(float)))
+                << "matmul_ref of the packed view, " << what;
+            const Truth tr = truth(w, x, m_rows);
+            for (const auto& level : available_levels()) {
+              ScopedSimd simd(level);
+              std::vector<float> y(ref.size(), NAN);
+              TestExecutor ex(2);
+              matmul(p.view, x.data(), y.data(), m_rows, &ex);
+              for (size_t i = 0; i < ref.size(); ++i)
+                ASSERT_LE(std::fabs(y[i] - ref[i]), kFloatTol * tr.scale[i] + 1e-30)
+                    << level << " on " << what << " m " << m_rows << " at " << i;
+            }
           }
         }
       }
@@ -280,29 +286,31 @@ TEST(Matmul, PackedQ8_0MatchesReference) {
   }
 }
 
-TEST(Matmul, PackedQ8_0BatchThreadAndTileInvariant) {
+TEST(Matmul, PackedBatchThreadAndTileInvariant) {
   const auto packers = packing_levels();
   if (packers.empty()) GTEST_SKIP() << "no packed layout on this CPU (" << simd_level() << ")";
   const int64_t total = 41;
-  for (const auto& [pack_level, layout] : packers) {
-    ScopedSimd simd(pack_level);
-    for (int64_t rows : {1, 7, 16, 33, 100, 250}) {
-      for (int64_t cols : {32, 256, 768}) {
-        const Weights w = make_weights(DType::Q8_0, rows, cols, 900 + static_cast<uint32_t>(rows + cols));
-        const Packed p = pack(w);
-        ASSERT_EQ(p.view.layout, layout);
-        const auto x = random_floats(total * cols, 13);
-        std::vector<float> single(static_cast<size_t>(total * rows));
-        for (int64_t m = 0; m < total; ++m) matmul(p.view, x.data() + m * cols, single.data() + m * rows, 1);
-        for (int64_t batch = 1; batch <= total; ++batch) {
-          for (int threads = 1; threads <= 3; ++threads) {
-            const int64_t start = (batch * 5 + threads) % (total - batch + 1);
-            std::vector<float> y(static_cast<size_t>(batch * rows));
-            TestExecutor ex(threads);
-            matmul(p.view, x.data() + start * cols, y.data(), batch, &ex);
-            ASSERT_EQ(0, std::memcmp(y.data(), single.data() + start * rows, y.size() * sizeof(float)))
-                << pack_level << " packed rows " << rows << " cols " << cols << " batch " << batch << " threads "
-                << threads;
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    for (const auto& pack_level : packers) {
+      ScopedSimd simd(pack_level);
+      for (int64_t rows : {1, 7, 16, 33, 100, 250}) {
+        for (int64_t cols : {32, 256, 768}) {
+          const Weights w = make_weights(t, rows, cols, 900 + static_cast<uint32_t>(rows + cols));
+          const Packed p = pack(w);
+          ASSERT_EQ(p.view.layout, layout_at(pack_level, t));
+          const auto x = random_floats(total * cols, 13);
+          std::vector<float> single(static_cast<size_t>(total * rows));
+          for (int64_t m = 0; m < total; ++m) matmul(p.view, x.data() + m * cols, single.data() + m * rows, 1);
+          for (int64_t batch = 1; batch <= total; ++batch) {
+            for (int threads = 1; threads <= 3; ++threads) {
+              const int64_t start = (batch * 5 + threads) % (total - batch + 1);
+              std::vector<float> y(static_cast<size_t>(batch * rows));
+              TestExecutor ex(threads);
+              matmul(p.view, x.data() + start * cols, y.data(), batch, &ex);
+              ASSERT_EQ(0, std::memcmp(y.data(), single.data() + start * rows, y.size() * sizeof(float)))
+                  << dtype_name(t) << " packed at " << pack_level << " rows " << rows << " cols " << cols << " batch "
+                  << batch << " threads " << threads;
+            }
           }
         }
       }
@@ -315,7 +323,7 @@ TEST(Matmul, PackedQ8_0BatchThreadAndTileInvariant) {
 // threads, packed or not, and falls back to one call each when the types
 // differ.
 TEST(Matmul, ManyEqualsOneByOne) {
-  for (DType t : {DType::F32, DType::Q8_0, DType::Q4_K}) {
+  for (DType t : {DType::F32, DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
     const int64_t cols = 512;
     std::vector<Weights> ws;
     for (int64_t rows : {100, 33, 7}) ws.push_back(make_weights(t, rows, cols, 70 + static_cast<uint32_t>(rows)));
