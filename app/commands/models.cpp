@@ -1,5 +1,5 @@
 // `atelier models ...`: the model store (list, info, import, pull, verify,
-// promote, rollback, remove, gc, history, catalog), synthetic models for
+// promote, rollback, remove, gc, history, catalog), quantize and compare, synthetic models for
 // benchmarks, and a folder scan. Tables for people, --json (JSON Lines) for
 // scripts; errors are one line on stderr (exit 1, or 2 for bad usage).
 #include <atelier/engine.h>
