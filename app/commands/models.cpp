@@ -523,6 +523,9 @@ int run_quantize(QuantizeCli& o) {
     rows.push_back({"quality", quality_line(q.quality) + " on " + q.quality.text + " (" + std::to_string(q.quality.tokens) + " tokens)"});
   for (auto& r2 : rows) r2[0] += ":";
   print_table(rows);
+  const std::string name = q.model.substr(0, q.model.rfind('@'));
+  std::fprintf(stderr, "note: `%s` alone now resolves to its newest version unless a channel is set; pin one with "
+               "`atelier models promote %s prod`\n", name.c_str(), q.source.rfind(name + "@", 0) == 0 ? q.source.c_str() : q.model.c_str());
   return 0;
 }
 

@@ -149,6 +149,7 @@ TEST(QuantizeCli, BadInputExitsTwoWithAClearMessage) {
   EXPECT_EQ(twice.code, 2);
   EXPECT_NE(twice.err.find("already quantized"), std::string::npos) << twice.err;
   EXPECT_NE(twice.err.find("F32, F16 or BF16"), std::string::npos) << twice.err;
+  EXPECT_NE(twice.err.find("e.g. stories260k@1"), std::string::npos) << twice.err;  // the float version to use
   // Nothing was installed by the refusals.
   Out list = sb.run({"models", "list", "--json"});
   EXPECT_EQ(json::parse(list.out)["versions"].size(), 2u) << list.out;

@@ -248,6 +248,32 @@ int64_t bytes_per_token(const formats::GgufFile& f) {
   return n;
 }
 
+// "; e.g. NAME@1" naming the model's versions that hold only float tensors
+// (a model's plain name resolves to its newest version, which after a
+// quantize is the quantized one).
+std::string float_versions_hint(const std::string& store_dir, const ResolvedModel& S) {
+  if (!S.in_store) return "";
+  auto st = Store::open(store_dir, false);
+  if (!st.ok()) return "";
+  auto models = st.value()->list();
+  if (!models.ok()) return "";
+  std::string refs;
+  for (const auto& m : models.value()) {
+    if (m.name != S.name) continue;
+    for (const auto& v : m.versions) {
+      bool all_float = !v.quantization.empty();
+      std::stringstream types(v.quantization);
+      for (std::string t; std::getline(types, t, ',');) {
+        t.erase(0, t.find_first_not_of(' '));
+        DType d;
+        all_float = all_float && parse_type(t, &d) && is_float_type(d);
+      }
+      if (all_float) refs += (refs.empty() ? "" : ", ") + m.name + "@" + std::to_string(v.number);
+    }
+  }
+  return refs.empty() ? "" : "; e.g. " + refs;
+}
+
 std::string tool_id() { return std::string("atelier ") + ATELIER_VERSION + " (git " + ATELIER_GIT_DESCRIBE + ")"; }
 
 }  // namespace
@@ -355,7 +381,8 @@ Result<QuantizeResult> quantize_model(const std::string& ref, const QuantizeSpec
     for (const auto& t : f->tensors())
       if (!is_float_type(t.type))
         return bad(S.display + " is already quantized (" + t.name + " is " + type_name(t.type) +
-                   "); quantize from an F32, F16 or BF16 version (requantizing loses quality twice)");
+                   "); quantize from an F32, F16 or BF16 version (requantizing loses quality twice)" +
+                   float_versions_hint(spec.store_dir, S));
 
     QuantizeResult res;
     res.source = S.display;
