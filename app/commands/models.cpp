@@ -1,5 +1,5 @@
 // `atelier models ...`: the model store (list, info, import, pull, verify,
-// promote, rollback, remove, gc, history, catalog), synthetic models for
+// promote, rollback, remove, gc, history, catalog), quantize and compare, synthetic models for
 // benchmarks, and a folder scan. Tables for people, --json (JSON Lines) for
 // scripts; errors are one line on stderr (exit 1, or 2 for bad usage).
 #include <atelier/engine.h>
@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <ctime>
+#include <map>
 #include <memory>
 
 #include "commands/commands.h"
@@ -439,6 +440,121 @@ int run_history(const StoreOptions& o, const std::string& name) {
   return 0;
 }
 
+struct QuantizeCli {
+  StoreOptions store;
+  std::string ref;
+  QuantizeSpec spec;
+  bool no_quality = false;
+};
+
+nlohmann::json quality_json(const QualityReport& q) {
+  return {{"text", q.text},
+          {"tokens", q.tokens},
+          {"positions", q.positions},
+          {"perplexity_source", q.perplexity_reference},
+          {"perplexity", q.perplexity_candidate},
+          {"mean_kl", q.mean_kl},
+          {"max_kl", q.max_kl},
+          {"top1_agreement", q.top1_agreement}};
+}
+
+std::string quality_line(const QualityReport& q) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "perplexity %.4f -> %.4f (%+.2f%%), mean KL %.6f nats (max %.4f), top-1 agreement %.1f%%",
+                q.perplexity_reference, q.perplexity_candidate,
+                q.perplexity_reference > 0 ? 100.0 * (q.perplexity_candidate / q.perplexity_reference - 1) : 0.0, q.mean_kl,
+                q.max_kl, 100.0 * q.top1_agreement);
+  return buf;
+}
+
+// Bad usage, an unknown reference or text: exit 2; anything else 1.
+int fail_usage(const Status& s) {
+  const int code = fail(s);
+  return s.code == StatusCode::NotFound ? 2 : code;
+}
+
+int run_quantize(QuantizeCli& o) {
+  o.spec.store_dir = o.store.store;
+  o.spec.quality = !o.no_quality;
+  o.spec.on_note = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  auto r = quantize_model(o.ref, o.spec);
+  if (!r.ok()) return fail_usage(r.status());
+  const QuantizeResult& q = r.value();
+  std::map<std::string, int> types;
+  for (const auto& t : q.tensors) ++types[t.type];
+  if (o.store.json) {
+    json tensors = json::array();
+    for (const auto& t : q.tensors) {
+      json j = {{"name", t.name}, {"type", t.type}, {"cols", t.cols}, {"rows", t.rows}, {"bytes", t.bytes}};
+      if (!t.wanted.empty()) j["wanted"] = t.wanted;
+      tensors.push_back(j);
+    }
+    json j = {{"model", q.model},
+              {"version", q.version},
+              {"digest", q.digest},
+              {"source", q.source},
+              {"source_digest", q.source_digest},
+              {"recipe", q.recipe},
+              {"tool", q.tool},
+              {"bytes", q.file_bytes},
+              {"source_bytes", q.source_file_bytes},
+              {"bytes_per_token", q.bytes_per_token},
+              {"source_bytes_per_token", q.source_bytes_per_token},
+              {"types", types},
+              {"fallbacks", q.fallbacks},
+              {"tensors", tensors}};
+    if (q.has_quality) j["quality"] = quality_json(q.quality);
+    print_json_line(j);
+    return 0;
+  }
+  std::string type_list;
+  for (const auto& [t, n] : types) type_list += (type_list.empty() ? "" : ", ") + t + " x" + std::to_string(n);
+  std::vector<std::vector<std::string>> rows = {
+      {"quantized", q.source + " -> " + q.model + " (" + q.recipe + ")"},
+      {"size", human_bytes(static_cast<double>(q.source_file_bytes)) + " -> " + human_bytes(static_cast<double>(q.file_bytes))},
+      {"bytes per token", human_bytes(static_cast<double>(q.source_bytes_per_token)) + " -> " +
+                              human_bytes(static_cast<double>(q.bytes_per_token)) + " of weights read per generated token"},
+      {"tensor types", type_list},
+      {"fallbacks", q.fallbacks.empty() ? "none" : std::to_string(q.fallbacks.size()) + " tensor(s) (listed on stderr)"},
+      {"lineage", "from " + q.source + " (" + q.source_digest + ") by " + q.tool},
+      {"digest", q.digest}};
+  if (q.has_quality)
+    rows.push_back({"quality", quality_line(q.quality) + " on " + q.quality.text + " (" + std::to_string(q.quality.tokens) + " tokens)"});
+  for (auto& r2 : rows) r2[0] += ":";
+  print_table(rows);
+  const std::string name = q.model.substr(0, q.model.rfind('@'));
+  std::fprintf(stderr, "note: `%s` alone now resolves to its newest version unless a channel is set; pin one with "
+               "`atelier models promote %s prod`\n", name.c_str(), q.source.rfind(name + "@", 0) == 0 ? q.source.c_str() : q.model.c_str());
+  return 0;
+}
+
+struct CompareCli {
+  StoreOptions store;
+  std::string reference, candidate, text;
+  int max_tokens = 512;
+  int threads = 0;
+};
+
+int run_compare(const CompareCli& o) {
+  auto a = resolve_model(o.reference, o.store.store);
+  if (!a.ok()) return fail_usage(a.status());
+  auto b = resolve_model(o.candidate, o.store.store);
+  if (!b.ok()) return fail_usage(b.status());
+  auto q = compare_text_models(a->path, b->path, o.text, o.max_tokens, o.threads);
+  if (!q.ok()) return fail_usage(q.status());
+  if (o.store.json) {
+    json j = quality_json(q.value());
+    j["reference"] = a->display;
+    j["candidate"] = b->display;
+    print_json_line(j);
+    return 0;
+  }
+  write_stdout(a->display + " -> " + b->display + ": " + quality_line(q.value()) + " on " + q->text + " (" +
+               std::to_string(q->tokens) + " tokens)\n");
+  return 0;
+}
+
 }  // namespace
 
 void add_models_commands(CLI::App& root, int& exit_code) {
@@ -593,6 +709,32 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   history->add_option("name", *hname, "Model name")->required();
   add_store_option(*history, *ho);
   history->callback([ho, hname, &exit_code] { exit_code = run_history(*ho, *hname); });
+
+  auto qz = std::make_shared<QuantizeCli>();
+  CLI::App* quant = models->add_subcommand(
+      "quantize", "Re-encode an F32/F16/BF16 GGUF version as a new version (a weight type or a recipe), then score it against the source");
+  quant->add_option("ref", qz->ref, "The source: NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST or a GGUF file (then --name)")->required();
+  quant->add_option("--type", qz->spec.type, "Weight type of every matrix: " + join(quantize_types(), ", "));
+  quant->add_option("--recipe", qz->spec.recipe,
+                    "q4_k_m (llama.cpp's Q4_K_M mix) or mixed (attention f16, feed-forward q8_0, embeddings 4-bit)");
+  quant->add_option("--name", qz->spec.name, "Model name of the new version (default: the source's)");
+  quant->add_option("--text", qz->spec.text_path, "Text for the quality report (default: a built-in TinyStories-style text)");
+  quant->add_option("--max-tokens", qz->spec.max_tokens, "Tokens of the text to score")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  quant->add_flag("--no-quality", qz->no_quality, "Skip the quality report");
+  quant->add_option("--threads", qz->spec.threads, "Threads (0: one per core)")->check(CLI::Range(0, 1024));
+  add_store_option(*quant, qz->store);
+  quant->callback([qz, &exit_code] { exit_code = run_quantize(*qz); });
+
+  auto cmpo = std::make_shared<CompareCli>();
+  CLI::App* cmp = models->add_subcommand(
+      "compare", "Score a model against a reference on a text: perplexity of both, mean KL divergence, top-1 agreement");
+  cmp->add_option("reference", cmpo->reference, "The reference model (e.g. the F32 source)")->required();
+  cmp->add_option("candidate", cmpo->candidate, "The model to score (e.g. a quantized version, or any GGUF file)")->required();
+  cmp->add_option("--text", cmpo->text, "Text to read (default: a built-in TinyStories-style text)");
+  cmp->add_option("--max-tokens", cmpo->max_tokens, "Tokens of the text to score")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  cmp->add_option("--threads", cmpo->threads, "Threads (0: one per core)")->check(CLI::Range(0, 1024));
+  add_store_option(*cmp, cmpo->store);
+  cmp->callback([cmpo, &exit_code] { exit_code = run_compare(*cmpo); });
 
   // ---- model files
   struct SynthOptions {

@@ -299,123 +299,317 @@ void quant_q8(const float* x, Block* y, int64_t nb) {
   }
 }
 
-// Fits x ~ scale * L + min (L in 0..nmax, min <= 0) by min/max, then a few
-// least-squares refinements of scale and min for the chosen L. Returns the
-// scale; *neg_min receives -min (stored positive, subtracted on decode).
-float fit_scale_min(const float* x, int n, int nmax, float* neg_min) {
-  float mn = x[0], mx = x[0];
-  for (int i = 1; i < n; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]);
+// ---- K-quant encoders with GGML's error searches ----------------------------
+// The sub-block fits are GGML's (ggml-quants.c, quantize_row_q*_K_ref, what
+// llama-quantize runs without an importance matrix), written afresh:
+// make_qkx2_quants for the (scale, min) types Q2_K, Q4_K, Q5_K;
+// make_q3_quants for Q3_K; make_qx_quants (weights x^2) for Q6_K. On top of
+// GGML, the super-block scales (d, dmin) are chosen among GGML's own choice
+// and a few neighbours by the block's decoded squared error, then each
+// sub-block's integer scale (and min) moves by one step where that lowers its
+// error: a block never comes out worse (in squared error) than GGML's
+// encoding of it.
+
+constexpr float kGroupMaxEps = 1e-15f;  // GGML's GROUP_MAX_EPS: a sub-block below this is all zero
+
+// make_qkx2_quants: weighted fit x ~ scale * L + min (L in 0..nmax, min <= 0)
+// over nstep + 1 candidate inverse scales (nmax + rmin + rdelta * is) /
+// (max - min), each refined by the weighted least-squares (scale, min) of its
+// codes; the one with the least weighted error (absolute with use_mad, else
+// squared) wins. Returns the scale; *neg_min receives -min. n <= 32.
+float search_scale_min(const float* x, const float* w, int n, int nmax, float rmin, float rdelta, int nstep,
+                       bool use_mad, uint8_t* L, float* neg_min) {
+  float mn = x[0], mx = x[0], sum_w = w[0], sum_x = w[0] * x[0];
+  for (int i = 1; i < n; ++i) {
+    mn = std::min(mn, x[i]), mx = std::max(mx, x[i]);
+    sum_w += w[i], sum_x += w[i] * x[i];
+  }
   if (mn > 0) mn = 0;
-  if (mx <= mn) {
+  if (mx == mn) {
+    std::memset(L, 0, static_cast<size_t>(n));
     *neg_min = -mn;
     return 0.0f;
   }
-  float scale = (mx - mn) / nmax;
-  float best_scale = scale, best_min = mn, best_err = INFINITY;
-  for (int iter = 0; iter < 6; ++iter) {
-    const float iscale = 1.0f / scale;
-    double sl = 0, sl2 = 0, sxl = 0, sx = 0, err = 0;
+  auto cost = [use_mad](float e) { return use_mad ? std::fabs(e) : e * e; };
+  float iscale = nmax / (mx - mn), scale = 1 / iscale, best = 0;
+  for (int i = 0; i < n; ++i) {
+    L[i] = static_cast<uint8_t>(std::clamp(nearest_int(iscale * (x[i] - mn)), 0, nmax));
+    best += w[i] * cost(scale * L[i] + mn - x[i]);
+  }
+  uint8_t aux[32];
+  for (int is = 0; is <= nstep; ++is) {
+    iscale = (rmin + rdelta * is + nmax) / (mx - mn);
+    float sl = 0, sl2 = 0, sxl = 0;
     for (int i = 0; i < n; ++i) {
       const int l = std::clamp(nearest_int(iscale * (x[i] - mn)), 0, nmax);
-      const float e = scale * l + mn - x[i];
-      err += e * e;
-      sl += l, sl2 += double(l) * l, sxl += double(x[i]) * l, sx += x[i];
+      aux[i] = static_cast<uint8_t>(l);
+      sl += w[i] * l, sl2 += w[i] * l * l, sxl += w[i] * l * x[i];
     }
-    if (err < best_err) best_err = err, best_scale = scale, best_min = mn;
-    const double det = n * sl2 - sl * sl;
-    if (det <= 0) break;
-    double s = (n * sxl - sx * sl) / det, m = (sl2 * sx - sl * sxl) / det;
-    if (m > 0) m = 0, s = sl2 > 0 ? sxl / sl2 : 0;
-    if (!(s > 0)) break;
-    scale = float(s), mn = float(m);
+    const float D = sum_w * sl2 - sl * sl;
+    if (!(D > 0)) continue;
+    float s = (sum_w * sxl - sum_x * sl) / D, m = (sl2 * sum_x - sl * sxl) / D;
+    if (m > 0) m = 0, s = sxl / sl2;  // the min is clamped at 0: refit the scale alone
+    float err = 0;
+    for (int i = 0; i < n; ++i) err += w[i] * cost(s * aux[i] + m - x[i]);
+    if (err < best) {
+      std::memcpy(L, aux, static_cast<size_t>(n));
+      best = err, scale = s, mn = m;
+    }
   }
-  *neg_min = -best_min;
-  return best_scale;
+  *neg_min = -mn;
+  return scale;
 }
 
-// Symmetric scale with the signed extreme mapped to -nmax (GGML's make_qx_quants
-// without the search): the wider negative range goes where the magnitude is.
-float signed_scale(const float* x, int n, int nmax) {
+// make_qx_quants with rmse_type 1: symmetric codes in -nmax..nmax-1 with the
+// signed extreme at -nmax, then 18 nearby inverse scales, each with the
+// least-squares scale of its codes under weights x^2; the best fit wins.
+// Returns the (signed) scale.
+float search_signed(const float* x, int n, int nmax) {
   float amax = 0, max = 0;
   for (int i = 0; i < n; ++i)
     if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
-  return amax == 0 ? 0.0f : max / -nmax;
-}
-
-// Quantizes per-sub-block (scale, min) pairs to `bits`-bit integers against
-// super-block scales d = max/qmax and dmin = max_min/qmax.
-void quantize_scale_pairs(const float* scales, const float* mins, int count, int qmax,
-                          uint8_t* ls, uint8_t* lm, float* d, float* dmin) {
-  float max_scale = 0, max_min = 0;
-  for (int j = 0; j < count; ++j) max_scale = std::max(max_scale, scales[j]), max_min = std::max(max_min, mins[j]);
-  const float inv_scale = max_scale > 0 ? qmax / max_scale : 0.0f;
-  const float inv_min = max_min > 0 ? qmax / max_min : 0.0f;
-  for (int j = 0; j < count; ++j) {
-    ls[j] = (uint8_t)std::min(qmax, nearest_int(inv_scale * scales[j]));
-    lm[j] = (uint8_t)std::min(qmax, nearest_int(inv_min * mins[j]));
+  if (amax < kGroupMaxEps) return 0.0f;
+  auto fit = [&](float iscale, float* sumlx, float* suml2) {
+    *sumlx = *suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+      const float w = x[i] * x[i];
+      *sumlx += w * x[i] * l, *suml2 += w * l * l;
+    }
+  };
+  float sumlx, suml2;
+  fit(-nmax / max, &sumlx, &suml2);
+  float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    fit(-(nmax + 0.1f * is) / max, &sumlx, &suml2);
+    // sumlx^2 / suml2 is the error reduction of the fit: larger is better.
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) scale = sumlx / suml2, best = scale * sumlx;
   }
-  *d = max_scale / qmax;
-  *dmin = max_min / qmax;
+  return scale;
 }
 
-// Final codes for a sub-block once its effective scale and min are known.
-void codes_with(const float* x, int n, float dl, float ml, int nmax, uint8_t* L) {
+// make_q3_quants with do_rmse: codes in -nmax..nmax-1 from the signed extreme,
+// then up to five passes that move single codes while that improves the
+// weighted (x^2) least-squares fit. Returns the (signed) scale.
+float search_q3(const float* x, int n, int nmax) {
+  float amax = 0, max = 0;
   for (int i = 0; i < n; ++i)
-    L[i] = dl == 0 ? 0 : (uint8_t)std::clamp(nearest_int((x[i] + ml) / dl), 0, nmax);
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
+  if (amax < kGroupMaxEps) return 0.0f;
+  const float iscale = -nmax / max;
+  int L[32];
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    L[i] = std::clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * L[i], suml2 += w * L[i] * L[i];
+  }
+  for (int pass = 0; pass < 5; ++pass) {
+    int changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      float slx = sumlx - w * x[i] * L[i];
+      if (!(slx > 0)) continue;
+      float sl2 = suml2 - w * L[i] * L[i];
+      const int nl = std::clamp(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+      if (nl == L[i]) continue;
+      slx += w * x[i] * nl, sl2 += w * nl * nl;
+      if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+        L[i] = nl, sumlx = slx, suml2 = sl2;
+        ++changed;
+      }
+    }
+    if (!changed) break;
+  }
+  return suml2 > 0 ? sumlx / suml2 : 0.0f;
+}
+
+// Neighbours of GGML's super-block scale tried beside it (factor 1 first, so
+// ties keep GGML's encoding).
+constexpr float kScaleFactors[] = {1.0f, 0.98f, 1.02f, 0.96f, 1.04f};
+constexpr float kMinFactors[] = {1.0f, 0.97f, 1.03f};
+
+// Super-block encoding of `nsub` sub-blocks of `sub` values with unsigned
+// codes 0..nmax and (scale, min) pairs quantized to 0..qmax: the integer
+// pairs, fp16 d and dmin, and the final codes.
+struct PairBlock {
+  uint8_t ls[16] = {}, lm[16] = {}, L[kQK_K] = {};
+  uint16_t d = 0, dmin = 0;
+};
+
+// Nearest codes of one sub-block for scale dl and min ml (decoded dl * l - ml)
+// and their squared error, as the decoder computes them.
+float pair_codes(const float* x, int n, float dl, float ml, int nmax, uint8_t* L) {
+  float err = 0;
+  for (int k = 0; k < n; ++k) {
+    const int l = dl == 0 ? 0 : std::clamp(nearest_int((x[k] + ml) / dl), 0, nmax);
+    L[k] = static_cast<uint8_t>(l);
+    const float e = dl * l - ml - x[k];
+    err += e * e;
+  }
+  return err;
+}
+
+// Encodes with super-scales max/qmax * (fd, fm) and returns the block's
+// squared error as the decoder will see it.
+float encode_pairs(const float* x, const float* scales, const float* mins, int nsub, int sub, int qmax, int nmax,
+                   float fd, float fm, PairBlock& b) {
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < nsub; ++j) max_scale = std::max(max_scale, scales[j]), max_min = std::max(max_min, mins[j]);
+  const float inv_scale = max_scale > 0 ? qmax / (max_scale * fd) : 0.0f;
+  const float inv_min = max_min > 0 ? qmax / (max_min * fm) : 0.0f;
+  for (int j = 0; j < nsub; ++j) {
+    b.ls[j] = static_cast<uint8_t>(std::clamp(nearest_int(inv_scale * scales[j]), 0, qmax));
+    b.lm[j] = static_cast<uint8_t>(std::clamp(nearest_int(inv_min * mins[j]), 0, qmax));
+  }
+  b.d = f2h(max_scale > 0 ? max_scale * fd / qmax : 0.0f);
+  b.dmin = f2h(max_min > 0 ? max_min * fm / qmax : 0.0f);
+  const float d = h2f(b.d), dmin = h2f(b.dmin);
+  float err = 0;
+  for (int j = 0; j < nsub; ++j) err += pair_codes(x + sub * j, sub, d * b.ls[j], dmin * b.lm[j], nmax, b.L + sub * j);
+  return err;
+}
+
+// Moves each sub-block's integer scale and min by one step where that lowers
+// the sub-block's error under the chosen d and dmin (the rounding of
+// scale / d to the nearest integer is not the best integer for the codes).
+void refine_pairs(const float* x, int nsub, int sub, int qmax, int nmax, PairBlock& b) {
+  const float d = h2f(b.d), dmin = h2f(b.dmin);
+  uint8_t L[32];
+  for (int j = 0; j < nsub; ++j) {
+    float best = pair_codes(x + sub * j, sub, d * b.ls[j], dmin * b.lm[j], nmax, L);
+    const int ls0 = b.ls[j], lm0 = b.lm[j];
+    for (int ds = -1; ds <= 1; ++ds)
+      for (int dm = -1; dm <= 1; ++dm) {
+        const int ls = ls0 + ds, lm = lm0 + dm;
+        if ((ds == 0 && dm == 0) || ls < 0 || ls > qmax || lm < 0 || lm > qmax) continue;
+        const float e = pair_codes(x + sub * j, sub, d * ls, dmin * lm, nmax, L);
+        if (e < best) {
+          best = e;
+          b.ls[j] = static_cast<uint8_t>(ls), b.lm[j] = static_cast<uint8_t>(lm);
+          std::memcpy(b.L + sub * j, L, static_cast<size_t>(sub));
+        }
+      }
+  }
+}
+
+void best_pairs(const float* x, const float* scales, const float* mins, int nsub, int sub, int qmax, int nmax,
+                PairBlock& best) {
+  PairBlock cand;
+  float best_err = INFINITY;
+  for (float fd : kScaleFactors)
+    for (float fm : kMinFactors) {
+      const float err = encode_pairs(x, scales, mins, nsub, sub, qmax, nmax, fd, fm, cand);
+      if (err < best_err) best_err = err, best = cand;
+    }
+  refine_pairs(x, nsub, sub, qmax, nmax, best);
 }
 
 void quant_q2_K(const float* x, BlockQ2_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
-    float scales[16], mins[16];
-    for (int j = 0; j < 16; ++j) scales[j] = fit_scale_min(x + 16 * j, 16, 3, &mins[j]);
-    uint8_t ls[16], lm[16], L[kQK_K];
-    float d, dmin;
-    quantize_scale_pairs(scales, mins, 16, 15, ls, lm, &d, &dmin);
-    y[i].d = f2h(d);
-    y[i].dmin = f2h(dmin);
-    d = h2f(y[i].d), dmin = h2f(y[i].dmin);
+    float scales[16], mins[16], w[16];
+    uint8_t L[16];
     for (int j = 0; j < 16; ++j) {
-      y[i].scales[j] = ls[j] | (lm[j] << 4);
-      codes_with(x + 16 * j, 16, d * ls[j], dmin * lm[j], 3, L + 16 * j);
+      for (int l = 0; l < 16; ++l) w[l] = std::fabs(x[16 * j + l]);
+      scales[j] = search_scale_min(x + 16 * j, w, 16, 3, -0.5f, 0.1f, 15, true, L, &mins[j]);
     }
+    PairBlock b;
+    best_pairs(x, scales, mins, 16, 16, 15, 3, b);
+    y[i].d = b.d;
+    y[i].dmin = b.dmin;
+    for (int j = 0; j < 16; ++j) y[i].scales[j] = static_cast<uint8_t>(b.ls[j] | (b.lm[j] << 4));
     for (int j = 0; j < kQK_K; j += 128)
       for (int l = 0; l < 32; ++l)
-        y[i].qs[j / 4 + l] = L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6);
+        y[i].qs[j / 4 + l] = b.L[j + l] | (b.L[j + l + 32] << 2) | (b.L[j + l + 64] << 4) | (b.L[j + l + 96] << 6);
   }
+}
+
+// Signed super-block encoding (Q3_K, Q6_K): 16 sub-blocks of 16 codes in
+// -nmax..nmax-1, integer scales in -q..q-1 with the signed extreme at -q.
+struct SignedBlock {
+  int ls[16] = {};
+  int8_t L[kQK_K] = {};  // biased by nmax
+  uint16_t d = 0;
+};
+
+// Nearest codes (biased by nmax) of 16 values for scale dl, and their squared error.
+float signed_codes(const float* x, float dl, int nmax, int8_t* L) {
+  float err = 0;
+  for (int k = 0; k < 16; ++k) {
+    const int l = dl == 0 ? 0 : std::clamp(nearest_int(x[k] / dl), -nmax, nmax - 1);
+    L[k] = static_cast<int8_t>(l + nmax);
+    const float e = dl * l - x[k];
+    err += e * e;
+  }
+  return err;
+}
+
+float encode_signed(const float* x, const float* scales, float max_scale, int q, int nmax, float f, SignedBlock& b) {
+  const float iscale = -q / max_scale * f;
+  for (int j = 0; j < 16; ++j) b.ls[j] = std::clamp(nearest_int(iscale * scales[j]), -q, q - 1);
+  b.d = f2h(1 / iscale);
+  const float d = h2f(b.d);
+  float err = 0;
+  for (int j = 0; j < 16; ++j) err += signed_codes(x + 16 * j, d * b.ls[j], nmax, b.L + 16 * j);
+  return err;
+}
+
+// As refine_pairs, for the signed integer sub-block scales.
+void refine_signed(const float* x, int q, int nmax, SignedBlock& b) {
+  const float d = h2f(b.d);
+  int8_t L[16];
+  for (int j = 0; j < 16; ++j) {
+    float best = signed_codes(x + 16 * j, d * b.ls[j], nmax, L);
+    const int ls0 = b.ls[j];
+    for (int ls : {ls0 - 1, ls0 + 1}) {
+      if (ls < -q || ls > q - 1) continue;
+      const float e = signed_codes(x + 16 * j, d * ls, nmax, L);
+      if (e < best) {
+        best = e;
+        b.ls[j] = ls;
+        std::memcpy(b.L + 16 * j, L, 16);
+      }
+    }
+  }
+}
+
+// false: every scale is zero (the block decodes to zeros).
+bool best_signed(const float* x, const float* scales, int q, int nmax, SignedBlock& best) {
+  float amax = 0, max_scale = 0;
+  for (int j = 0; j < 16; ++j)
+    if (std::fabs(scales[j]) > amax) amax = std::fabs(scales[j]), max_scale = scales[j];
+  if (amax < kGroupMaxEps) return false;
+  SignedBlock cand;
+  float best_err = INFINITY;
+  for (float f : kScaleFactors) {
+    const float err = encode_signed(x, scales, max_scale, q, nmax, f, cand);
+    if (err < best_err) best_err = err, best = cand;
+  }
+  refine_signed(x, q, nmax, best);
+  return true;
 }
 
 void quant_q3_K(const float* x, BlockQ3_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
     float scales[16];
-    float amax = 0, max_scale = 0;
-    for (int j = 0; j < 16; ++j) {
-      scales[j] = signed_scale(x + 16 * j, 16, 4);
-      if (std::fabs(scales[j]) > amax) amax = std::fabs(scales[j]), max_scale = scales[j];
-    }
+    for (int j = 0; j < 16; ++j) scales[j] = search_q3(x + 16 * j, 16, 4);
+    SignedBlock b;
     std::memset(y[i].scales, 0, 12);
-    int8_t ls[16];
-    if (max_scale != 0) {
-      const float iscale = -32.0f / max_scale;
-      for (int j = 0; j < 16; ++j) ls[j] = (int8_t)std::clamp(nearest_int(iscale * scales[j]), -32, 31);
-      y[i].d = f2h(1 / iscale);
-    } else {
-      std::memset(ls, 0, 16);
-      y[i].d = f2h(0.0f);
+    std::memset(y[i].hmask, 0, sizeof(y[i].hmask));
+    if (!best_signed(x, scales, 32, 4, b)) {
+      std::memset(&y[i], 0, sizeof(BlockQ3_K));  // d = 0 decodes to zeros
+      continue;
     }
+    y[i].d = b.d;
     for (int j = 0; j < 16; ++j) {
-      const int l = ls[j] + 32;
+      const int l = b.ls[j] + 32;
       if (j < 8) y[i].scales[j] = l & 0xF;
       else y[i].scales[j - 8] |= (l & 0xF) << 4;
       y[i].scales[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
     }
-    const float d = h2f(y[i].d);
-    int8_t L[kQK_K];
-    for (int j = 0; j < 16; ++j) {
-      const float dl = d * ls[j];
-      for (int k = 0; k < 16; ++k)
-        L[16 * j + k] = dl == 0 ? 4 : (int8_t)(std::clamp(nearest_int(x[16 * j + k] / dl), -4, 3) + 4);
-    }
-    std::memset(y[i].hmask, 0, sizeof(y[i].hmask));
+    uint8_t L[kQK_K];
+    for (int j = 0; j < kQK_K; ++j) L[j] = static_cast<uint8_t>(b.L[j]);
     for (int j = 0; j < kQK_K; ++j)
       if (L[j] > 3) y[i].hmask[j % 32] |= 1 << (j / 32), L[j] -= 4;
     for (int j = 0; j < kQK_K; j += 128)
@@ -440,32 +634,40 @@ void pack_k4_scales(const uint8_t* ls, const uint8_t* lm, uint8_t* out) {
 }
 
 template <int kBits, class Block>
-void quant_qk_K(const float* x, Block* y, int64_t nb, uint8_t* L) {
+void quant_qk_K(const float* x, Block* y, int64_t nb) {
   constexpr int nmax = (1 << kBits) - 1;
+  // GGML's grids: Q4_K 21 steps from nmax - 1, Q5_K 16 from nmax - 0.5.
+  constexpr float rmin = kBits == 4 ? -1.0f : -0.5f;
+  constexpr int nstep = kBits == 4 ? 20 : 15;
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
-    float scales[8], mins[8];
-    for (int j = 0; j < 8; ++j) scales[j] = fit_scale_min(x + 32 * j, 32, nmax, &mins[j]);
-    uint8_t ls[8], lm[8];
-    float d, dmin;
-    quantize_scale_pairs(scales, mins, 8, 63, ls, lm, &d, &dmin);
-    y[i].d = f2h(d);
-    y[i].dmin = f2h(dmin);
-    pack_k4_scales(ls, lm, y[i].scales);
-    d = h2f(y[i].d), dmin = h2f(y[i].dmin);
-    for (int j = 0; j < 8; ++j) codes_with(x + 32 * j, 32, d * ls[j], dmin * lm[j], nmax, L + 32 * j);
+    float scales[8], mins[8], w[32];
+    uint8_t L[32];
+    for (int j = 0; j < 8; ++j) {
+      // Weights |x| + rms of the sub-block: large values matter more, small ones still count.
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(x[32 * j + l]);
+      scales[j] = search_scale_min(x + 32 * j, w, 32, nmax, rmin, 0.1f, nstep, false, L, &mins[j]);
+    }
+    PairBlock b;
+    best_pairs(x, scales, mins, 8, 32, 63, nmax, b);
+    y[i].d = b.d;
+    y[i].dmin = b.dmin;
+    pack_k4_scales(b.ls, b.lm, y[i].scales);
     if constexpr (kBits == 4) {
       for (int j = 0; j < kQK_K; j += 64)
-        for (int l = 0; l < 32; ++l) y[i].qs[j / 2 + l] = L[j + l] | (L[j + l + 32] << 4);
+        for (int l = 0; l < 32; ++l) y[i].qs[j / 2 + l] = b.L[j + l] | (b.L[j + l + 32] << 4);
     } else {
       std::memset(y[i].qh, 0, sizeof(y[i].qh));
       uint8_t m1 = 1, m2 = 2;
       uint8_t* ql = y[i].qs;
       for (int n = 0; n < kQK_K; n += 64) {
         for (int j = 0; j < 32; ++j) {
-          int l1 = L[n + j], l2 = L[n + j + 32];
+          int l1 = b.L[n + j], l2 = b.L[n + j + 32];
           if (l1 > 15) l1 -= 16, y[i].qh[j] |= m1;
           if (l2 > 15) l2 -= 16, y[i].qh[j] |= m2;
-          ql[j] = l1 | (l2 << 4);
+          ql[j] = static_cast<uint8_t>(l1 | (l2 << 4));
         }
         m1 <<= 2, m2 <<= 2, ql += 32;
       }
@@ -476,25 +678,15 @@ void quant_qk_K(const float* x, Block* y, int64_t nb, uint8_t* L) {
 void quant_q6_K(const float* x, BlockQ6_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
     float scales[16];
-    float amax = 0, max_scale = 0;
-    for (int j = 0; j < 16; ++j) {
-      scales[j] = signed_scale(x + 16 * j, 16, 32);
-      if (std::fabs(scales[j]) > amax) amax = std::fabs(scales[j]), max_scale = scales[j];
-    }
-    uint8_t L[kQK_K];
-    if (max_scale == 0) {
+    for (int j = 0; j < 16; ++j) scales[j] = search_signed(x + 16 * j, 16, 32);
+    SignedBlock b;
+    if (!best_signed(x, scales, 128, 32, b)) {
       std::memset(&y[i], 0, sizeof(BlockQ6_K));  // d = 0 decodes to zeros
       continue;
     }
-    const float iscale = -128.0f / max_scale;
-    y[i].d = f2h(1 / iscale);
-    for (int j = 0; j < 16; ++j) y[i].scales[j] = (int8_t)std::min(127, nearest_int(iscale * scales[j]));
-    const float d = h2f(y[i].d);
-    for (int j = 0; j < 16; ++j) {
-      const float dl = d * y[i].scales[j];
-      for (int k = 0; k < 16; ++k)
-        L[16 * j + k] = dl == 0 ? 32 : (uint8_t)(std::clamp(nearest_int(x[16 * j + k] / dl), -32, 31) + 32);
-    }
+    y[i].d = b.d;
+    for (int j = 0; j < 16; ++j) y[i].scales[j] = static_cast<int8_t>(b.ls[j]);
+    const auto* L = reinterpret_cast<const uint8_t*>(b.L);
     uint8_t* ql = y[i].ql;
     uint8_t* qh = y[i].qh;
     for (int j = 0; j < kQK_K; j += 128) {
@@ -615,16 +807,8 @@ bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q8_1: quant_q8(src, static_cast<BlockQ8_1*>(dst), nb); return true;
     case DType::Q2_K: quant_q2_K(src, static_cast<BlockQ2_K*>(dst), nb); return true;
     case DType::Q3_K: quant_q3_K(src, static_cast<BlockQ3_K*>(dst), nb); return true;
-    case DType::Q4_K: {
-      uint8_t L[kQK_K];
-      quant_qk_K<4>(src, static_cast<BlockQ4_K*>(dst), nb, L);
-      return true;
-    }
-    case DType::Q5_K: {
-      uint8_t L[kQK_K];
-      quant_qk_K<5>(src, static_cast<BlockQ5_K*>(dst), nb, L);
-      return true;
-    }
+    case DType::Q4_K: quant_qk_K<4>(src, static_cast<BlockQ4_K*>(dst), nb); return true;
+    case DType::Q5_K: quant_qk_K<5>(src, static_cast<BlockQ5_K*>(dst), nb); return true;
     case DType::Q6_K: quant_q6_K(src, static_cast<BlockQ6_K*>(dst), nb); return true;
     case DType::Q8_K: cpu::quantize_act_q8_K(src, static_cast<BlockQ8_K*>(dst), n); return true;
   }

@@ -9,6 +9,7 @@
 #include <atelier/models.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -171,6 +172,71 @@ struct SynthImageSpec {
   uint64_t seed = 1;
 };
 Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path);
+
+// ---------------------------------------------------------------- quantization
+
+// How well a candidate model (e.g. a quantized one) reproduces a reference
+// model on a text, teacher-forced: both read the same tokens, and every
+// position's next-token distributions are compared.
+struct QualityReport {
+  std::string text;            // what was read ("the built-in TinyStories-style text" or the file)
+  int tokens = 0;              // tokens read (BOS included)
+  int positions = 0;           // next-token predictions scored (tokens - 1)
+  double perplexity_reference = 0, perplexity_candidate = 0;
+  double mean_kl = 0, max_kl = 0;  // KL(reference || candidate), nats per position
+  double top1_agreement = 0;   // fraction of positions whose most likely token agrees
+};
+
+// Loads both text models and compares them on TEXT_PATH ("" = a built-in
+// TinyStories-style text, the kind stories260K was trained on). At most
+// max_tokens tokens are read (also capped by the smaller model's training
+// context). The vocabularies must agree. NotFound / InvalidArgument / the
+// loader's errors.
+Result<QualityReport> compare_text_models(const std::string& reference_path, const std::string& candidate_path,
+                                          const std::string& text_path = "", int max_tokens = 512, int threads = 0);
+
+// `atelier models quantize`: a new store version from an F32/F16/BF16 GGUF.
+struct QuantizeSpec {
+  std::string type;           // a weight type (quantize_types()) for every matrix, or
+  std::string recipe;         // a recipe (quantize_recipes()): exactly one of the two
+  std::string name;           // the new version's model ("" = the source's own)
+  std::string text_path;      // the quality report's text ("" = built-in)
+  int max_tokens = 512;       // tokens of the quality report's text
+  bool quality = true;        // false: write and install only
+  std::string store_dir;      // "" = default_store_dir()
+  int threads = 0;
+  std::function<void(const std::string&)> on_note;  // progress lines for people
+};
+
+struct QuantizedTensor {
+  std::string name, type;     // the type written
+  std::string wanted;         // what the recipe asked for, when a fallback changed it ("" otherwise)
+  int64_t cols = 0, rows = 0, bytes = 0;
+};
+
+struct QuantizeResult {
+  std::string model;          // the new version: model@version
+  int version = 0;
+  std::string digest;         // "sha256:..." of the written file
+  std::string source;         // source model@version (or path)
+  std::string source_digest;
+  std::string recipe;         // the type or recipe name
+  std::string tool;           // "atelier 0.1.0 (git ...)"
+  int64_t file_bytes = 0, source_file_bytes = 0;
+  // Weight bytes read per generated token (every layer matrix and the output
+  // matrix; one embedding row is negligible).
+  int64_t bytes_per_token = 0, source_bytes_per_token = 0;
+  std::vector<QuantizedTensor> tensors;
+  std::vector<std::string> fallbacks;  // one line per tensor whose row width forced a wider type
+  bool has_quality = false;
+  QualityReport quality;
+};
+
+std::vector<std::string> quantize_types();    // "f32", "f16", "bf16", "q8_0", ... every type matmul runs
+std::vector<std::string> quantize_recipes();  // "q4_k_m", "mixed"
+// InvalidArgument: bad type/recipe, a source that is not an F32/F16/BF16
+// text GGUF; NotFound: REF; Io: writing or installing.
+Result<QuantizeResult> quantize_model(const std::string& ref, const QuantizeSpec& spec);
 
 // ---------------------------------------------------------------- model discovery
 

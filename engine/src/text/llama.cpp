@@ -366,7 +366,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
         throw Error("sequences " + std::to_string(o) + " and " + std::to_string(s) + " of the step share one KV cache");
     rows += in.n;
     max_len = std::max(max_len, in.pos0 + in.n);
-    if (in.logits) ++n_logits;
+    if (in.logits) n_logits += in.all_logits ? in.n : 1;
     table_entries += in.kv->n_blocks();
     if (std::none_of(storages_.begin(), storages_.end(), [&](const KvSeq* o) { return o->layout().k == in.kv->layout().k; }))
       storages_.push_back(in.kv);
@@ -406,7 +406,12 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       m[o_slots + 2 * R * g + R + r] = pos + 1;
     }
     t += in.kv->n_blocks();
-    if (in.logits) m[o_logit + lg++] = r - 1;
+    if (in.logits) {
+      if (in.all_logits)
+        for (int i = in.n; i > 0; --i) m[o_logit + lg++] = r - i;
+      else
+        m[o_logit + lg++] = r - 1;
+    }
   }
   be_.upload(*meta_, 0, m, n_meta * int64_t{sizeof(int32_t)});
   const int32_t* dm = meta_->at<int32_t>(0);
@@ -475,15 +480,19 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     be_.add_rms_norm(x_, tmp_, next_norm, xn_, rows, d, hp.rms_eps);
   }
   if (n_logits == 0) return;
-  // The last row of every sequence that wants logits, gathered, through one
+  // The last row of every sequence that wants logits (every row with all_logits), gathered, through one
   // matmul (row-invariant, so each row's logits are those it would get alone).
   be_.copy_rows(x_, dm + o_logit, tmp_, n_logits, d);
   be_.rms_norm(tmp_, output_norm_, xn_, n_logits, d, hp.rms_eps);
   be_.matmul(w_.output, xn_, logits_, n_logits);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = reinterpret_cast<uint8_t*>(logits_) - work_->at<uint8_t>(0);
-  for (int s = 0, k = 0; s < count; ++s)
-    if (seqs[s].n > 0 && seqs[s].logits) be_.download(*work_, logits_offset + k++ * row_bytes, seqs[s].logits, row_bytes);
+  for (int s = 0, k = 0; s < count; ++s) {
+    if (seqs[s].n <= 0 || !seqs[s].logits) continue;
+    const int n_rows = seqs[s].all_logits ? seqs[s].n : 1;
+    be_.download(*work_, logits_offset + k * row_bytes, seqs[s].logits, n_rows * row_bytes);
+    k += n_rows;
+  }
 }
 
 }  // namespace atelier::text

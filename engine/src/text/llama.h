@@ -77,6 +77,10 @@ struct SeqInput {
   int pos0 = 0;             // position of tokens[0]
   KvSeq* kv = nullptr;
   float* logits = nullptr;  // non-null: receive the logits of this sequence's LAST token (n_vocab floats)
+  // With logits: receive every token's logits instead (n x n_vocab floats,
+  // row i for tokens[i]), for teacher-forced scoring (perplexity, KL).
+  // Generation leaves it off: only the rows asked for go through the output matrix.
+  bool all_logits = false;
 };
 
 // The forward pass on a backend. Activations and the step's metadata
