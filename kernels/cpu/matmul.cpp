@@ -148,14 +148,65 @@ float dot_generic_row(DType t, const char* w, const float* x, int64_t k) {
 
 // Row r of a packed view back in GGML's layout (its type's blocks).
 void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
-  const int64_t nb = w.cols / kQK;
-  const int rows = packed_group_rows(w.layout), qb = packed_quant_bytes(w.layout);
+  const WeightLayout l = w.layout;
+  const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
+  const int64_t nb = w.cols / dtype_block_elems(w.type), j = r % rows;
   const auto* g = static_cast<const uint8_t*>(w.data) + (r / rows) * w.row_stride_bytes;
-  const auto* scales = reinterpret_cast<const uint16_t*>(g + nb * rows * qb);
-  const int64_t j = r % rows;
+  const uint8_t* meta = g + nb * rows * qb;
+  if (l == WeightLayout::q4_Kx16) {
+    auto* blk = reinterpret_cast<BlockQ4_K*>(out);
+    for (int64_t b = 0; b < nb; ++b, ++blk, meta += rows * kQ4KMetaBytes) {
+      std::memcpy(&blk->d, meta + 2 * j, 2);
+      std::memcpy(&blk->dmin, meta + 2 * rows + 2 * j, 2);
+      uint8_t sc[8], mn[8];
+      for (int s = 0; s < 8; ++s) sc[s] = meta[4 * rows + rows * s + j], mn[s] = meta[12 * rows + (s / 2) * 2 * rows + 2 * j + s % 2];
+      // GGML's 12-byte packing of eight 6-bit scales and mins (the inverse of get_scale_min_k4).
+      for (int s = 0; s < 4; ++s) {
+        blk->scales[s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
+        blk->scales[s + 4] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
+        blk->scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 0xF) | ((mn[s + 4] & 0xF) << 4));
+      }
+      for (int c = 0; c < qb; ++c) blk->qs[c] = g[packed_quant_offset(l, b, j, c)];
+    }
+    return;
+  }
+  const auto* scales = reinterpret_cast<const uint16_t*>(meta);
   for (int64_t b = 0; b < nb; ++b, out += 2 + qb) {  // GGML block: fp16 d, then the quant bytes
     std::memcpy(out, &scales[b * rows + j], 2);
-    for (int c = 0; c < qb; ++c) out[2 + c] = packed_code(w.layout, g[packed_quant_offset(w.layout, b, j, c)]);
+    for (int c = 0; c < qb; ++c) out[2 + c] = packed_code(l, g[packed_quant_offset(l, b, j, c)]);
+  }
+}
+
+// Writes row j of a packed group from GGML's blocks (src nullptr: a padding
+// row, all zero).
+void pack_row(WeightLayout l, int64_t nb, const uint8_t* src, int64_t j, uint8_t* g) {
+  const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
+  uint8_t* meta = g + nb * rows * qb;
+  if (l == WeightLayout::q4_Kx16) {
+    for (int64_t b = 0; b < nb; ++b, meta += rows * kQ4KMetaBytes) {
+      BlockQ4_K blk{};
+      if (src) std::memcpy(&blk, src + b * sizeof(BlockQ4_K), sizeof blk);
+      std::memcpy(meta + 2 * j, &blk.d, 2);
+      std::memcpy(meta + 2 * rows + 2 * j, &blk.dmin, 2);
+      for (int s = 0; s < 8; ++s) {
+        uint8_t sc, mn;
+        get_scale_min_k4(s, blk.scales, &sc, &mn);
+        meta[4 * rows + rows * s + j] = sc;
+        meta[12 * rows + (s / 2) * 2 * rows + 2 * j + s % 2] = mn;
+      }
+      for (int c = 0; c < qb; ++c) g[packed_quant_offset(l, b, j, c)] = blk.qs[c];
+    }
+    return;
+  }
+  auto* scales = reinterpret_cast<uint16_t*>(meta);
+  // A padding row is all zero quants (Q8_0 q = 0; Q4_0 nibbles 8 - 8 = 0).
+  const uint8_t zero = packed_type(l) == DType::Q4_0 ? 0x88 : 0;
+  for (int64_t b = 0; b < nb; ++b) {  // GGML blocks: fp16 d, then the quant bytes
+    const uint8_t* blk = src ? src + b * (2 + qb) : nullptr;
+    uint16_t d = 0;
+    if (blk) std::memcpy(&d, blk, 2);
+    scales[b * rows + j] = d;
+    for (int c = 0; c < qb; ++c) g[packed_quant_offset(l, b, j, c)] = packed_code(l, blk ? blk[2 + c] : zero);
   }
 }
 
@@ -166,6 +217,7 @@ float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
     row.resize(static_cast<size_t>(dtype_row_bytes(a.w->type, k)));
     unpack_row(*a.w, r, row.data());
     const char* w = reinterpret_cast<const char*>(row.data());
+    if (a.w->type == DType::Q4_K) return dot_q4_K_row(w, act_row(a, m), k);
     return a.w->type == DType::Q4_0 ? dot_q4_0_row(w, act_row(a, m), k) : dot_q8_0_row(w, act_row(a, m), k);
   }
   const char* w = weight_row(a, r);
@@ -252,6 +304,7 @@ bool matmul_supports(DType t) {
 namespace {
 // The packed layout this level's tile wants for type t, or rows for none.
 WeightLayout packed_layout_here(DType t) {
+  if (t == DType::Q4_K) return active_simd() == Simd::avx512 ? WeightLayout::q4_Kx16 : WeightLayout::rows;
   if (t != DType::Q8_0 && t != DType::Q4_0) return WeightLayout::rows;
   const bool q8 = t == DType::Q8_0;
   switch (active_simd()) {
@@ -265,8 +318,8 @@ WeightLayout packed_layout_here(DType t) {
 
 int64_t packed_weight_bytes(const WeightView& w) {
   const WeightLayout l = packed_layout_here(w.type);
-  if (l == WeightLayout::rows || w.layout != WeightLayout::rows || w.rows <= 0 || w.cols <= 0 || w.cols % kQK != 0 ||
-      !w.data)
+  if (l == WeightLayout::rows || w.layout != WeightLayout::rows || w.rows <= 0 || w.cols <= 0 ||
+      w.cols % dtype_block_elems(w.type) != 0 || !w.data)
     return 0;
   const int rows = packed_group_rows(l);
   return (w.rows + rows - 1) / rows * packed_group_bytes(l, w.cols);
@@ -276,31 +329,16 @@ WeightView pack_weights(const WeightView& w, void* dst) {
   const int64_t bytes = packed_weight_bytes(w);
   if (bytes == 0) return w;
   const WeightLayout l = packed_layout_here(w.type);
-  const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
-  const int64_t nb = w.cols / kQK, stride = packed_group_bytes(l, w.cols);
+  const int rows = packed_group_rows(l);
+  const int64_t nb = w.cols / dtype_block_elems(w.type), stride = packed_group_bytes(l, w.cols);
   auto* out = static_cast<uint8_t*>(dst);
-  const int64_t groups = bytes / stride, used = nb * rows * (qb + 2);
-  // Every byte but each group's tail is written below (padding rows as scale
-  // 0 and quants 0); the tail is zeroed so the copy is fully defined.
+  const int64_t groups = bytes / stride, used = nb * rows * (packed_quant_bytes(l) + packed_meta_bytes(l));
+  // Every byte but each group's tail is written below (padding rows as
+  // zeros); the tail is zeroed so the copy is fully defined.
   for (int64_t gi = 0; gi < groups; ++gi) std::memset(out + gi * stride + used, 0, static_cast<size_t>(stride - used));
-  for (int64_t r = 0; r < groups * rows; ++r) {
-    uint8_t* g = out + (r / rows) * stride;
-    auto* scales = reinterpret_cast<uint16_t*>(g + nb * rows * qb);
-    const int64_t j = r % rows;
-    // GGML blocks: fp16 d, then the quant bytes.
-    const auto* src = r < w.rows ? static_cast<const uint8_t*>(w.data) + r * w.row_stride_bytes : nullptr;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = src ? src + b * (2 + qb) : nullptr;
-      uint16_t d = 0;
-      if (blk) std::memcpy(&d, blk, 2);
-      scales[b * rows + j] = d;
-      for (int c = 0; c < qb; ++c) {
-        // A padding row is all zero quants (Q8_0 q = 0; Q4_0 nibbles 8 -8 = 0).
-        const uint8_t zero = l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? 0x88 : 0;
-        g[packed_quant_offset(l, b, j, c)] = packed_code(l, blk ? blk[2 + c] : zero);
-      }
-    }
-  }
+  for (int64_t r = 0; r < groups * rows; ++r)
+    pack_row(l, nb, r < w.rows ? static_cast<const uint8_t*>(w.data) + r * w.row_stride_bytes : nullptr, r % rows,
+             out + (r / rows) * stride);
   WeightView v = w;
   v.data = dst;
   v.row_stride_bytes = stride;
@@ -320,9 +358,9 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
     unit = n_x_rows < 4 ? kPackedNarrowRowUnit : kPackedRowUnit;
     // Below AVX-512 (a capped level) the scalar path unpacks row by row.
     if (active_simd() == Simd::avx512) fn = &q8_0x16_rows_avx512;
-  } else if (w.layout == WeightLayout::q4_0x16) {
+  } else if (w.layout == WeightLayout::q4_0x16 || w.layout == WeightLayout::q4_Kx16) {
     unit = kPackedNarrowRowUnit;
-    if (active_simd() == Simd::avx512) fn = &q4_0x16_rows_avx512;
+    if (active_simd() == Simd::avx512) fn = w.layout == WeightLayout::q4_0x16 ? &q4_0x16_rows_avx512 : &q4_Kx16_rows_avx512;
   } else if (w.layout == WeightLayout::q8_0x8 || w.layout == WeightLayout::q4_0x8) {
     unit = kPackedX8RowUnit;
     // Packed at the avx2 level, run there or above (an AVX-512 CPU has AVX2).

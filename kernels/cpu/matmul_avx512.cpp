@@ -404,6 +404,113 @@ struct KernelQ4_0x16 {
   }
 };
 
+// Q4_K weights packed as WeightLayout::q4_Kx16 x Q8_K activations: lane j
+// is weight row j of a group of 16. Per super-block and sub-block pair c, a
+// register holds 4 quant bytes of each row: 4 columns of sub-block 2c in the
+// low nibbles, the same columns of 2c + 1 in the high ones, so two dpbusd
+// (4 activation bytes broadcast each) add 4 + 4 products to every row. Per
+// lane and super-block, all in exact int32:
+//   tot  = sum_j sc_j * (q_j . x_j)           (mullo by the row's scales)
+//   mins = sum_j m_j * sum(x_j)               (4 dpwssd on the min pairs)
+//   acc += d_x * (d_w * float(tot) - dmin_w * float(mins))
+// the same float steps for every tile shape.
+struct KernelQ4_Kx16 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK_K;
+    constexpr int64_t kQuantBytes = kPackRows * kQK_K / 2;  // 2048: 32 registers
+    constexpr int64_t kMeta = kPackRows * kQ4KMetaBytes;    // 320
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m512i* q[NG];
+    const uint8_t* meta[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m512i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      meta[g] = reinterpret_cast<const uint8_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kQuantBytes);
+    }
+    const BlockQ8_K* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const BlockQ8_K*>(act_row(a, m0 + m));
+    __m512 acc[NM][NG];
+    zero(acc);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i tot[NM][NG];
+      for (auto& row : tot)
+        for (auto& v : row) v = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        __m512i ilo[NM][NG], ihi[NM][NG];
+        for (int m = 0; m < NM; ++m)
+          for (int g = 0; g < NG; ++g) ilo[m][g] = ihi[m][g] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t) {
+#pragma GCC unroll 4
+          for (int g = 0; g < NG; ++g) {
+            const __m512i* src = q[g] + 32 * b + 8 * c + t;
+            _mm_prefetch(reinterpret_cast<const char*>(src) + ahead, kHint);
+            const __m512i v = _mm512_load_si512(src);
+            const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+#pragma GCC unroll 4
+            for (int m = 0; m < NM; ++m) {
+              int32_t xl, xh;
+              std::memcpy(&xl, x[m][b].qs + 64 * c + 4 * t, 4);
+              std::memcpy(&xh, x[m][b].qs + 64 * c + 32 + 4 * t, 4);
+              ilo[m][g] = _mm512_dpbusd_epi32(ilo[m][g], lo, _mm512_set1_epi32(xl));
+              ihi[m][g] = _mm512_dpbusd_epi32(ihi[m][g], hi, _mm512_set1_epi32(xh));
+            }
+          }
+        }
+        for (int g = 0; g < NG; ++g) {
+          const uint8_t* sc = meta[g] + b * kMeta + 4 * kPackRows;
+          const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + kPackRows * 2 * c)));
+          const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + kPackRows * (2 * c + 1))));
+          for (int m = 0; m < NM; ++m)
+            tot[m][g] = _mm512_add_epi32(tot[m][g], _mm512_add_epi32(_mm512_mullo_epi32(ilo[m][g], sl),
+                                                                     _mm512_mullo_epi32(ihi[m][g], sh)));
+        }
+      }
+      // The mins: per pair of sub-blocks (2i, 2i + 1) the activation sums as
+      // an int16 pair, against each row's (m_2i, m_2i+1).
+      int32_t xs[NM][4];
+      for (int m = 0; m < NM; ++m)
+        for (int i = 0; i < 4; ++i) {
+          const int16_t* bs = x[m][b].bsums + 4 * i;
+          const auto lo16 = static_cast<uint16_t>(bs[0] + bs[1]), hi16 = static_cast<uint16_t>(bs[2] + bs[3]);
+          xs[m][i] = static_cast<int32_t>(static_cast<uint32_t>(lo16) | (static_cast<uint32_t>(hi16) << 16));
+        }
+      for (int g = 0; g < NG; ++g) {
+        const uint8_t* mt = meta[g] + b * kMeta;
+        __m512i mins[NM];
+        for (int m = 0; m < NM; ++m) mins[m] = _mm512_setzero_si512();
+        for (int i = 0; i < 4; ++i) {
+          const __m512i mv = _mm512_cvtepu8_epi16(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + 12 * kPackRows + 2 * kPackRows * i)));
+          for (int m = 0; m < NM; ++m) mins[m] = _mm512_dpwssd_epi32(mins[m], mv, _mm512_set1_epi32(xs[m][i]));
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt)));
+        const __m512 dminv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mt + 2 * kPackRows)));
+        for (int m = 0; m < NM; ++m) {
+          __m512 sv = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[m][g]), dv);
+          sv = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[m]), dminv, sv);
+          acc[m][g] = _mm512_fmadd_ps(sv, _mm512_set1_ps(x[m][b].d), acc[m][g]);
+        }
+      }
+    }
+    for (int m = 0; m < NM; ++m) {
+      float* y = a.y + (m0 + m) * a.w->rows;
+      for (int g = 0; g < NG; ++g) {
+        const int64_t r = (g0 + g) * kPackRows;
+        if (r + kPackRows <= a.w->rows) {
+          _mm512_storeu_ps(y + r, acc[m][g]);
+        } else {  // the padded last group: only the real rows
+          alignas(64) float t[kPackRows];
+          _mm512_store_ps(t, acc[m][g]);
+          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+        }
+      }
+    }
+  }
+};
+
 // Q4_0 weights x Q8_0 activations, two blocks per step: unsigned nibbles
 // times x, minus 8 * sum(x).
 struct KernelQ4_0 : ExpandQ8_0<1> {
@@ -693,6 +800,14 @@ void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
   using Driver = TileDriver<KernelQ4_0x16, 4, 2, 4, 4, 2>;
+  Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
+}
+
+// Packed Q4_K: 2 activation rows x 2 groups of 16 weight rows (16 integer
+// and 4 float accumulators); generation (1 row) 4 groups.
+void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using namespace avx512;
+  using Driver = TileDriver<KernelQ4_Kx16, 2, 2, 4>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 

@@ -92,17 +92,31 @@ constexpr int kPackRows = 16;  // q8_0x16
 constexpr int64_t kPackBlockBytes = kPackRows * kQK;  // 512
 constexpr int kPackRowsX8 = 8;  // q8_0x8
 constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
+//
+// q4_Kx16 (Q4_K, AVX-512 VNNI): per super-block the 16 rows' 128 quant bytes
+// interleaved as above (the low nibbles of 4 bytes are 4 columns of
+// sub-block 2c, the high nibbles the same columns of 2c + 1), and after all
+// the quants, per super-block 320 bytes of scales (kQ4KMetaBytes per row):
+// the 16 d (fp16), the 16 dmin (fp16), the 6-bit sub-block scales as bytes
+// [j][row] and the mins as byte pairs [j / 2][row][j % 2] (the int16 pairs
+// of one dpwssd).
+constexpr int kQ4KMetaBytes = 20;
 inline int packed_group_rows(WeightLayout l) {
   return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 ? kPackRowsX8 : kPackRows;
 }
 inline DType packed_type(WeightLayout l) {
+  if (l == WeightLayout::q4_Kx16) return DType::Q4_K;
   return l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? DType::Q4_0 : DType::Q8_0;
 }
-// Quant bytes of one row's block.
-inline int packed_quant_bytes(WeightLayout l) { return packed_type(l) == DType::Q4_0 ? kQK / 2 : kQK; }
+// Quant bytes of one row's block, and the bytes of its scales.
+inline int packed_quant_bytes(WeightLayout l) {
+  const DType t = packed_type(l);
+  return t == DType::Q4_K ? kQK_K / 2 : t == DType::Q4_0 ? kQK / 2 : kQK;
+}
+inline int packed_meta_bytes(WeightLayout l) { return packed_type(l) == DType::Q4_K ? kQ4KMetaBytes : 2; }
 inline int64_t packed_group_bytes(WeightLayout l, int64_t cols) {
-  const int64_t nb = cols / kQK, rows = packed_group_rows(l);
-  return (nb * rows * (packed_quant_bytes(l) + 2) + 63) / 64 * 64;
+  const int64_t nb = cols / dtype_block_elems(packed_type(l)), rows = packed_group_rows(l);
+  return (nb * rows * (packed_quant_bytes(l) + packed_meta_bytes(l)) + 63) / 64 * 64;
 }
 // Offset of quant byte c of block b of row j (within its group) in a group.
 inline int64_t packed_quant_offset(WeightLayout l, int64_t b, int64_t j, int c) {
