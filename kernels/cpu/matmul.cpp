@@ -170,6 +170,16 @@ void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
     }
     return;
   }
+  if (l == WeightLayout::q6_Kx16) {
+    auto* blk = reinterpret_cast<BlockQ6_K*>(out);
+    for (int64_t b = 0; b < nb; ++b, ++blk, meta += rows * kQ6KMetaBytes) {
+      std::memcpy(&blk->d, meta + 2 * j, 2);
+      for (int s = 0; s < 16; ++s) blk->scales[s] = static_cast<int8_t>(meta[2 * rows + rows * s + j]);
+      for (int c = 0; c < 128; ++c) blk->ql[c] = g[packed_quant_offset(l, b, j, c)];
+      for (int c = 0; c < 64; ++c) blk->qh[c] = g[packed_quant_offset(l, b, j, 128 + c)];
+    }
+    return;
+  }
   const auto* scales = reinterpret_cast<const uint16_t*>(meta);
   for (int64_t b = 0; b < nb; ++b, out += 2 + qb) {  // GGML block: fp16 d, then the quant bytes
     std::memcpy(out, &scales[b * rows + j], 2);
@@ -198,6 +208,17 @@ void pack_row(WeightLayout l, int64_t nb, const uint8_t* src, int64_t j, uint8_t
     }
     return;
   }
+  if (l == WeightLayout::q6_Kx16) {
+    for (int64_t b = 0; b < nb; ++b, meta += rows * kQ6KMetaBytes) {
+      BlockQ6_K blk{};
+      if (src) std::memcpy(&blk, src + b * sizeof(BlockQ6_K), sizeof blk);
+      std::memcpy(meta + 2 * j, &blk.d, 2);
+      for (int s = 0; s < 16; ++s) meta[2 * rows + rows * s + j] = static_cast<uint8_t>(blk.scales[s]);
+      for (int c = 0; c < 128; ++c) g[packed_quant_offset(l, b, j, c)] = blk.ql[c];
+      for (int c = 0; c < 64; ++c) g[packed_quant_offset(l, b, j, 128 + c)] = blk.qh[c];
+    }
+    return;
+  }
   auto* scales = reinterpret_cast<uint16_t*>(meta);
   // A padding row is all zero quants (Q8_0 q = 0; Q4_0 nibbles 8 - 8 = 0).
   const uint8_t zero = packed_type(l) == DType::Q4_0 ? 0x88 : 0;
@@ -218,6 +239,7 @@ float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
     unpack_row(*a.w, r, row.data());
     const char* w = reinterpret_cast<const char*>(row.data());
     if (a.w->type == DType::Q4_K) return dot_q4_K_row(w, act_row(a, m), k);
+    if (a.w->type == DType::Q6_K) return dot_q6_K_row(w, act_row(a, m), k);
     return a.w->type == DType::Q4_0 ? dot_q4_0_row(w, act_row(a, m), k) : dot_q8_0_row(w, act_row(a, m), k);
   }
   const char* w = weight_row(a, r);
@@ -305,6 +327,7 @@ namespace {
 // The packed layout this level's tile wants for type t, or rows for none.
 WeightLayout packed_layout_here(DType t) {
   if (t == DType::Q4_K) return active_simd() == Simd::avx512 ? WeightLayout::q4_Kx16 : WeightLayout::rows;
+  if (t == DType::Q6_K) return active_simd() == Simd::avx512 ? WeightLayout::q6_Kx16 : WeightLayout::rows;
   if (t != DType::Q8_0 && t != DType::Q4_0) return WeightLayout::rows;
   const bool q8 = t == DType::Q8_0;
   switch (active_simd()) {
@@ -358,9 +381,12 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
     unit = n_x_rows < 4 ? kPackedNarrowRowUnit : kPackedRowUnit;
     // Below AVX-512 (a capped level) the scalar path unpacks row by row.
     if (active_simd() == Simd::avx512) fn = &q8_0x16_rows_avx512;
-  } else if (w.layout == WeightLayout::q4_0x16 || w.layout == WeightLayout::q4_Kx16) {
+  } else if (w.layout == WeightLayout::q4_0x16 || w.layout == WeightLayout::q4_Kx16 || w.layout == WeightLayout::q6_Kx16) {
     unit = kPackedNarrowRowUnit;
-    if (active_simd() == Simd::avx512) fn = w.layout == WeightLayout::q4_0x16 ? &q4_0x16_rows_avx512 : &q4_Kx16_rows_avx512;
+    if (active_simd() == Simd::avx512)
+      fn = w.layout == WeightLayout::q4_0x16   ? &q4_0x16_rows_avx512
+           : w.layout == WeightLayout::q4_Kx16 ? &q4_Kx16_rows_avx512
+                                               : &q6_Kx16_rows_avx512;
   } else if (w.layout == WeightLayout::q8_0x8 || w.layout == WeightLayout::q4_0x8) {
     unit = kPackedX8RowUnit;
     // Packed at the avx2 level, run there or above (an AVX-512 CPU has AVX2).

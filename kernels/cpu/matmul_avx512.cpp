@@ -511,6 +511,103 @@ struct KernelQ4_Kx16 {
   }
 };
 
+// Q6_K weights packed as WeightLayout::q6_Kx16 x Q8_K activations: lane j
+// is weight row j of a group of 16. A code (0..63) is rebuilt per register
+// of 4 columns x 16 rows from its ql nibble and its 2 qh bits (GGML's
+// arrangement: ql byte l holds columns l and l + 64 of a 128-column half,
+// ql byte l + 32 columns l + 32 and l + 96, qh byte l their four high bit
+// pairs), then one dpbusd adds 4 products to every row. Per lane and
+// 16-column group s, in exact int32:
+//   is_s  = sum q x - 32 sum x            (starts from -32 bsum_s)
+//   tot  += sc_s * is_s                   (mullo by the rows' scales)
+//   acc  += d_x * (d_w * float(tot))      per super-block
+// the same steps for every tile shape.
+struct KernelQ6_Kx16 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK_K;
+    constexpr int64_t kRegs = kQK_K * 3 / 4 / 4;             // 48 registers of quants a super-block
+    constexpr int64_t kMeta = kPackRows * kQ6KMetaBytes;     // 288
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m512i* q[NG];
+    const uint8_t* meta[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m512i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      meta[g] = reinterpret_cast<const uint8_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kRegs * 64);
+    }
+    const BlockQ8_K* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const BlockQ8_K*>(act_row(a, m0 + m));
+    __m512 acc[NM][NG];
+    zero(acc);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i tot[NM][NG];
+      for (auto& row : tot)
+        for (auto& v : row) v = _mm512_setzero_si512();
+      for (int n = 0; n < 2; ++n)
+        for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            const int s = 8 * n + 2 * k + h;  // columns 128 n + 32 k + 16 h .. + 15
+            __m512i is[NM][NG];
+            for (int m = 0; m < NM; ++m) {
+              const __m512i bias = _mm512_set1_epi32(-32 * x[m][b].bsums[s]);
+              for (int g = 0; g < NG; ++g) is[m][g] = bias;
+            }
+#pragma GCC unroll 4
+            for (int tt = 0; tt < 4; ++tt) {
+              const int t = 4 * h + tt;
+#pragma GCC unroll 2
+              for (int g = 0; g < NG; ++g) {
+                const __m512i* r = q[g] + kRegs * b;
+                const __m512i* pl = r + 16 * n + (k & 1) * 8 + t;
+                const __m512i* ph = r + 32 + 8 * n + t;
+                if (k < 2) _mm_prefetch(reinterpret_cast<const char*>(pl) + ahead, kHint);
+                if (k == 0) _mm_prefetch(reinterpret_cast<const char*>(ph) + ahead, kHint);
+                const __m512i ql = _mm512_load_si512(pl), qh = _mm512_load_si512(ph);
+                const __m512i lo = _mm512_and_si512(k >= 2 ? _mm512_srli_epi16(ql, 4) : ql, m4);
+                const __m512i hs = k == 0   ? _mm512_slli_epi16(qh, 4)
+                                   : k == 1 ? _mm512_slli_epi16(qh, 2)
+                                   : k == 2 ? qh
+                                            : _mm512_srli_epi16(qh, 2);
+                const __m512i w = _mm512_or_si512(lo, _mm512_and_si512(hs, m30));
+#pragma GCC unroll 4
+                for (int m = 0; m < NM; ++m) {
+                  int32_t xv;
+                  std::memcpy(&xv, x[m][b].qs + 128 * n + 32 * k + 4 * t, 4);
+                  is[m][g] = _mm512_dpbusd_epi32(is[m][g], w, _mm512_set1_epi32(xv));
+                }
+              }
+            }
+            for (int g = 0; g < NG; ++g) {
+              const __m512i sc = _mm512_cvtepi8_epi32(
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta[g] + b * kMeta + 2 * kPackRows + kPackRows * s)));
+              for (int m = 0; m < NM; ++m) tot[m][g] = _mm512_add_epi32(tot[m][g], _mm512_mullo_epi32(is[m][g], sc));
+            }
+          }
+      for (int g = 0; g < NG; ++g) {
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta[g] + b * kMeta)));
+        for (int m = 0; m < NM; ++m)
+          acc[m][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(tot[m][g]), dv), _mm512_set1_ps(x[m][b].d), acc[m][g]);
+      }
+    }
+    for (int m = 0; m < NM; ++m) {
+      float* y = a.y + (m0 + m) * a.w->rows;
+      for (int g = 0; g < NG; ++g) {
+        const int64_t r = (g0 + g) * kPackRows;
+        if (r + kPackRows <= a.w->rows) {
+          _mm512_storeu_ps(y + r, acc[m][g]);
+        } else {  // the padded last group: only the real rows
+          alignas(64) float t[kPackRows];
+          _mm512_store_ps(t, acc[m][g]);
+          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+        }
+      }
+    }
+  }
+};
+
 // Q4_0 weights x Q8_0 activations, two blocks per step: unsigned nibbles
 // times x, minus 8 * sum(x).
 struct KernelQ4_0 : ExpandQ8_0<1> {
@@ -808,6 +905,14 @@ void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
   using Driver = TileDriver<KernelQ4_Kx16, 2, 2, 4>;
+  Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
+}
+
+// Packed Q6_K: 4 activation rows x 1 group of 16 weight rows (each rebuilt
+// register serves 4 rows); generation (1-3 rows) 2, 1, 1 groups.
+void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using namespace avx512;
+  using Driver = TileDriver<KernelQ6_Kx16, 4, 1, 2, 1, 1>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 

@@ -45,6 +45,7 @@ void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void q4_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 // WeightLayout::q4_Kx16 (AVX-512 VNNI).
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
+void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.

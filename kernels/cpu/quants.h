@@ -100,20 +100,28 @@ constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
 // the 16 d (fp16), the 16 dmin (fp16), the 6-bit sub-block scales as bytes
 // [j][row] and the mins as byte pairs [j / 2][row][j % 2] (the int16 pairs
 // of one dpwssd).
-constexpr int kQ4KMetaBytes = 20;
+// q6_Kx16 (Q6_K, AVX-512 VNNI): per super-block the rows' ql (128) then qh
+// (64) bytes interleaved as above, and after all the quants, per super-block
+// the 16 d (fp16) and the 16-element scales as bytes [s][row]: 210 bytes a
+// row, as GGML's.
+constexpr int kQ4KMetaBytes = 20, kQ6KMetaBytes = 18;
 inline int packed_group_rows(WeightLayout l) {
   return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 ? kPackRowsX8 : kPackRows;
 }
 inline DType packed_type(WeightLayout l) {
   if (l == WeightLayout::q4_Kx16) return DType::Q4_K;
+  if (l == WeightLayout::q6_Kx16) return DType::Q6_K;
   return l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? DType::Q4_0 : DType::Q8_0;
 }
 // Quant bytes of one row's block, and the bytes of its scales.
 inline int packed_quant_bytes(WeightLayout l) {
   const DType t = packed_type(l);
-  return t == DType::Q4_K ? kQK_K / 2 : t == DType::Q4_0 ? kQK / 2 : kQK;
+  return t == DType::Q6_K ? kQK_K * 3 / 4 : t == DType::Q4_K ? kQK_K / 2 : t == DType::Q4_0 ? kQK / 2 : kQK;
 }
-inline int packed_meta_bytes(WeightLayout l) { return packed_type(l) == DType::Q4_K ? kQ4KMetaBytes : 2; }
+inline int packed_meta_bytes(WeightLayout l) {
+  const DType t = packed_type(l);
+  return t == DType::Q4_K ? kQ4KMetaBytes : t == DType::Q6_K ? kQ6KMetaBytes : 2;
+}
 inline int64_t packed_group_bytes(WeightLayout l, int64_t cols) {
   const int64_t nb = cols / dtype_block_elems(packed_type(l)), rows = packed_group_rows(l);
   return (nb * rows * (packed_quant_bytes(l) + packed_meta_bytes(l)) + 63) / 64 * 64;

@@ -114,6 +114,7 @@ BENCHMARK_CAPTURE(bm_llama, Q8_0, DType::Q8_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q8_0, DType::Q8_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q4_0, DType::Q4_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q4_K, DType::Q4_K)->Apply(llama_args);
+BENCHMARK_CAPTURE(bm_llama_packed, Q6_K, DType::Q6_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_0, DType::Q4_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_K, DType::Q4_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q6_K, DType::Q6_K)->Apply(llama_args);

@@ -235,7 +235,8 @@ std::vector<std::string> packing_levels() {
     const bool packs = packed_weight_bytes(make_weights(DType::Q8_0, 16, 32, 1).view()) > 0;
     EXPECT_EQ(packs, level != "scalar") << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q4_K, 16, 256, 1).view()) > 0, level == "avx512") << level;
-    EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q6_K, 16, 256, 1).view()), 0) << level << " packs Q6_K";
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q6_K, 16, 256, 1).view()) > 0, level == "avx512") << level;
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::F16, 16, 256, 1).view()), 0) << level << " packs F16";
     if (packs) out.push_back(level);
   }
   return out;
@@ -243,6 +244,7 @@ std::vector<std::string> packing_levels() {
 // The layout type t gets at a packing level (rows: none).
 WeightLayout layout_at(const std::string& level, DType t) {
   if (t == DType::Q4_K) return level == "avx512" ? WeightLayout::q4_Kx16 : WeightLayout::rows;
+  if (t == DType::Q6_K) return level == "avx512" ? WeightLayout::q6_Kx16 : WeightLayout::rows;
   if (t == DType::Q8_0) return level == "avx512" ? WeightLayout::q8_0x16 : WeightLayout::q8_0x8;
   return level == "avx512" ? WeightLayout::q4_0x16 : WeightLayout::q4_0x8;
 }
@@ -251,7 +253,7 @@ TEST(Matmul, PackedMatchesReference) {
   const auto packers = packing_levels();
   if (packers.empty()) GTEST_SKIP() << "no packed layout on this CPU (" << simd_level() << ")";
   uint32_t seed = 500;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     for (const auto& pack_level : packers) {
       if (layout_at(pack_level, t) == WeightLayout::rows) continue;
       for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 47, 49, 250}) {
@@ -295,7 +297,7 @@ TEST(Matmul, PackedBatchThreadAndTileInvariant) {
   const auto packers = packing_levels();
   if (packers.empty()) GTEST_SKIP() << "no packed layout on this CPU (" << simd_level() << ")";
   const int64_t total = 41;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     for (const auto& pack_level : packers) {
       if (layout_at(pack_level, t) == WeightLayout::rows) continue;
       ScopedSimd simd(pack_level);
@@ -330,7 +332,7 @@ TEST(Matmul, PackedBatchThreadAndTileInvariant) {
 // threads, packed or not, and falls back to one call each when the types
 // differ.
 TEST(Matmul, ManyEqualsOneByOne) {
-  for (DType t : {DType::F32, DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
+  for (DType t : {DType::F32, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     const int64_t cols = 512;
     std::vector<Weights> ws;
     for (int64_t rows : {100, 33, 7}) ws.push_back(make_weights(t, rows, cols, 70 + static_cast<uint32_t>(rows)));
