@@ -277,9 +277,9 @@ std::unique_ptr<Unet> Unet::load(const WeightStore& ws, const UnetConfig& cfg) {
 }
 
 int64_t Unet::weight_bytes() const {
-  int64_t total = static_cast<int64_t>(temb1_.bytes.size() + temb2_.bytes.size());
-  auto lin = [](const Linear& l) { return static_cast<int64_t>(l.w.bytes.size() + l.b.size() * 4); };
-  auto conv = [](const Conv2d* c) { return c ? static_cast<int64_t>(c->w.bytes.size() + c->b.size() * 4) : 0; };
+  int64_t total = static_cast<int64_t>(temb1_.nbytes() + temb2_.nbytes());
+  auto lin = [](const Linear& l) { return static_cast<int64_t>(l.w.nbytes() + l.b.size() * 4); };
+  auto conv = [](const Conv2d* c) { return c ? static_cast<int64_t>(c->w.nbytes() + c->b.size() * 4) : 0; };
   auto res = [&](const ResBlock* r) { return r ? conv(&r->c1) + conv(&r->c2) + conv(r->skip.get()) + lin(r->emb) : 0; };
   auto blk = [&](const Block& b) {
     int64_t s = conv(b.conv.get()) + conv(b.up.get()) + res(b.res.get()) + res(b.res2.get());
