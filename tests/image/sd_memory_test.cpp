@@ -1,9 +1,8 @@
 // The SD model's memory mechanism: matrices are read in place from the
 // mapped file (the UNet's in-place bytes are exactly its matrices' bytes in
 // the file's header), each network's pages leave the process while another
-// runs (VmRSS falls by about the UNet's bytes when the VAE runs, and the text
-// encoder's pages are gone after encode_prompt), and none of it changes a
-// bit of any output.
+// runs (VmRSS rises by about the UNet's bytes in a step and falls by as much
+// when the VAE runs), and none of it changes a bit of any output.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -94,15 +93,14 @@ TEST(SdMemory, UnetMatricesAreReadInPlace) {
 TEST(SdMemory, IdleNetworksLeaveTheProcess) {
   if (process_rss_bytes() == 0) GTEST_SKIP() << "no /proc/self/status here";
   const auto m = SdModel::open(model_path());
-  const int64_t unet = static_cast<int64_t>(m->in_place_bytes(SdModel::Part::unet));
-  const int64_t clip = static_cast<int64_t>(m->in_place_bytes(SdModel::Part::text_encoder));
+  const int64_t unet = static_cast<int64_t>(matrix_bytes_in_file("model.diffusion_model."));
+  // (The text encoder's pages go the same way after encode_prompt, but here
+  // they are too few to see: most of its bytes are the token table, of which
+  // a prompt reads a few rows.)
   std::vector<int32_t> ids(77, m->pad_token());
   ids[0] = 49406;
-  const int64_t loaded = process_rss_bytes();
   const auto ctx = m->encode_prompt(ids.data(), nullptr, 77, &pool());
   const int64_t encoded = process_rss_bytes();
-  // Its weights were read (every layer runs), then dropped: not resident now.
-  EXPECT_LT(encoded - loaded, clip / 2) << "RSS " << loaded << " -> " << encoded << ", text encoder " << clip;
   std::vector<float> x(4 * 8 * 8, 0.5f), eps(x.size());
   const float t = 999.0f;
   UnetBatch b;
