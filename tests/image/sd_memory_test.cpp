@@ -110,10 +110,17 @@ TEST(SdMemory, IdleNetworksLeaveTheProcess) {
   const int64_t stepped = process_rss_bytes();
   // The UNet keeps its pages between steps...
   EXPECT_GT(stepped - encoded, unet * 8 / 10) << "RSS " << encoded << " -> " << stepped << ", UNet " << unet;
+  // ...drops them when another prompt is encoded (another job joining)...
+  m->encode_prompt(ids.data(), nullptr, 77, &pool());
+  const int64_t joined = process_rss_bytes();
+  EXPECT_GT(stepped - joined, unet * 7 / 10) << "RSS " << stepped << " -> " << joined << ", UNet " << unet;
+  m->unet(b, eps.data(), &pool());
+  const int64_t stepped2 = process_rss_bytes();
+  EXPECT_GT(stepped2 - joined, unet * 8 / 10) << "RSS " << joined << " -> " << stepped2 << ", UNet " << unet;
+  // ...and when the VAE runs.
   m->vae_decode(eps.data(), 8, 8, &pool());
   const int64_t decoded = process_rss_bytes();
-  // ...and drops them when the VAE runs.
-  EXPECT_GT(stepped - decoded, unet * 7 / 10) << "RSS " << stepped << " -> " << decoded << ", UNet " << unet;
+  EXPECT_GT(stepped2 - decoded, unet * 7 / 10) << "RSS " << stepped2 << " -> " << decoded << ", UNet " << unet;
 }
 
 TEST(SdMemory, ReleasingChangesNoBits) {

@@ -110,6 +110,10 @@ std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weigh
   if (n_tokens <= 0 || n_tokens % T)
     throw Error("encode_prompt: " + std::to_string(n_tokens) + " tokens; expected whole chunks of " + std::to_string(T));
   const int64_t w = info_.clip.width;
+  // A job's prompt is encoded while other jobs' images step: the UNet's
+  // pages go first (the next step faults them back), so the text encoder
+  // and the UNet are never resident together.
+  if (release_idle_) release_weights(Part::unet);
   std::vector<float> out(static_cast<size_t>(n_tokens * w));
   for (int c = 0; c < n_tokens / T; ++c) {
     float* z = out.data() + static_cast<int64_t>(c) * T * w;

@@ -38,9 +38,9 @@
 // SdOptions::precision says otherwise; matrices in the kept type are read in
 // place from the mapped file (not copied), and each network's pages leave the
 // process while another network runs (SdOptions::release_idle_weights): the
-// text encoder's after encode_prompt, the UNet's when a VAE call starts, the
-// VAE's after it; the next call faults them back in from the page cache
-// (~0.1 s for the UNet), so resident memory is about one network at a time.
+// text encoder's after encode_prompt, the VAE's after its call, the UNet's
+// when either of those starts; the next call faults them back in from the
+// page cache (~0.1 s for the UNet), so one network is resident at a time.
 // Every call is const and keeps no scratch in the object (the VAE drops its
 // workspace after each call), so several threads may use one model. Errors throw
 // atelier::Error (the engine API turns them into a Status).
