@@ -92,13 +92,17 @@ struct SpatialTransformer {
     return s;
   }
 
-  // In place on the backend. s: scratch of 20 * n * c * hw floats, then
-  // 2 * lk * c for the largest context; ctx[i]: sample i's context (lk[i] tokens).
+  // In place on the backend. s: scratch of kScratch * n * c * hw floats,
+  // then 2 * lk * c for the largest context; ctx[i]: sample i's context
+  // (lk[i] tokens). t, nrm and o live through the block; one region of 12
+  // holds what is never live together: g (at the ends), q, k, v, a
+  // (attention), f and gg (feed-forward).
+  static constexpr int64_t kScratch = 15;
   void run(kernels::Backend& be, float* x, int64_t n, int64_t hw, float* s, const float* const* ctx,
            const int64_t* lk) const {
     const int64_t rows = n * hw, m = n * c * hw;
-    float *g = s, *t = s + m, *nrm = s + 2 * m, *q = s + 3 * m, *k = s + 4 * m, *v = s + 5 * m, *a = s + 6 * m,
-          *o = s + 7 * m, *f = s + 8 * m, *gg = s + 16 * m, *ck = s + 20 * m;
+    float *t = s, *nrm = s + m, *o = s + 2 * m, *r = s + 3 * m;
+    float *g = r, *q = r, *k = r + m, *v = r + 2 * m, *a = r + 3 * m, *f = r, *gg = r + 8 * m, *ck = s + kScratch * m;
     be.group_norm(x, g, n, c, hw, 32, gn.g.data(), gn.b.data(), 1e-6f, false);
     be.transpose(g, nrm, n, c, hw);  // to tokens
     proj_in.run(be, nrm, t, rows);
@@ -360,7 +364,7 @@ Unet::Plan Unet::plan(const UnetBatch& in) const {
   const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();
   int64_t max_c = 0;
   for (int level = 0; level < static_cast<int>(cfg_.channel_mult.size()); ++level) max_c = std::max<int64_t>(max_c, cfg_.channels(level));
-  p.floats = 4 * p.slot + skips + 20 * p.attn + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb;
+  p.floats = 4 * p.slot + skips + SpatialTransformer::kScratch * p.attn + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb;
   return p;
 }
 
@@ -391,7 +395,7 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   std::vector<float*> skip_at;  // host pointers into the workspace, one per skip (a few dozen)
   skip_at.reserve(p.skips.size());
   for (int64_t z : p.skips) skip_at.push_back(ws.take(z));
-  float* attn_scratch = ws.take(20 * p.attn + 2 * p.max_lk * max_c);
+  float* attn_scratch = ws.take(SpatialTransformer::kScratch * p.attn + 2 * p.max_lk * max_c);
   float* e = ws.take(std::max<int64_t>(p.emb, 1));
   float* ts = ws.take(n);
   float *t0 = ws.take(n * mc), *t1 = ws.take(n * temb), *emb = ws.take(n * temb);
