@@ -435,14 +435,11 @@ void WeightStore::rows_f32(const std::string& name, int64_t r0, int64_t nr, floa
   release_copied(t);
 }
 
+// MappedFile::release clips to its own mapping, so asking every source is
+// safe (memory outside the mappings is never touched) and covers a merged
+// span that crosses two adjacent mappings.
 void WeightStore::release_copied(const TensorRef& t) const {
-  for (const auto& src : sources_) {
-    const formats::MappedFile& m = src->st ? src->st->mapping() : src->ckpt->mapping();
-    if (m.contains(t.data, t.bytes)) {
-      m.release(t.data, t.bytes);
-      return;
-    }
-  }
+  for (const auto& src : sources_) (src->st ? src->st->mapping() : src->ckpt->mapping()).release(t.data, t.bytes);
 }
 
 PageSpans WeightStore::take_in_place() {
@@ -464,13 +461,7 @@ PageSpans WeightStore::take_in_place() {
 uint64_t WeightStore::release(const PageSpans& spans) const {
   uint64_t released = 0;
   for (const auto& [p, n] : spans.spans)
-    for (const auto& src : sources_) {
-      const formats::MappedFile& m = src->st ? src->st->mapping() : src->ckpt->mapping();
-      if (m.contains(p, n)) {
-        released += m.release(p, n);
-        break;
-      }
-    }
+    for (const auto& src : sources_) released += (src->st ? src->st->mapping() : src->ckpt->mapping()).release(p, n);
   return released;
 }
 
