@@ -59,7 +59,8 @@ int run_bench_text(const BenchTextOptions& o) {
                      {"peak_int8_gop_per_s", r.limits.peak_int8_gop_per_s},
                      {"integer_matmul", r.integer_matmul},
                      {"gen_bandwidth_fraction", bw_frac},
-                     {"prompt_flop_fraction", fl_frac}});
+                     {"prompt_flop_fraction", fl_frac},
+                     {"peak_rss_bytes", r.peak_rss_bytes}});
     return 0;
   }
   std::printf("model    %s\n         %s, %.1fM params, %s; %.1f MB of weights read per token\n", r.model.path.c_str(),
@@ -72,6 +73,7 @@ int run_bench_text(const BenchTextOptions& o) {
               100 * fl_frac, r.integer_matmul ? "int8 dot" : "FMA");
   std::printf("generate %4d tokens: %9.1f ± %.1f tokens/s  %7.2f GB/s    = %5.1f %% of bandwidth\n", r.gen_tokens,
               r.gen_tokens_per_s.mean, r.gen_tokens_per_s.sd, r.gen_bandwidth_gb_per_s, 100 * bw_frac);
+  if (r.peak_rss_bytes > 0) std::printf("memory   peak resident %.1f MB (from the load on)\n", r.peak_rss_bytes / 1e6);
   if (r.depth > 0) std::printf("(after %d tokens of context; %d repetitions after one warm-up)\n", r.depth, r.reps);
   else std::printf("(%d repetitions after one warm-up)\n", r.reps);
   return 0;
@@ -164,6 +166,7 @@ int run_bench_image(const BenchImageOptions& o) {
                      {"text_encode_seconds", r.text_encode_seconds},
                      {"seconds_per_image", r.seconds_per_image},
                      {"images_per_s", r.images_per_s},
+                     {"peak_rss_bytes", r.peak_rss_bytes},
                      {"threads", r.limits.threads},
                      {"simd", r.limits.simd}});
     return 0;
@@ -175,6 +178,7 @@ int run_bench_image(const BenchImageOptions& o) {
               r.unet_seconds_per_step, r.unet_gflop_per_step, r.unet_gflop_per_s, peak > 0 ? 100 * r.unet_gflop_per_s / peak : 0);
   std::printf("vae      decode %.3f s per image; prompt encode %.3f s per chunk\n", r.vae_decode_seconds, r.text_encode_seconds);
   std::printf("image    %d steps: %.2f s per image, %.4f images/s\n", r.options.steps, r.seconds_per_image, r.images_per_s);
+  if (r.peak_rss_bytes > 0) std::printf("memory   peak resident %.1f MB (from the load on)\n", r.peak_rss_bytes / 1e6);
   std::printf("(%d timed UNet calls after one warm-up)\n", r.options.reps);
   return 0;
 }

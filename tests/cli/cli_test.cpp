@@ -141,7 +141,7 @@ TEST(Cli, SynthThenGenerateAndBench) {
   ASSERT_EQ(b.code, 0) << b.err;
   auto j = nlohmann::json::parse(b.out);
   for (const char* key : {"prompt_tokens_per_s", "gen_tokens_per_s", "gen_bandwidth_gb_per_s", "mem_bandwidth_gb_per_s",
-                          "peak_gflop_per_s", "peak_int8_gop_per_s"}) {
+                          "peak_gflop_per_s", "peak_int8_gop_per_s", "peak_rss_bytes"}) {
     ASSERT_TRUE(j.contains(key)) << key;
     EXPECT_GT(j[key].get<double>(), 0.0) << key;
   }

@@ -49,6 +49,11 @@ struct TextBenchResult {
   // prompt_gflop_per_s then compares with limits.peak_int8_gop_per_s, not
   // the fp32 FMA peak.
   bool integer_matmul = false;
+  // The process's peak resident memory (Linux VmHWM) from the model load to
+  // the end of the runs: weights, KV, activations (the machine measurements
+  // run before and are not counted where /proc/self/clear_refs resets the
+  // mark). 0 where the system does not say.
+  int64_t peak_rss_bytes = 0;
 };
 Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenchOptions& options);
 
@@ -109,6 +114,7 @@ struct ImageBenchResult {
   double text_encode_seconds = 0;  // one 77-token chunk
   double seconds_per_image = 0;    // steps UNet calls / batch + decode + the prompt (and negative) encode
   double images_per_s = 0;
+  int64_t peak_rss_bytes = 0;      // as TextBenchResult's: from the load through the UNet, encode and decode runs
 };
 Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageBenchOptions& options);
 

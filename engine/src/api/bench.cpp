@@ -13,6 +13,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "core/process_memory.h"
 #include "image/sd_model.h"
 #include "api/text_model_impl.h"
 
@@ -51,6 +52,10 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
   TextModelOptions mo;
   mo.threads = o.threads;
   mo.context_tokens = o.depth + o.prompt_tokens + o.gen_tokens;
+  // The machine first, then the peak counted from the load on: the
+  // bandwidth test's buffer is not the model's memory.
+  const MachineLimits limits = measure_machine_limits(o.threads);
+  reset_peak_rss();
   auto opened = text::load_text_model(model_path, mo);
   if (!opened.ok()) return opened.status();
   text::LoadedTextModel& m = *opened.value();
@@ -61,7 +66,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
     r.gen_tokens = o.gen_tokens;
     r.reps = o.reps;
     r.depth = o.depth;
-    r.limits = measure_machine_limits(m.pool->threads());
+    r.limits = limits;
     const text::LlamaHparams& hp = m.weights.hp;
     // Deterministic token ids spread over the vocabulary, as llama-bench does with random ones.
     std::vector<int32_t> prompt(static_cast<size_t>(std::max(o.prompt_tokens, o.depth)));
@@ -100,6 +105,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
         tg.push_back(o.gen_tokens / s_tg);
       }
     }
+    r.peak_rss_bytes = process_peak_rss_bytes();
     r.prompt_tokens_per_s = mean_sd(pp);
     r.gen_tokens_per_s = mean_sd(tg);
     r.gen_bandwidth_gb_per_s = static_cast<double>(m.info.weight_bytes) * r.gen_tokens_per_s.mean / 1e9;
@@ -230,11 +236,13 @@ Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageB
   return guarded([&]() -> Result<ImageBenchResult> {
     using Clock = std::chrono::steady_clock;
     ThreadPool pool(o.threads);
+    const MachineLimits limits = measure_machine_limits(pool.threads());
+    reset_peak_rss();  // the peak from the load on (see bench_text)
     auto model = image::SdModel::open(model_path);
     ImageBenchResult r;
     r.model = model->info().summary;
     r.options = o;
-    r.limits = measure_machine_limits(pool.threads());
+    r.limits = limits;
     const int h = o.height / 8, w = o.width / 8;
     r.unet_rows = o.batch * (o.cfg ? 2 : 1);
     const image::UnetTiming t = image::time_unet(*model, r.unet_rows, h, w, o.reps, &pool);
@@ -253,6 +261,7 @@ Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageB
     t0 = Clock::now();
     model->vae_decode(latent.data(), h, w, &pool);
     r.vae_decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.peak_rss_bytes = process_peak_rss_bytes();
     r.seconds_per_image = o.steps * r.unet_seconds_per_step / o.batch + r.vae_decode_seconds +
                           (o.cfg ? 2 : 1) * r.text_encode_seconds / o.batch;
     r.images_per_s = 1.0 / r.seconds_per_image;

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -42,6 +43,27 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);  // the mapping stays valid without the descriptor
+}
+
+bool MappedFile::contains(const void* p, uint64_t bytes) const {
+  const auto b = reinterpret_cast<uintptr_t>(data_), q = reinterpret_cast<uintptr_t>(p);
+  return data_ && q >= b && bytes <= size_ && q - b <= size_ - bytes;
+}
+
+uint64_t MappedFile::release(const void* p, uint64_t bytes) const {
+  if (!data_ || bytes == 0) return 0;
+  const auto base = reinterpret_cast<uintptr_t>(data_);
+  uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  begin = std::max(begin, base);
+  end = std::min(end, base + static_cast<uintptr_t>(size_));
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // The mapping starts on a page, and its last page counts whole (the tail
+  // past the file's end is the kernel's zero fill, never read as data).
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = end == base + size_ ? (end + page - 1) / page * page : end / page * page;
+  if (end <= begin || last <= first) return 0;
+  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  return last - first;
 }
 
 MappedFile::~MappedFile() {

@@ -2,6 +2,11 @@
 // sees its bytes. The mapping is private and read-only; the pages are the
 // page cache's, so opening a multi-gigabyte model costs no copy.
 //
+// Pages a reader no longer needs can leave this process (`release`): the
+// mapping is private and never written, so dropping them only unmaps the page
+// cache's copies (RSS falls, the file is untouched) and a later read faults
+// them back in from the page cache or the file, with the same bytes.
+//
 // An empty file is valid: data() is nullptr and size() is 0 (mmap refuses a
 // zero-length mapping, so none is made). Failures throw atelier::Error with
 // the path and the system's reason (strerror).
@@ -25,6 +30,13 @@ class MappedFile {
   const std::string& path() const { return path_; }
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Whether [p, p + bytes) lies inside the mapping.
+  bool contains(const void* p, uint64_t bytes) const;
+  // Drops this process's pages that lie wholly inside [p, p + bytes) and
+  // inside the mapping (madvise MADV_DONTNEED; partial pages at the ends stay,
+  // since a neighbour may still be read). Returns the bytes of whole pages
+  // released; a range outside the mapping releases nothing.
+  uint64_t release(const void* p, uint64_t bytes) const;
 
  private:
   std::string path_;

@@ -74,6 +74,8 @@ class TorchCheckpoint {
   ~TorchCheckpoint();
 
   const std::string& path() const { return path_; }
+  // The mapping the tensors' data points into (to release pages read once).
+  const MappedFile& mapping() const { return *map_; }
   // The archive's top folder ("taef2_encoder" for taef2_encoder/data.pkl).
   const std::string& archive_name() const { return archive_; }
   const std::vector<TorchTensor>& tensors() const { return tensors_; }

@@ -52,6 +52,8 @@ class SafetensorsFile {
   ~SafetensorsFile();
 
   const std::string& path() const { return path_; }
+  // The mapping the tensors' data points into (to release pages read once).
+  const MappedFile& mapping() const { return *map_; }
   uint64_t header_bytes() const { return header_bytes_; }
   // Where the data section starts in the file (8 + header_bytes()).
   uint64_t data_offset() const { return 8 + header_bytes_; }

@@ -139,9 +139,9 @@ std::unique_ptr<ClipTextEncoder> ClipTextEncoder::load(const WeightStore& ws, co
 }
 
 int64_t ClipTextEncoder::weight_bytes() const {
-  int64_t b = static_cast<int64_t>(tokens_.bytes.size() + positions_.size() * 4);
+  int64_t b = static_cast<int64_t>(tokens_.nbytes() + positions_.size() * 4);
   for (const auto& l : layers_)
-    b += static_cast<int64_t>(l->qkv.bytes.size() + l->out.bytes.size() + l->fc1.bytes.size() + l->fc2.bytes.size());
+    b += static_cast<int64_t>(l->qkv.nbytes() + l->out.nbytes() + l->fc1.nbytes() + l->fc2.nbytes());
   return b;
 }
 

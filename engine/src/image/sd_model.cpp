@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/process_memory.h"
 #include "image/clip_text.h"
 #include "image/unet.h"
 #include "image/vae.h"
@@ -69,14 +70,37 @@ SdModel::SdModel() = default;
 SdModel::~SdModel() = default;
 
 std::unique_ptr<SdModel> SdModel::open(const std::string& path, const SdOptions& options) {
-  const auto ws = WeightStore::open(path, options.precision);
   std::unique_ptr<SdModel> m(new SdModel());
-  m->info_ = detect(*ws, options);
-  m->clip_ = ClipTextEncoder::load(*ws, m->info_.clip);
-  m->unet_ = Unet::load(*ws, m->info_.unet);
-  m->vae_ = Vae::load(*ws, m->info_.vae);
-  return m;  // the weights are copied out; the mapped files close here
+  m->ws_ = WeightStore::open(path, options.precision);
+  const WeightStore& ws = *m->ws_;
+  m->release_idle_ = options.release_idle_weights;
+  m->info_ = detect(ws, options);
+  // Each network's pages leave the process once it is loaded: loading reads
+  // them all, and only the network that runs next needs its own.
+  m->clip_ = ClipTextEncoder::load(ws, m->info_.clip);
+  m->clip_pages_ = m->ws_->take_in_place();
+  m->unet_ = Unet::load(ws, m->info_.unet);
+  m->unet_pages_ = m->ws_->take_in_place();
+  m->vae_ = Vae::load(ws, m->info_.vae);
+  m->vae_pages_ = m->ws_->take_in_place();
+  if (m->release_idle_)
+    for (Part p : {Part::text_encoder, Part::unet, Part::vae}) m->release_weights(p);
+  trace_memory("sd model loaded");
+  return m;
 }
+
+const PageSpans& SdModel::spans(Part part) const {
+  switch (part) {
+    case Part::text_encoder: return clip_pages_;
+    case Part::unet: return unet_pages_;
+    case Part::vae: break;
+  }
+  return vae_pages_;
+}
+
+uint64_t SdModel::in_place_bytes(Part part) const { return spans(part).bytes(); }
+
+uint64_t SdModel::release_weights(Part part) const { return ws_->release(spans(part)); }
 
 int64_t SdModel::weight_bytes() const { return clip_->weight_bytes() + unet_->weight_bytes() + vae_->weight_bytes(); }
 
@@ -86,6 +110,10 @@ std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weigh
   if (n_tokens <= 0 || n_tokens % T)
     throw Error("encode_prompt: " + std::to_string(n_tokens) + " tokens; expected whole chunks of " + std::to_string(T));
   const int64_t w = info_.clip.width;
+  // A job's prompt is encoded while other jobs' images step: the UNet's
+  // pages go first (the next step faults them back), so the text encoder
+  // and the UNet are never resident together.
+  if (release_idle_) release_weights(Part::unet);
   std::vector<float> out(static_cast<size_t>(n_tokens * w));
   for (int c = 0; c < n_tokens / T; ++c) {
     float* z = out.data() + static_cast<int64_t>(c) * T * w;
@@ -105,17 +133,31 @@ std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weigh
     const float k = after != 0 ? static_cast<float>((before / n) / (after / n)) : 1.0f;
     for (int64_t i = 0; i < n; ++i) z[i] *= k;
   }
+  if (release_idle_) release_weights(Part::text_encoder);
+  trace_memory("prompt encoded");
   return out;
 }
 
 void SdModel::unet(const UnetBatch& in, float* out, kernels::Executor* ex) const { unet_->forward(in, out, ex); }
 
+// The VAE runs between the UNet's steps of different images, or after them:
+// while it does, its workspace (the largest of the three at full resolution)
+// and the UNet's weights would otherwise be resident together.
 std::vector<float> SdModel::vae_decode(const float* latent, int h, int w, kernels::Executor* ex) const {
-  return vae_->decode(latent, h, w, ex);
+  trace_memory("vae decode start");
+  if (release_idle_) release_weights(Part::unet);
+  auto rgb = vae_->decode(latent, h, w, ex);
+  if (release_idle_) release_weights(Part::vae);
+  trim_heap();
+  trace_memory("vae decode end");
+  return rgb;
 }
 
 std::vector<float> SdModel::vae_encode(const float* rgb, int h, int w, kernels::Executor* ex) const {
-  return vae_->encode(rgb, h, w, ex);
+  if (release_idle_) release_weights(Part::unet);
+  auto lat = vae_->encode(rgb, h, w, ex);
+  if (release_idle_) release_weights(Part::vae);
+  return lat;
 }
 
 UnetTiming time_unet(const SdModel& model, int batch, int latent_h, int latent_w, int reps, kernels::Executor* ex) {

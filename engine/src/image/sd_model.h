@@ -35,8 +35,14 @@
 // Conventions: tensors are f32, NCHW, one image per `[c][h][w]` block. Latents
 // are in the UNet's scale (the VAE's mean times vae_scale(), 0.18215).
 // Matrices keep the file's type (F16 stays F16: half the memory) unless
-// SdOptions::precision says otherwise. Every call is const and keeps no
-// scratch in the object, so several threads may use one model. Errors throw
+// SdOptions::precision says otherwise; matrices in the kept type are read in
+// place from the mapped file (not copied), and each network's pages leave the
+// process while another network runs (SdOptions::release_idle_weights): the
+// text encoder's after encode_prompt, the VAE's after its call, the UNet's
+// when either of those starts; the next call faults them back in from the
+// page cache (~0.1 s for the UNet), so one network is resident at a time.
+// Every call is const and keeps no scratch in the object (the VAE drops its
+// workspace after each call), so several threads may use one model. Errors throw
 // atelier::Error (the engine API turns them into a Status).
 #pragma once
 
@@ -92,6 +98,9 @@ struct SdOptions {
   int clip_skip = 1;       // A1111's "clip skip": 2 drops one more layer (SD1's penultimate)
   int unet_heads = 0;      // > 0: a fixed head count at every level
   int unet_head_dim = 0;   // > 0: heads = channels / head_dim
+  // Drop each network's mapped pages from the process while the others run
+  // (see the top of the file); false keeps every page once read.
+  bool release_idle_weights = true;
 };
 
 // What a checkpoint is, from tensor names and shapes only (no weights read).
@@ -160,9 +169,21 @@ class SdModel {
   const Unet& unet_net() const { return *unet_; }
   const Vae& vae_net() const { return *vae_; }
 
+  // The networks' weights read in place from the mapped file (bytes of
+  // whole ranges; what release_idle_weights drops between uses).
+  enum class Part { text_encoder, unet, vae };
+  uint64_t in_place_bytes(Part part) const;
+  // Drops a network's mapped pages from the process now (they fault back
+  // in when used). Returns the bytes of whole pages released.
+  uint64_t release_weights(Part part) const;
+
  private:
   SdModel();
+  const PageSpans& spans(Part part) const;
   SdInfo info_;
+  std::unique_ptr<WeightStore> ws_;  // the mappings the in-place weights point into
+  PageSpans clip_pages_, unet_pages_, vae_pages_;
+  bool release_idle_ = true;
   std::unique_ptr<ClipTextEncoder> clip_;
   std::unique_ptr<Unet> unet_;
   std::unique_ptr<Vae> vae_;

@@ -1,11 +1,13 @@
 #include "image/sd_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/mapped_file.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
 #include "formats/sniff.h"
@@ -25,10 +27,16 @@ int64_t TensorRef::elements() const {
   return n;
 }
 
+uint64_t PageSpans::bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : spans) n += s.second;
+  return n;
+}
+
 kernels::WeightView Weight::view() const {
   kernels::WeightView v;
   v.type = type;
-  v.data = bytes.data();
+  v.data = data();
   v.rows = rows;
   v.cols = cols;
   v.row_stride_bytes = kernels::dtype_row_bytes(type, cols);
@@ -223,12 +231,12 @@ void WeightStore::add_file(const std::string& file, const std::string& component
                            " file; a Stable Diffusion checkpoint is safetensors, a PyTorch .ckpt/.pth or a diffusers folder");
   if (kind.kind == formats::FileKind::safetensors) {
     src->st = formats::SafetensorsFile::open(file);
-    for (const auto& t : src->st->tensors()) items.push_back({t.name, {t.dtype, t.shape, t.data}});
+    for (const auto& t : src->st->tensors()) items.push_back({t.name, {t.dtype, t.shape, t.data, t.bytes}});
     if (component.empty())
       for (const auto& [k, v] : src->st->metadata()) metadata_[k] = v;
   } else {
     src->ckpt = formats::TorchCheckpoint::open(file);
-    for (const auto& t : src->ckpt->tensors()) items.push_back({t.name, {t.dtype, t.shape, t.data}});
+    for (const auto& t : src->ckpt->tensors()) items.push_back({t.name, {t.dtype, t.shape, t.data, t.bytes}});
   }
   std::vector<bool> up_attention(4, false);
   if (component == "unet")
@@ -364,6 +372,26 @@ Weight WeightStore::matrix(const std::string& name, int64_t rows, int64_t cols) 
 Weight WeightStore::stacked(const std::vector<std::string>& names, int64_t rows_each, int64_t cols) const {
   const TensorRef& first = get(names.at(0));
   check_math_type(path_, names[0], first);
+  const auto ft = *formats::kernel_dtype(first.dtype);
+  const bool same_type = precision_ == WeightPrecision::keep || (precision_ == WeightPrecision::f32 && ft == kernels::DType::F32) ||
+                         (precision_ == WeightPrecision::f16 && ft == kernels::DType::F16);
+  // One tensor already in the type kept, aligned to its element (the
+  // kernels read F16/BF16 as 16-bit and F32 as 32-bit words): read in place.
+  if (names.size() == 1 && same_type) {
+    const bool shape_ok = first.shape.size() >= 2 && first.shape[0] == rows_each && first.elements() == rows_each * cols &&
+                          (first.shape.size() == 2 || first.shape.size() == 4);
+    const int64_t elem = ft == kernels::DType::F32 ? 4 : 2;
+    if (shape_ok && reinterpret_cast<uintptr_t>(first.data) % static_cast<uintptr_t>(elem) == 0 &&
+        first.bytes == static_cast<uint64_t>(rows_each * kernels::dtype_row_bytes(ft, cols))) {
+      Weight w;
+      w.type = ft;
+      w.rows = rows_each;
+      w.cols = cols;
+      w.mapped = first.data;
+      in_place_.emplace_back(first.data, first.bytes);
+      return w;
+    }
+  }
   Weight w = make_weight(first.dtype, rows_each * static_cast<int64_t>(names.size()), cols);
   const int64_t row_bytes = kernels::dtype_row_bytes(w.type, cols);
   for (size_t i = 0; i < names.size(); ++i) {
@@ -375,6 +403,7 @@ Weight WeightStore::stacked(const std::vector<std::string>& names, int64_t rows_
       throw Error(path_ + ": tensor " + names[i] + " has shape " + shape_str(t.shape) + ", expected " +
                   std::to_string(rows_each) + " x " + std::to_string(cols) + " elements");
     convert(*formats::kernel_dtype(t.dtype), t.data, w.type, w.bytes.data() + i * rows_each * row_bytes, rows_each * cols);
+    release_copied(t);
   }
   return w;
 }
@@ -386,6 +415,7 @@ std::vector<float> WeightStore::vec(const std::string& name, int64_t n) const {
     throw Error(path_ + ": tensor " + name + " has shape " + shape_str(t.shape) + ", expected [" + std::to_string(n) + "]");
   std::vector<float> out(static_cast<size_t>(n));
   convert(*formats::kernel_dtype(t.dtype), t.data, kernels::DType::F32, reinterpret_cast<uint8_t*>(out.data()), n);
+  release_copied(t);
   return out;
 }
 
@@ -402,6 +432,37 @@ void WeightStore::rows_f32(const std::string& name, int64_t r0, int64_t nr, floa
   const auto st = *formats::kernel_dtype(t.dtype);
   const int64_t rb = kernels::dtype_row_bytes(st, t.shape[1]);
   convert(st, t.data + r0 * rb, kernels::DType::F32, reinterpret_cast<uint8_t*>(out), nr * t.shape[1]);
+  release_copied(t);
+}
+
+// MappedFile::release clips to its own mapping, so asking every source is
+// safe (memory outside the mappings is never touched) and covers a merged
+// span that crosses two adjacent mappings.
+void WeightStore::release_copied(const TensorRef& t) const {
+  for (const auto& src : sources_) (src->st ? src->st->mapping() : src->ckpt->mapping()).release(t.data, t.bytes);
+}
+
+PageSpans WeightStore::take_in_place() {
+  auto v = std::move(in_place_);
+  in_place_.clear();
+  std::sort(v.begin(), v.end());
+  PageSpans out;
+  for (const auto& [p, n] : v) {
+    if (!out.spans.empty() && out.spans.back().first + out.spans.back().second >= p) {
+      auto& last = out.spans.back();
+      last.second = std::max<uint64_t>(last.second, static_cast<uint64_t>(p + n - last.first));
+    } else {
+      out.spans.emplace_back(p, n);
+    }
+  }
+  return out;
+}
+
+uint64_t WeightStore::release(const PageSpans& spans) const {
+  uint64_t released = 0;
+  for (const auto& [p, n] : spans.spans)
+    for (const auto& src : sources_) released += (src->st ? src->st->mapping() : src->ckpt->mapping()).release(p, n);
+  return released;
 }
 
 // ---- building blocks

@@ -5,8 +5,13 @@
 // (`model.diffusion_model.*`, `first_stage_model.*`, `cond_stage_model.*`).
 // A diffusers folder (unet/, vae/, text_encoder/) is mapped into it on open
 // (diffusers_to_original), so the networks are written against one set of
-// names. Tensor data stays in the mapped files until a network copies what it
-// needs into a `Weight` (matrices keep their file type: F16 stays F16).
+// names. Matrices in the type the networks keep (F16 stays F16) are read in
+// place from the mapping (`Weight::mapped`): nothing is copied, and their
+// pages (`PageSpans`) can leave the process between uses (`release`) and fault
+// back in from the page cache when read again. What is converted (a
+// precision change, stacked q/k/v, biases and norms widened to f32) is copied
+// and the file's pages of it released at once, so the model is never
+// resident twice while it loads.
 #pragma once
 
 #include <atelier/backend.h>
@@ -31,6 +36,7 @@ struct TensorRef {
   formats::ElemType dtype = formats::ElemType::F32;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;  // into a mapping; may be unaligned
+  uint64_t bytes = 0;
   int64_t elements() const;
 };
 
@@ -39,10 +45,18 @@ struct TensorRef {
 struct Weight {
   kernels::DType type = kernels::DType::F32;
   int64_t rows = 0, cols = 0;
-  std::vector<uint8_t> bytes;
-  const void* data() const { return bytes.data(); }
+  std::vector<uint8_t> bytes;       // owned (converted or stacked), or empty
+  const uint8_t* mapped = nullptr;  // else in place in the WeightStore's mapping
+  const void* data() const { return mapped ? mapped : bytes.data(); }
+  int64_t nbytes() const { return rows * kernels::dtype_row_bytes(type, cols); }
   kernels::WeightView view() const;
   bool empty() const { return rows == 0; }
+};
+
+// Byte ranges of mapped tensors (sorted, merged) that a network reads in place.
+struct PageSpans {
+  std::vector<std::pair<const uint8_t*, uint64_t>> spans;
+  uint64_t bytes() const;
 };
 
 class WeightStore {
@@ -84,12 +98,22 @@ class WeightStore {
 
   static std::string shape_str(const std::vector<int64_t>& s);
 
+  // The mapped ranges handed out in place (Weight::mapped) since the last
+  // call: what the network just loaded keeps reading from the file.
+  PageSpans take_in_place();
+  // Drops this process's pages of `spans` (whole pages only; see
+  // MappedFile::release). They fault back in when read again. Returns the
+  // bytes released. Safe while another thread reads them (it refaults).
+  uint64_t release(const PageSpans& spans) const;
+
   struct Source;  // sd_weights.cpp
 
  private:
   WeightStore() = default;
   void add_file(const std::string& file, const std::string& component);
   Weight make_weight(formats::ElemType src, int64_t rows, int64_t cols) const;
+  // Releases the pages of a tensor that was copied out (read once).
+  void release_copied(const TensorRef& t) const;
 
   std::string path_;
   bool diffusers_ = false;
@@ -97,6 +121,7 @@ class WeightStore {
   std::vector<std::unique_ptr<Source>> sources_;
   std::map<std::string, TensorRef> tensors_;
   std::map<std::string, std::string> metadata_;
+  mutable std::vector<std::pair<const uint8_t*, uint64_t>> in_place_;
 };
 
 // ---- building blocks the networks share (f32 activations)

@@ -92,13 +92,21 @@ struct SpatialTransformer {
     return s;
   }
 
-  // In place on the backend. s: scratch of 20 * n * c * hw floats, then
-  // 2 * lk * c for the largest context; ctx[i]: sample i's context (lk[i] tokens).
+  // In place on the backend. s: scratch_floats(n * c * hw, c) floats, then
+  // 2 * lk * c for the largest context; ctx[i]: sample i's context (lk[i]
+  // tokens). t, nrm and o live through the block; one region holds what is
+  // never live together: g (at the ends), q, k, v, a (attention), and the
+  // feed-forward's f (8c wide) and gg (4c), run a third of the rows at a
+  // time to fit there (a matmul row's bits do not depend on the row count).
+  static constexpr int64_t kFfRowAlign = 64;
+  static int64_t ff_chunk_rows(int64_t rows) { return ((rows + 2) / 3 + kFfRowAlign - 1) / kFfRowAlign * kFfRowAlign; }
+  static int64_t scratch_floats(int64_t m, int64_t c) { return 3 * m + 4 * m + 12 * c * kFfRowAlign; }
   void run(kernels::Backend& be, float* x, int64_t n, int64_t hw, float* s, const float* const* ctx,
            const int64_t* lk) const {
-    const int64_t rows = n * hw, m = n * c * hw;
-    float *g = s, *t = s + m, *nrm = s + 2 * m, *q = s + 3 * m, *k = s + 4 * m, *v = s + 5 * m, *a = s + 6 * m,
-          *o = s + 7 * m, *f = s + 8 * m, *gg = s + 16 * m, *ck = s + 20 * m;
+    const int64_t rows = n * hw, m = n * c * hw, chunk = ff_chunk_rows(rows);
+    float *t = s, *nrm = s + m, *o = s + 2 * m, *r = s + 3 * m;
+    float *g = r, *q = r, *k = r + m, *v = r + 2 * m, *a = r + 3 * m, *f = r, *gg = r + 8 * c * chunk;
+    float* ck = s + scratch_floats(m, c);
     be.group_norm(x, g, n, c, hw, 32, gn.g.data(), gn.b.data(), 1e-6f, false);
     be.transpose(g, nrm, n, c, hw);  // to tokens
     proj_in.run(be, nrm, t, rows);
@@ -127,9 +135,12 @@ struct SpatialTransformer {
       be.add(t, o, t, m);
 
       be.layer_norm(t, nrm, rows, c, b.ln3.g.data(), b.ln3.b.data(), 1e-5f);
-      b.ff1.run(be, nrm, f, rows);
-      be.geglu(f, gg, rows, 4 * c);
-      b.ff2.run(be, gg, o, rows);
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t nr = std::min(chunk, rows - r0);
+        b.ff1.run(be, nrm + r0 * c, f, nr);
+        be.geglu(f, gg, nr, 4 * c);
+        b.ff2.run(be, gg, o + r0 * c, nr);
+      }
       be.add(t, o, t, m);
     }
     proj_out.run(be, t, o, rows);
@@ -277,9 +288,9 @@ std::unique_ptr<Unet> Unet::load(const WeightStore& ws, const UnetConfig& cfg) {
 }
 
 int64_t Unet::weight_bytes() const {
-  int64_t total = static_cast<int64_t>(temb1_.bytes.size() + temb2_.bytes.size());
-  auto lin = [](const Linear& l) { return static_cast<int64_t>(l.w.bytes.size() + l.b.size() * 4); };
-  auto conv = [](const Conv2d* c) { return c ? static_cast<int64_t>(c->w.bytes.size() + c->b.size() * 4) : 0; };
+  int64_t total = static_cast<int64_t>(temb1_.nbytes() + temb2_.nbytes());
+  auto lin = [](const Linear& l) { return static_cast<int64_t>(l.w.nbytes() + l.b.size() * 4); };
+  auto conv = [](const Conv2d* c) { return c ? static_cast<int64_t>(c->w.nbytes() + c->b.size() * 4) : 0; };
   auto res = [&](const ResBlock* r) { return r ? conv(&r->c1) + conv(&r->c2) + conv(r->skip.get()) + lin(r->emb) : 0; };
   auto blk = [&](const Block& b) {
     int64_t s = conv(b.conv.get()) + conv(b.up.get()) + res(b.res.get()) + res(b.res2.get());
@@ -330,7 +341,10 @@ Unet::Plan Unet::plan(const UnetBatch& in) const {
         p.emb = std::max(p.emb, n * c);
       }
     see();
-    if (b.attn) p.attn = std::max(p.attn, n * c * h * w);
+    if (b.attn) {
+      p.attn = std::max(p.attn, n * c * h * w);
+      p.attn_scratch = std::max(p.attn_scratch, SpatialTransformer::scratch_floats(n * c * h * w, c));
+    }
     if (b.up) {
       h *= 2, w *= 2;
       see();
@@ -360,7 +374,7 @@ Unet::Plan Unet::plan(const UnetBatch& in) const {
   const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();
   int64_t max_c = 0;
   for (int level = 0; level < static_cast<int>(cfg_.channel_mult.size()); ++level) max_c = std::max<int64_t>(max_c, cfg_.channels(level));
-  p.floats = 4 * p.slot + skips + 20 * p.attn + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb;
+  p.floats = 4 * p.slot + skips + p.attn_scratch + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb;
   return p;
 }
 
@@ -391,7 +405,7 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   std::vector<float*> skip_at;  // host pointers into the workspace, one per skip (a few dozen)
   skip_at.reserve(p.skips.size());
   for (int64_t z : p.skips) skip_at.push_back(ws.take(z));
-  float* attn_scratch = ws.take(20 * p.attn + 2 * p.max_lk * max_c);
+  float* attn_scratch = ws.take(p.attn_scratch + 2 * p.max_lk * max_c);
   float* e = ws.take(std::max<int64_t>(p.emb, 1));
   float* ts = ws.take(n);
   float *t0 = ws.take(n * mc), *t1 = ws.take(n * temb), *emb = ws.take(n * temb);

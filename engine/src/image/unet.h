@@ -55,6 +55,7 @@ class Unet {
     int64_t slot = 0;            // floats of the largest activation
     std::vector<int64_t> skips;  // floats of each input block's output
     int64_t attn = 0;            // n * c * hw of the largest SpatialTransformer
+    int64_t attn_scratch = 0;    // the largest SpatialTransformer's scratch (its c and hw)
     int64_t emb = 0;             // n * c_out of the widest ResBlock
     int64_t ctx = 0, max_lk = 0; // the contexts' floats, the longest one's tokens
     int64_t floats = 0;          // the whole workspace

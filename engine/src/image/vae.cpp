@@ -193,12 +193,12 @@ std::unique_ptr<Vae> Vae::load(const WeightStore& ws, const VaeConfig& cfg) {
 
 int64_t Vae::weight_bytes() const {
   int64_t total = 0;
-  auto conv = [](const Conv2d& c) { return static_cast<int64_t>(c.w.bytes.size() + c.b.size() * 4); };
+  auto conv = [](const Conv2d& c) { return static_cast<int64_t>(c.w.nbytes() + c.b.size() * 4); };
   auto res = [&](const ResnetBlock& r) { return conv(r.c1) + conv(r.c2) + (r.shortcut ? conv(*r.shortcut) : 0); };
   for (const Half* h : {enc_.get(), dec_.get()}) {
     if (!h) continue;
     total += conv(h->conv_in) + conv(h->conv_out) + conv(h->quant) + res(h->mid1) + res(h->mid2);
-    for (const Linear* l : {&h->attn.q, &h->attn.k, &h->attn.v, &h->attn.proj}) total += static_cast<int64_t>(l->w.bytes.size());
+    for (const Linear* l : {&h->attn.q, &h->attn.k, &h->attn.v, &h->attn.proj}) total += static_cast<int64_t>(l->w.nbytes());
     for (const auto& lv : h->levels)
       for (const auto& r : lv) total += res(r);
     for (const auto& c : h->resample)
@@ -209,26 +209,46 @@ int64_t Vae::weight_bytes() const {
 
 std::vector<float> Vae::decode(const float* latent, int h, int w, kernels::Executor* ex) const {
   if (h <= 0 || w <= 0) throw Error("vae: bad latent size");
-  auto ws = work_.acquire(ex, decode_floats(h, w));
-  return decode(ws, latent, h, w);
+  std::vector<float> out;
+  {
+    auto ws = work_.acquire(ex, decode_floats(h, w));
+    out = decode(ws, latent, h, w);
+  }
+  work_.release();  // the largest workspace of the model, used once per image
+  return out;
 }
 
 std::vector<float> Vae::decode(const float* latent, int h, int w, kernels::Backend& backend) const {
   if (h <= 0 || w <= 0) throw Error("vae: bad latent size");
-  auto ws = work_.acquire(backend, decode_floats(h, w));
-  return decode(ws, latent, h, w);
+  std::vector<float> out;
+  {
+    auto ws = work_.acquire(backend, decode_floats(h, w));
+    out = decode(ws, latent, h, w);
+  }
+  work_.release();
+  return out;
 }
 
 std::vector<float> Vae::encode(const float* rgb, int h, int w, kernels::Executor* ex) const {
   check_encode(h, w);
-  auto ws = work_.acquire(ex, encode_floats(h, w));
-  return encode(ws, rgb, h, w);
+  std::vector<float> out;
+  {
+    auto ws = work_.acquire(ex, encode_floats(h, w));
+    out = encode(ws, rgb, h, w);
+  }
+  work_.release();
+  return out;
 }
 
 std::vector<float> Vae::encode(const float* rgb, int h, int w, kernels::Backend& backend) const {
   check_encode(h, w);
-  auto ws = work_.acquire(backend, encode_floats(h, w));
-  return encode(ws, rgb, h, w);
+  std::vector<float> out;
+  {
+    auto ws = work_.acquire(backend, encode_floats(h, w));
+    out = encode(ws, rgb, h, w);
+  }
+  work_.release();
+  return out;
 }
 
 // The largest tensor of a decode (walking its shapes), and the mid attention's.

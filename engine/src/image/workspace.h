@@ -53,6 +53,15 @@ class Workspace {
     l.buf_ = buf_.get();
     return l;
   }
+  // Frees the buffer once the call in flight (if any) ends; the next acquire
+  // allocates again. For a network whose workspace is large and whose calls
+  // are rare (the VAE: hundreds of MB at full resolution, once per image).
+  void release() {
+    std::lock_guard<std::mutex> g(m_);
+    buf_.reset();
+    buf_bytes_ = 0;
+    owner_ = nullptr;
+  }
   // The same on the CPU backend over `ex`.
   Lease acquire(kernels::Executor* ex, int64_t floats) {
     Lease l;
