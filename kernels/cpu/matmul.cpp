@@ -153,7 +153,7 @@ void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
   const int64_t nb = w.cols / dtype_block_elems(w.type), j = r % rows;
   const auto* g = static_cast<const uint8_t*>(w.data) + (r / rows) * w.row_stride_bytes;
   const uint8_t* meta = g + nb * rows * qb;
-  if (l == WeightLayout::q4_Kx16) {
+  if (packed_type(l) == DType::Q4_K) {
     auto* blk = reinterpret_cast<BlockQ4_K*>(out);
     for (int64_t b = 0; b < nb; ++b, ++blk, meta += rows * kQ4KMetaBytes) {
       std::memcpy(&blk->d, meta + 2 * j, 2);
@@ -192,7 +192,7 @@ void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
 void pack_row(WeightLayout l, int64_t nb, const uint8_t* src, int64_t j, uint8_t* g) {
   const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
   uint8_t* meta = g + nb * rows * qb;
-  if (l == WeightLayout::q4_Kx16) {
+  if (packed_type(l) == DType::Q4_K) {
     for (int64_t b = 0; b < nb; ++b, meta += rows * kQ4KMetaBytes) {
       BlockQ4_K blk{};
       if (src) std::memcpy(&blk, src + b * sizeof(BlockQ4_K), sizeof blk);
@@ -326,7 +326,10 @@ bool matmul_supports(DType t) {
 namespace {
 // The packed layout this level's tile wants for type t, or rows for none.
 WeightLayout packed_layout_here(DType t) {
-  if (t == DType::Q4_K) return active_simd() == Simd::avx512 ? WeightLayout::q4_Kx16 : WeightLayout::rows;
+  if (t == DType::Q4_K)
+    return active_simd() == Simd::avx512 ? WeightLayout::q4_Kx16
+           : active_simd() == Simd::avx2 ? WeightLayout::q4_Kx8
+                                         : WeightLayout::rows;
   if (t == DType::Q6_K) return active_simd() == Simd::avx512 ? WeightLayout::q6_Kx16 : WeightLayout::rows;
   if (t != DType::Q8_0 && t != DType::Q4_0) return WeightLayout::rows;
   const bool q8 = t == DType::Q8_0;
@@ -387,10 +390,13 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
       fn = w.layout == WeightLayout::q4_0x16   ? &q4_0x16_rows_avx512
            : w.layout == WeightLayout::q4_Kx16 ? &q4_Kx16_rows_avx512
                                                : &q6_Kx16_rows_avx512;
-  } else if (w.layout == WeightLayout::q8_0x8 || w.layout == WeightLayout::q4_0x8) {
+  } else if (w.layout == WeightLayout::q8_0x8 || w.layout == WeightLayout::q4_0x8 || w.layout == WeightLayout::q4_Kx8) {
     unit = kPackedX8RowUnit;
     // Packed at the avx2 level, run there or above (an AVX-512 CPU has AVX2).
-    if (active_simd() != Simd::scalar) fn = w.layout == WeightLayout::q8_0x8 ? &q8_0x8_rows_avx2 : &q4_0x8_rows_avx2;
+    if (active_simd() != Simd::scalar)
+      fn = w.layout == WeightLayout::q8_0x8   ? &q8_0x8_rows_avx2
+           : w.layout == WeightLayout::q4_0x8 ? &q4_0x8_rows_avx2
+                                              : &q4_Kx8_rows_avx2;
   } else if (matmul_supports(w.type)) {
     switch (active_simd()) {
       case Simd::avx512: fn = rows_fn_avx512(w.type); break;

@@ -221,7 +221,119 @@ struct KernelQ4_0x8 {
   }
 };
 
+// Q4_K weights packed as WeightLayout::q4_Kx8 x Q8_K activations: lane j is
+// weight row j of a group of 8; per super-block and sub-block pair c a
+// register holds 4 quant bytes of each row (4 columns of sub-block 2c in the
+// low nibbles, of 2c + 1 in the high ones). maddubs products of a sub-block
+// add up in int16 lanes over its 8 registers (at most 8 x 2 x 15 x 127 =
+// 30480), then one madd by the rows' scale (in both halves of each 32-bit
+// lane) gives sc_j (q_j . x_j) per row. Per lane and super-block, exact int32:
+//   tot = sum_j sc_j (q_j . x_j),  mins = sum_j m_j sum(x_j) (4 madd on the
+//   min pairs)
+//   acc += d_x * (d_w * float(tot) - dmin_w * float(mins))
+// the same steps for every tile shape.
+struct KernelQ4_Kx8 {
+  template <int NM, int NG>
+  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
+    const int64_t nb = a.w->cols / kQK_K;
+    constexpr int64_t kRegs = kPackRowsX8 * kQK_K / 2 / 32;  // 32 registers of quants a super-block
+    constexpr int64_t kMeta = kPackRowsX8 * kQ4KMetaBytes;   // 160
+    constexpr int R = kPackRowsX8;
+    const char* base = static_cast<const char*>(a.w->data);
+    const __m256i* q[NG];
+    const uint8_t* meta[NG];
+    for (int g = 0; g < NG; ++g) {
+      q[g] = reinterpret_cast<const __m256i*>(base + (g0 + g) * a.w->row_stride_bytes);
+      meta[g] = reinterpret_cast<const uint8_t*>(base + (g0 + g) * a.w->row_stride_bytes + nb * kRegs * 32);
+    }
+    const BlockQ8_K* x[NM];
+    for (int m = 0; m < NM; ++m) x[m] = reinterpret_cast<const BlockQ8_K*>(act_row(a, m0 + m));
+    __m256 acc[NM][NG];
+    for (auto& row : acc)
+      for (auto& v : row) v = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups
+    // Eight bytes (one per row) as int16 pairs (v, v) in the 8 lanes.
+    auto pairs = [](const uint8_t* p) {
+      __m128i b;
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      b = _mm_cvtsi64_si128(v);
+      const __m256i w = _mm256_cvtepu8_epi32(b);
+      return _mm256_or_si256(w, _mm256_slli_epi32(w, 16));
+    };
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i tot[NM][NG];
+      for (auto& row : tot)
+        for (auto& v : row) v = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        __m256i plo[NM][NG], phi[NM][NG];
+        for (int m = 0; m < NM; ++m)
+          for (int g = 0; g < NG; ++g) plo[m][g] = phi[m][g] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t) {
+#pragma GCC unroll 2
+          for (int g = 0; g < NG; ++g) {
+            const __m256i* src = q[g] + kRegs * b + 8 * c + t;
+            if (t % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(src) + ahead, _MM_HINT_T1);
+            const __m256i v = _mm256_load_si256(src);
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#pragma GCC unroll 2
+            for (int m = 0; m < NM; ++m) {
+              int32_t xl, xh;
+              std::memcpy(&xl, x[m][b].qs + 64 * c + 4 * t, 4);
+              std::memcpy(&xh, x[m][b].qs + 64 * c + 32 + 4 * t, 4);
+              plo[m][g] = _mm256_add_epi16(plo[m][g], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+              phi[m][g] = _mm256_add_epi16(phi[m][g], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+            }
+          }
+        }
+        for (int g = 0; g < NG; ++g) {
+          const uint8_t* sc = meta[g] + b * kMeta + 4 * R;
+          const __m256i sl = pairs(sc + R * 2 * c), sh = pairs(sc + R * (2 * c + 1));
+          for (int m = 0; m < NM; ++m)
+            tot[m][g] = _mm256_add_epi32(tot[m][g], _mm256_add_epi32(_mm256_madd_epi16(plo[m][g], sl),
+                                                                     _mm256_madd_epi16(phi[m][g], sh)));
+        }
+      }
+      // The mins: per pair of sub-blocks the activation sums as an int16
+      // pair, against each row's (m_2i, m_2i+1).
+      int32_t xs[NM][4];
+      for (int m = 0; m < NM; ++m)
+        for (int i = 0; i < 4; ++i) {
+          const int16_t* bs = x[m][b].bsums + 4 * i;
+          const auto lo16 = static_cast<uint16_t>(bs[0] + bs[1]), hi16 = static_cast<uint16_t>(bs[2] + bs[3]);
+          xs[m][i] = static_cast<int32_t>(static_cast<uint32_t>(lo16) | (static_cast<uint32_t>(hi16) << 16));
+        }
+      for (int g = 0; g < NG; ++g) {
+        const uint8_t* mt = meta[g] + b * kMeta;
+        __m256i mins[NM];
+        for (int m = 0; m < NM; ++m) mins[m] = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+          const __m256i mv = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mt + 12 * R + 2 * R * i)));
+          for (int m = 0; m < NM; ++m) mins[m] = _mm256_add_epi32(mins[m], _mm256_madd_epi16(mv, _mm256_set1_epi32(xs[m][i])));
+        }
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mt)));
+        const __m256 dminv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mt + 2 * R)));
+        for (int m = 0; m < NM; ++m) {
+          __m256 sv = _mm256_mul_ps(_mm256_cvtepi32_ps(tot[m][g]), dv);
+          sv = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[m]), dminv, sv);
+          acc[m][g] = _mm256_fmadd_ps(sv, _mm256_set1_ps(x[m][b].d), acc[m][g]);
+        }
+      }
+    }
+    store_packed<NM, NG>(a, m0, g0, acc);
+  }
+};
+
 }  // namespace avx2
+
+// Packed Q4_K: 2 activation rows x 1 group (16 accumulators would not fit
+// in the 16 ymm registers at 2 x 2); 1 row x 2 groups for generation.
+void q4_Kx8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  using Driver = TileDriver<avx2::KernelQ4_Kx8, 2, 1, 2>;
+  Driver::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
+}
 
 // Packed Q4_0: as packed Q8_0.
 void q4_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {

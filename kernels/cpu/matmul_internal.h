@@ -43,6 +43,7 @@ void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 // The same for WeightLayout::q4_0x16 (AVX-512 VNNI) and q4_0x8 (AVX2).
 void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void q4_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
+void q4_Kx8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 // WeightLayout::q4_Kx16 (AVX-512 VNNI).
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);

@@ -93,10 +93,11 @@ constexpr int64_t kPackBlockBytes = kPackRows * kQK;  // 512
 constexpr int kPackRowsX8 = 8;  // q8_0x8
 constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
 //
-// q4_Kx16 (Q4_K, AVX-512 VNNI): per super-block the 16 rows' 128 quant bytes
+// q4_Kx16 (Q4_K, AVX-512 VNNI; q4_Kx8 the same for 8 rows, AVX2): per
+// super-block the 16 rows' 128 quant bytes
 // interleaved as above (the low nibbles of 4 bytes are 4 columns of
 // sub-block 2c, the high nibbles the same columns of 2c + 1), and after all
-// the quants, per super-block 320 bytes of scales (kQ4KMetaBytes per row):
+// the quants, per super-block 20 bytes a row of scales (kQ4KMetaBytes):
 // the 16 d (fp16), the 16 dmin (fp16), the 6-bit sub-block scales as bytes
 // [j][row] and the mins as byte pairs [j / 2][row][j % 2] (the int16 pairs
 // of one dpwssd).
@@ -106,10 +107,10 @@ constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
 // row, as GGML's.
 constexpr int kQ4KMetaBytes = 20, kQ6KMetaBytes = 18;
 inline int packed_group_rows(WeightLayout l) {
-  return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 ? kPackRowsX8 : kPackRows;
+  return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 || l == WeightLayout::q4_Kx8 ? kPackRowsX8 : kPackRows;
 }
 inline DType packed_type(WeightLayout l) {
-  if (l == WeightLayout::q4_Kx16) return DType::Q4_K;
+  if (l == WeightLayout::q4_Kx16 || l == WeightLayout::q4_Kx8) return DType::Q4_K;
   if (l == WeightLayout::q6_Kx16) return DType::Q6_K;
   return l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? DType::Q4_0 : DType::Q8_0;
 }

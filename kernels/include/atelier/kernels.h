@@ -67,9 +67,9 @@ std::string_view simd_level();
 //            register holds 4 columns of all 8 rows), quants stored as q.
 //   q4_0x16, q4_0x8: Q4_0 likewise (AVX-512 VNNI, AVX2): 4 of GGML's nibble
 //            bytes per row in turn, then the scales.
-//   q4_Kx16, q6_Kx16: Q4_K and Q6_K likewise (AVX-512 VNNI), the scales
-//            (and Q4_K's mins) unpacked to bytes.
-enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16 };
+//   q4_Kx16, q6_Kx16, q4_Kx8: Q4_K and Q6_K likewise (AVX-512 VNNI), Q4_K
+//            for AVX2, the scales (and Q4_K's mins) unpacked to bytes.
+enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8 };
 
 // A weight matrix: `rows` rows of `cols` elements of type `type`, each row
 // `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
@@ -86,8 +86,8 @@ struct WeightView {
 // Q8_0 on AVX-512 with VNNI, where the packed tile does one multiply-add
 // instruction per 64 products instead of three, and needs no horizontal sums;
 // Q8_0 on AVX2, where each block's float scaling is done for 8 rows at once
-// and the integer sums need no horizontal adds either; Q4_0 on both; Q4_K
-// and Q6_K on AVX-512).
+// and the integer sums need no horizontal adds either; Q4_0 and Q4_K on
+// both; Q6_K on AVX-512).
 // packed_weight_bytes: bytes of the packed copy of w, or 0 when w is best used
 // as it is (other types, other SIMD levels). pack_weights writes it to dst
 // (64-byte aligned) and returns its view, which every matmul entry accepts
