@@ -3,8 +3,26 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <functional>
+#include <string>
 
 #include "commands/commands.h"
+
+namespace {
+
+// CLI11 reads an empty value of a number option as the default ("--cfg ''"
+// ran with 7.5): refuse it, on every number option of every command.
+void refuse_empty_numbers(CLI::App& app) {
+  static const CLI::Validator not_empty(
+      [](std::string& v) { return v.empty() ? std::string("an empty value is not a number") : std::string(); }, "", "not empty");
+  for (CLI::Option* o : app.get_options()) {
+    const std::string t = o->get_type_name();
+    if (o->get_type_size() != 0 && (t == "INT" || t == "UINT" || t == "FLOAT" || t == "NUMBER")) o->check(not_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands(std::function<bool(CLI::App*)>{})) refuse_empty_numbers(*sub);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Atelier: local text and image generation", "atelier"};
@@ -18,6 +36,7 @@ int main(int argc, char** argv) {
   atelier::app::add_queue_commands(app, exit_code);
   atelier::app::add_template_commands(app, exit_code);
   atelier::app::add_serve_commands(app, exit_code);
+  refuse_empty_numbers(app);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty() && app.count("--headless") == 0)

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/utf8.h"
 #include "core/error.h"
 #include "api/text_model_impl.h"
 #include "text/json_constraint.h"
@@ -84,8 +85,12 @@ Status validate_request(const TextRequest& r, int n_ctx) {
   if (s.repeat_last_n < 0) return bad("repeat-last-n must be >= 0");
   if (!std::isfinite(s.frequency_penalty) || !std::isfinite(s.presence_penalty))
     return bad("frequency and presence penalties must be finite numbers");
-  for (const auto& stop : r.stop)
+  if (const size_t at = first_bad_utf8(r.prompt); at != std::string_view::npos)
+    return bad("the prompt is not valid UTF-8 (byte " + std::to_string(at) + "): pass text in UTF-8");
+  for (const auto& stop : r.stop) {
     if (stop.empty()) return bad("a stop string must not be empty");
+    if (first_bad_utf8(stop) != std::string_view::npos) return bad("a stop string is not valid UTF-8: pass text in UTF-8");
+  }
   if (r.top_logprobs < 0 || r.top_logprobs > 20) return bad("top_logprobs must be between 0 and 20");
   if (!r.json_schema.empty()) {
     auto m = text::JsonMatcher::compile(r.json_schema);

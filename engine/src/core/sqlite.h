@@ -220,6 +220,19 @@ inline void open_wal(const std::string& path, int busy_timeout_ms, const std::st
 template <const char* Noun>
 inline void migrate(sqlite3* db, const std::string& path, const char* const* migrations, int count,
                     const std::string& what, const std::string& elsewhere) {
+  // Up to date already (the usual case): a read, so opening never waits for
+  // another process's write lock (a reader must not block behind a writer).
+  {
+    sqlite3_stmt* s = nullptr;
+    bool current = false;
+    if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &s, nullptr) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+      const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+      current = p && std::to_string(count) == p;
+    }
+    sqlite3_finalize(s);
+    if (current) return;
+  }
   for (;;) {
     Txn<Noun> txn(db, path);
     exec<Noun>(db, path, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
