@@ -2,7 +2,10 @@
 // can run from here with the same request values.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -15,9 +18,30 @@ namespace {
 void refuse_empty_numbers(CLI::App& app) {
   static const CLI::Validator not_empty(
       [](std::string& v) { return v.empty() ? std::string("an empty value is not a number") : std::string(); }, "", "not empty");
+  // CLI11 saturates a whole number too large for 64 bits (to 9223372036854775807) instead of refusing it.
+  static const CLI::Validator fits(
+      [](std::string& v) {
+        const bool digits = !v.empty() && v.find_first_not_of("+-0123456789") == std::string::npos;
+        if (!digits) return std::string();
+        errno = 0;
+        if (v[0] == '-') (void)std::strtoll(v.c_str(), nullptr, 10);
+        else (void)std::strtoull(v.c_str(), nullptr, 10);
+        return errno == ERANGE ? "'" + v + "' is too large a number" : std::string();
+      },
+      "", "fits");
+  // CLI11's Range lets NaN through (every comparison with it is false).
+  static const CLI::Validator finite(
+      [](std::string& v) {
+        char* end = nullptr;
+        const double d = std::strtod(v.c_str(), &end);
+        return end != v.c_str() && *end == '\0' && !std::isfinite(d) ? "'" + v + "' is not a finite number" : std::string();
+      },
+      "", "finite");
   for (CLI::Option* o : app.get_options()) {
     const std::string t = o->get_type_name();
+    if (o->get_type_size() != 0 && t == "FLOAT") o->check(finite);
     if (o->get_type_size() != 0 && (t == "INT" || t == "UINT" || t == "FLOAT" || t == "NUMBER")) o->check(not_empty);
+    if (o->get_type_size() != 0 && (t == "INT" || t == "UINT")) o->check(fits);
   }
   for (CLI::App* sub : app.get_subcommands(std::function<bool(CLI::App*)>{})) refuse_empty_numbers(*sub);
 }
