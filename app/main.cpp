@@ -38,10 +38,16 @@ void refuse_empty_numbers(CLI::App& app) {
       },
       "", "finite");
   for (CLI::Option* o : app.get_options()) {
+    if (o->get_type_size() == 0) continue;  // a flag
+    // text/image/queue's --seed parse (and explain) their whole range themselves: "a seed is a whole number from 0 to ...".
+    if (o->get_name() == "--seed" && o->get_type_name() == "UINT") continue;
+    // "FLOAT", or "FLOAT:FLOAT in [0 - 100]" once a Range is checked.
     const std::string t = o->get_type_name();
-    if (o->get_type_size() != 0 && t == "FLOAT") o->check(finite);
-    if (o->get_type_size() != 0 && (t == "INT" || t == "UINT" || t == "FLOAT" || t == "NUMBER")) o->check(not_empty);
-    if (o->get_type_size() != 0 && (t == "INT" || t == "UINT")) o->check(fits);
+    const auto is = [&t](const char* kind) { return t.rfind(kind, 0) == 0; };
+    const bool whole = is("INT") || is("UINT"), number = whole || is("FLOAT") || is("NUMBER");
+    if (number) o->check(not_empty);
+    if (is("FLOAT")) o->check(finite);
+    if (whole) o->check(fits);
   }
   for (CLI::App* sub : app.get_subcommands(std::function<bool(CLI::App*)>{})) refuse_empty_numbers(*sub);
 }
