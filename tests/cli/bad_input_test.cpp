@@ -46,7 +46,8 @@ struct Sandbox : atelier::test::ScratchDir {
   Sandbox() : ScratchDir("atelier_badinput") {}
   std::string path(const std::string& n) const { return (dir / n).string(); }
   Result run(const std::vector<std::string>& args) const {
-    std::string cmd = "timeout 30 " + shell_quote(atelier::test::atelier_binary());
+    // -k: a process that ignores SIGTERM (as one did, looping) is killed 5 s later, so a hang fails the case, never the run.
+    std::string cmd = "timeout -k 5 30 " + shell_quote(atelier::test::atelier_binary());
     for (const auto& a : args) cmd.append(" ").append(shell_quote(a));
     cmd.append(" </dev/null >/dev/null 2>").append(shell_quote(path("err")));
     const int rc = std::system(cmd.c_str());
