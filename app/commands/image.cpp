@@ -54,7 +54,9 @@ void add_image_commands(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   image->add_option("--preview-dir", o->preview_dir, "Write each step's preview as DIR/IMAGE-STEP.png");
   image->add_option("--threads", o->request.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
-  image->add_option("-o,--output", o->out, "Output PNG (a batch writes OUT-1.png ... OUT-N.png)")->required();
+  image->add_option("-o,--output", o->out, "Output PNG (a batch writes OUT-1.png ... OUT-N.png)")
+      ->required()
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("name the PNG file to write") : std::string(); }, "", ""));
   image->add_flag("--json", o->json, "One JSON line per image written");
   image->callback([o, &exit_code] {
     // The output is checked before the render, not after it.

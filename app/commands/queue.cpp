@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -146,6 +148,7 @@ int run_headless(const RunnerOptions& o, bool watch) {
 
 struct BatchOptions {
   std::string file, out_dir = "batch-out", shard;
+  bool shard_given = false;  // --shard '' is a mistake, not "no shard"
   bool overwrite = false, allow_any_output = false;
   RunnerOptions runner;
 };
@@ -223,8 +226,14 @@ int run_batch(const BatchOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   int shard_i = 0, shard_n = 1;
-  if (!o.shard.empty()) {
-    if (std::sscanf(o.shard.c_str(), "%d/%d", &shard_i, &shard_n) != 2 || shard_n < 1 || shard_i < 0 || shard_i >= shard_n)
+  if (o.shard_given) {
+    // from_chars, not sscanf: "1/99999999999999999999" is refused, not wrapped.
+    const char* s = o.shard.data();
+    const char* end = s + o.shard.size();
+    const auto [p1, e1] = std::from_chars(s, end, shard_i);
+    const bool slash = e1 == std::errc() && p1 < end && *p1 == '/';
+    const auto [p2, e2] = slash ? std::from_chars(p1 + 1, end, shard_n) : std::from_chars_result{p1, std::errc::invalid_argument};
+    if (!slash || e2 != std::errc() || p2 != end || shard_n < 1 || shard_i < 0 || shard_i >= shard_n)
       return fail(Status::error(StatusCode::InvalidArgument, "--shard wants I/N with 0 <= I < N, e.g. 0/4; got '" + o.shard + "'"));
   }
   {
@@ -346,7 +355,8 @@ int run_batch(const BatchOptions& o) {
     if (!l.image || l.job != 0) continue;
     // Never replace a file the user has, unless asked to.
     const ImageRequest& r = l.image_request;
-    const int n = r.batch_count * r.batch_size;
+    // At most the 100 x 16 images a request may ask; submit refuses more below (a line asking 1e9 looped here for hours).
+    const int n = static_cast<int>(std::clamp<int64_t>(int64_t{r.batch_count} * r.batch_size, 0, 1600));
     std::string exists;
     for (int i = 0; i < n && exists.empty(); ++i)
       if (const std::string f = numbered_output_path(r.output, i, n); fs::exists(fs::symlink_status(f, ec))) exists = f;
@@ -489,7 +499,13 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   batch->add_option("--out", b->out_dir, "Output folder")->capture_default_str();
   batch->add_flag("--overwrite", b->overwrite, "Replace image files that already exist (default: such a line fails)");
   batch->add_flag("--allow-any-output", b->allow_any_output, "Let lines' \"output\" be absolute or leave --out with \"..\" (default: refused)");
-  batch->add_option("--shard", b->shard, "Run only lines whose number (1-based) is I modulo N, e.g. 0/4 (a Kubernetes indexed Job or Slurm array task)");
+  batch->add_option_function<std::string>(
+      "--shard",
+      [b](const std::string& v) {
+        b->shard = v;
+        b->shard_given = true;
+      },
+      "Run only lines whose number (1-based) is I modulo N, e.g. 0/4 (a Kubernetes indexed Job or Slurm array task)");
   add_runner_options(*batch, b->runner);
   batch->callback([b, &exit_code] { exit_code = run_batch(*b); });
 

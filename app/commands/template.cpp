@@ -3,6 +3,7 @@
 // semantics). Prints the text with nothing added.
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -20,6 +21,12 @@ struct TemplateOptions {
 };
 
 Result<std::string> read_file(const std::string& path, const char* what) {
+  // A FIFO would block the read until killed; a folder reads as nothing.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    return Status::error(StatusCode::InvalidArgument,
+                         path + " is not a regular file (a folder, FIFO or device): pass the " + what + " file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::error(StatusCode::NotFound, path + ": cannot read the " + what + " file");
   std::stringstream ss;

@@ -2,15 +2,21 @@
 // arguments (no shell interpretation of them) and capture what it printed.
 #pragma once
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
+
+extern char** environ;
 
 namespace atelier::test {
 
@@ -71,5 +77,60 @@ inline CliRun run_atelier(const std::vector<std::string>& args, const std::files
   std::filesystem::remove(err);
   return r;
 }
+
+// The lines of a JSON Lines text (empty lines skipped).
+inline std::vector<nlohmann::json> jsonl(const std::string& text) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+// The atelier binary in the background, stdout and stderr to files in DIR;
+// killed (SIGKILL) and reaped by the destructor if still running.
+struct Child {
+  pid_t pid = -1;
+  std::string out, err;
+  Child(const std::vector<std::string>& args, const std::filesystem::path& dir, const std::string& tag = "child") {
+    out = (dir / (tag + "_out")).string();
+    err = (dir / (tag + "_err")).string();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const std::string bin = atelier_binary();
+    std::vector<std::string> all = {bin};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  // Exit code, 128 + signal when killed.
+  int wait() {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  // True (and the exit code in *code) when it has ended; does not block.
+  bool ended(int* code) {
+    int status = 0;
+    if (pid <= 0 || ::waitpid(pid, &status, WNOHANG) != pid) return false;
+    pid = -1;
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return true;
+  }
+  ~Child() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+};
 
 }  // namespace atelier::test

@@ -24,11 +24,11 @@
 
 #include "cli/cli_util.h"
 
-extern char** environ;
-
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Out = atelier::test::CliRun;
+using atelier::test::Child;
+using atelier::test::jsonl;
 using atelier::test::slurp;
 
 namespace {
@@ -45,14 +45,6 @@ struct Sandbox : atelier::test::ScratchDir {
   void write(const std::string& name, const std::string& text) const { std::ofstream(dir / name, std::ios::binary) << text; }
 };
 
-std::vector<json> jsonl(const std::string& text) {
-  std::vector<json> v;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) v.push_back(json::parse(line));
-  return v;
-}
-
 std::string text_line(const std::string& prompt, int n, int seed) {
   return json{{"model", kModel}, {"prompt", prompt}, {"max_new_tokens", n}, {"sampling", {{"temperature", 0.8}, {"seed", seed}}}}.dump();
 }
@@ -62,41 +54,6 @@ std::string image_line(const std::string& output, int seed = 1) {
   if (!output.empty()) j["output"] = output;
   return j.dump();
 }
-
-// The atelier binary in the background, stdout and stderr to files.
-struct Child {
-  pid_t pid = -1;
-  std::string out, err;
-  Child(const std::vector<std::string>& args, const fs::path& dir) {
-    out = (dir / "child_out").string();
-    err = (dir / "child_err").string();
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const std::string bin = atelier::test::atelier_binary();
-    std::vector<std::string> all = {bin};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  // Exit code, 128 + signal when killed.
-  int wait() {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
 
 // Polls `queue list` until N jobs are queued (the batch has submitted its lines).
 bool wait_for_jobs(const Sandbox& sb, size_t n) {

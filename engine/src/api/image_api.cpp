@@ -80,6 +80,10 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
                                  "or a diffusers folder) or the QuickDraw CVAE");
       return generate_sd(request, resolved.value(), path, progress);
     }
+    if (!request.init_image.empty() || !request.mask.empty())
+      return Status::error(StatusCode::InvalidArgument,
+                           request.model + " is the QuickDraw CVAE, which draws a class from its name: it takes no init image or "
+                                           "mask (img2img and inpainting need a Stable Diffusion checkpoint)");
     const auto t0 = std::chrono::steady_clock::now();
     auto model = image::QuickDrawModel::open(path);
     int label = 0;

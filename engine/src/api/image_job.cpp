@@ -7,7 +7,11 @@
 #include <filesystem>
 #include <random>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include "core/error.h"
+#include "core/utf8.h"
 #include "formats/safetensors.h"
 #include "formats/sniff.h"
 #include "image/quickdraw.h"
@@ -62,6 +66,8 @@ class SdDiffusion final : public image::DiffusionModel {
     return m_->vae_encode(rgb, height, width, pool_);
   }
   const image::TaesdNet* preview_decoder() const override { return taesd_.get(); }
+  int64_t working_bytes(int rows, int h, int w, bool encode) const override { return m_->working_bytes(rows, h, w, encode); }
+  int64_t weight_bytes() const override { return m_->weight_bytes(); }
   const image::SdModel& model() const { return *m_; }
 
  private:
@@ -120,6 +126,9 @@ image::RgbImage load_resized(const std::string& path, int w, int h) {
 Status validate_image_request(const ImageRequest& r) {
   auto bad = [](std::string m) { return Status::error(StatusCode::InvalidArgument, std::move(m)); };
   if (r.model.empty()) return bad("no model given: pass a model file (-m)");
+  for (auto [name, text] : {std::pair{"prompt", &r.prompt}, std::pair{"negative prompt", &r.negative_prompt}})
+    if (const size_t at = first_bad_utf8(*text); at != std::string_view::npos)
+      return bad(std::string("the ") + name + " is not valid UTF-8 (byte " + std::to_string(at) + "): pass text in UTF-8");
   for (auto [name, v] : {std::pair{"width", r.width}, std::pair{"height", r.height}})
     if (v < 8 || v > 4096 || v % 8 != 0)
       return bad(std::string(name) + " " + std::to_string(v) +
@@ -216,8 +225,47 @@ std::unique_ptr<LoadedDiffusion> load_diffusion(const ImageRequest& request, con
   return out;
 }
 
+uint64_t memory_limit_bytes(std::string* what) {
+  uint64_t limit = 0;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) {
+    limit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    *what = "this machine has";
+  }
+  for (auto [res, name] : {std::pair{RLIMIT_AS, "ulimit -v"}, std::pair{RLIMIT_DATA, "ulimit -d"}}) {
+    rlimit rl{};
+    if (::getrlimit(res, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (limit == 0 || rl.rlim_cur < limit)) {
+      limit = rl.rlim_cur;
+      *what = std::string("this process may use (") + name + ")";
+    }
+  }
+  return limit;
+}
+
+Status check_image_memory(const image::DiffusionModel& model, const ImageRequest& r) {
+  // Classifier-free guidance evaluates every image twice (with and without the prompt).
+  const int64_t work = model.working_bytes(2 * r.batch_size, r.height / 8, r.width / 8, !r.init_image.empty());
+  if (work <= 0) return {};
+  std::string what;
+  const uint64_t limit = memory_limit_bytes(&what);
+  const int64_t weights = model.weight_bytes();
+  if (limit == 0 || static_cast<uint64_t>(work + weights) <= limit) return {};
+  auto gib = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+    return std::string(buf);
+  };
+  return Status::error(StatusCode::InvalidArgument,
+                       "a " + std::to_string(r.width) + "x" + std::to_string(r.height) + " image with batch size " +
+                           std::to_string(r.batch_size) + " needs about " + gib(static_cast<double>(work)) +
+                           " of working memory beside " + gib(static_cast<double>(weights)) + " of weights, more than the " +
+                           gib(static_cast<double>(limit)) + " " + what + ": use a smaller width and height or batch size");
+}
+
 ImageRun::ImageRun(LoadedDiffusion& m, const ImageRequest& request) : m_(m), request_(request) {
   image::DiffusionModel& model = *m_.model;
+  // Refused before any work, with the limit named, rather than failing to allocate mid-render.
+  if (Status st = check_image_memory(model, request); !st.ok()) throw InvalidArgumentError(st.message);
   auto [cond, uncond] = image::encode_prompts(model, *m_.tokenizer, request.prompt, request.negative_prompt);
   cond_ = std::make_shared<const image::Conditioning>(std::move(cond));
   uncond_ = std::make_shared<const image::Conditioning>(std::move(uncond));

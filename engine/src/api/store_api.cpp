@@ -153,7 +153,8 @@ Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& s
       return r;
     }
     if (looks_like_path(ref)) {
-      if (fs::exists(ref, ec)) return Status::error(StatusCode::NotFound, ref + " is not a regular file; name a model file");
+      if (fs::exists(ref, ec))  // bad usage, as a folder or FIFO anywhere a file goes (exit 2)
+        return Status::error(StatusCode::InvalidArgument, ref + " is not a regular file (a folder, FIFO or device); name a model file");
       return Status::error(StatusCode::NotFound, ref + ": no such model file");
     }
     const std::string root = store_dir.empty() ? default_store_dir() : store_dir;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/utf8.h"
 #include "core/error.h"
 #include "api/text_model_impl.h"
 #include "text/json_constraint.h"
@@ -80,12 +81,20 @@ Status validate_request(const TextRequest& r, int n_ctx) {
   if (!(s.temperature >= 0.0f) || s.temperature > 100.0f) return bad("temperature must be between 0 and 100");
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return bad("top-p must be in (0, 1]");
   if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) return bad("min-p must be in [0, 1]");
-  if (!(s.repeat_penalty > 0.0f)) return bad("repeat penalty must be > 0 (1 turns it off)");
+  // The same limits as the flags (request_options.cpp), so a batch line or an API request cannot pass what -h refuses.
+  if (!(s.repeat_penalty > 0.0f && s.repeat_penalty <= 100.0f)) return bad("repeat penalty must be in (0, 100] (1 turns it off)");
   if (s.repeat_last_n < 0) return bad("repeat-last-n must be >= 0");
-  if (!std::isfinite(s.frequency_penalty) || !std::isfinite(s.presence_penalty))
-    return bad("frequency and presence penalties must be finite numbers");
-  for (const auto& stop : r.stop)
+  if (s.top_k < 0) return bad("top-k must be >= 0 (0 turns it off)");
+  if (!(s.frequency_penalty >= -100.0f && s.frequency_penalty <= 100.0f))
+    return bad("frequency penalty must be a number between -100 and 100");
+  if (!(s.presence_penalty >= -100.0f && s.presence_penalty <= 100.0f))
+    return bad("presence penalty must be a number between -100 and 100");
+  if (const size_t at = first_bad_utf8(r.prompt); at != std::string_view::npos)
+    return bad("the prompt is not valid UTF-8 (byte " + std::to_string(at) + "): pass text in UTF-8");
+  for (const auto& stop : r.stop) {
     if (stop.empty()) return bad("a stop string must not be empty");
+    if (first_bad_utf8(stop) != std::string_view::npos) return bad("a stop string is not valid UTF-8: pass text in UTF-8");
+  }
   if (r.top_logprobs < 0 || r.top_logprobs > 20) return bad("top_logprobs must be between 0 and 20");
   if (!r.json_schema.empty()) {
     auto m = text::JsonMatcher::compile(r.json_schema);

@@ -27,15 +27,24 @@
 
 namespace atelier::sql {
 
+// What SQLite's last error on DB means for the user and what to do, or "".
+inline std::string advice(sqlite3* db) {
+  if (!db) return "";
+  const int rc = sqlite3_extended_errcode(db) & 0xff;
+  // SQLite says "disk I/O error" for a full disk too; say what it means.
+  if (rc == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC)
+    return " (the disk is full: free some space and try again; nothing already saved was lost)";
+  // "database is locked" alone does not say whose lock or what to do.
+  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
+    return " (the file is locked by another process that is writing to it, for longer than Atelier waits: let that "
+           "process finish or close it, then try again; nothing was changed)";
+  return "";
+}
+
 template <const char* Noun>
 [[noreturn]] inline void fail(sqlite3* db, const std::string& path, const std::string& what) {
   std::string msg = std::string(Noun) + " " + path + ": " + what;
-  if (db) {
-    msg += ": " + std::string(sqlite3_errmsg(db));
-    // SQLite says "disk I/O error" for a full disk too; say what it means.
-    if ((sqlite3_extended_errcode(db) & 0xff) == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC)
-      msg += " (the disk is full: free some space and try again; nothing already saved was lost)";
-  }
+  if (db) msg += ": " + std::string(sqlite3_errmsg(db)) + advice(db);
   throw IoError(msg);
 }
 
@@ -100,7 +109,7 @@ inline void exec(sqlite3* db, const std::string& path, const char* sql) {
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db);
     sqlite3_free(err);
-    throw IoError(std::string(Noun) + " " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg);
+    throw IoError(std::string(Noun) + " " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg + advice(db));
   }
 }
 
@@ -211,6 +220,19 @@ inline void open_wal(const std::string& path, int busy_timeout_ms, const std::st
 template <const char* Noun>
 inline void migrate(sqlite3* db, const std::string& path, const char* const* migrations, int count,
                     const std::string& what, const std::string& elsewhere) {
+  // Up to date already (the usual case): a read, so opening never waits for
+  // another process's write lock (a reader must not block behind a writer).
+  {
+    sqlite3_stmt* s = nullptr;
+    bool current = false;
+    if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &s, nullptr) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+      const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+      current = p && std::to_string(count) == p;
+    }
+    sqlite3_finalize(s);
+    if (current) return;
+  }
   for (;;) {
     Txn<Noun> txn(db, path);
     exec<Noun>(db, path, "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");

@@ -104,6 +104,16 @@ uint64_t SdModel::release_weights(Part part) const { return ws_->release(spans(p
 
 int64_t SdModel::weight_bytes() const { return clip_->weight_bytes() + unet_->weight_bytes() + vae_->weight_bytes(); }
 
+int64_t SdModel::working_bytes(int rows, int h, int w, bool encode) const {
+  const int64_t f = sizeof(float), pixels = int64_t{64} * h * w;
+  int64_t bytes = unet_->workspace_bytes(rows, h, w, info_.clip.positions);
+  bytes += vae_->decode_floats(h, w) * f;
+  if (encode && vae_->has_encoder()) bytes += vae_->encode_floats(8 * h, 8 * w) * f;
+  // The samplers' latents (a few copies per row) and the decoded picture.
+  bytes += 8 * int64_t{rows} * latent_channels() * h * w * f + 2 * 3 * pixels * f;
+  return bytes;
+}
+
 std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weights, int n_tokens,
                                           kernels::Executor* ex) const {
   const int T = info_.clip.positions;

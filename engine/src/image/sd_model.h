@@ -148,6 +148,10 @@ class SdModel {
   int32_t pad_token() const { return info_.version == SdVersion::sd2 ? 0 : 49407; }
   // Bytes the loaded weights take.
   int64_t weight_bytes() const;
+  // Bytes of working memory (the UNet's and the VAE's workspaces, the
+  // latents and the picture) for ROWS UNet samples of latent H x W, a decode
+  // of one, and with ENCODE an encode of an 8H x 8W picture.
+  int64_t working_bytes(int rows, int h, int w, bool encode) const;
 
   // Text conditioning: n_tokens (a multiple of 77: one chunk each, as
   // tok::tokenize_weighted makes them) ids and per-token emphasis weights

@@ -50,6 +50,15 @@ class DiffusionModel {
   virtual std::vector<float> encode(const float* rgb, int height, int width) = 0;
   // Optional fast preview decoder (TAESD); nullptr: a linear latent-to-RGB projection.
   virtual const TaesdNet* preview_decoder() const { return nullptr; }
+  // Bytes a request needs while it runs, beyond what is loaded: unet() over
+  // ROWS samples of latent H x W, decode() of one, and encode() of one
+  // picture 8H x 8W when ENCODE. 0: not known (no admission check).
+  virtual int64_t working_bytes(int rows, int h, int w, bool encode) const {
+    (void)rows, (void)h, (void)w, (void)encode;
+    return 0;
+  }
+  // Bytes the loaded weights take (0: not known).
+  virtual int64_t weight_bytes() const { return 0; }
 };
 
 // A prompt's conditioning: ctx_tokens (77 per chunk) x context_dim floats.

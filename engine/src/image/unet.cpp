@@ -322,9 +322,22 @@ void Unet::check(const UnetBatch& in) const {
 
 // The shapes of a forward pass, walked as forward walks them.
 Unet::Plan Unet::plan(const UnetBatch& in) const {
+  int64_t ctx = 0, max_lk = 0;
+  for (const auto& c : in.context) {
+    ctx += static_cast<int64_t>(c.size());
+    max_lk = std::max(max_lk, static_cast<int64_t>(c.size()) / cfg_.context_dim);
+  }
+  return plan_sizes(in.batch, in.height, in.width, ctx, max_lk);
+}
+
+int64_t Unet::workspace_bytes(int batch, int height, int width, int ctx_tokens) const {
+  const Plan p = plan_sizes(batch, height, width, int64_t{batch} * ctx_tokens * cfg_.context_dim, ctx_tokens);
+  return p.floats * int64_t{sizeof(float)};
+}
+
+Unet::Plan Unet::plan_sizes(int64_t n, int64_t h, int64_t w, int64_t ctx_floats, int64_t max_lk) const {
   Plan p;
-  const int64_t n = in.batch;
-  int64_t h = in.height, w = in.width, c = cfg_.in_channels;
+  int64_t c = cfg_.in_channels;
   p.slot = n * c * h * w;
   std::vector<int64_t> skip_c;
   auto see = [&] { p.slot = std::max(p.slot, n * c * h * w); };
@@ -363,12 +376,8 @@ Unet::Plan Unet::plan(const UnetBatch& in) const {
     walk(*b);
   }
   p.slot = std::max(p.slot, out_conv_->conv->out_elems(n, h, w));
-  p.ctx = 0;
-  p.max_lk = 0;
-  for (const auto& ctx : in.context) {
-    p.ctx += static_cast<int64_t>(ctx.size());
-    p.max_lk = std::max(p.max_lk, static_cast<int64_t>(ctx.size()) / cfg_.context_dim);
-  }
+  p.ctx = ctx_floats;
+  p.max_lk = max_lk;
   int64_t skips = 0;
   for (int64_t z : p.skips) skips += (z + 15) / 16 * 16;
   const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();

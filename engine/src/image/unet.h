@@ -46,6 +46,10 @@ class Unet {
   // inputs in one workspace buffer of it (grown to the largest batch and
   // latent size seen, then reused).
   void forward(const UnetBatch& in, float* out, kernels::Backend& backend) const;
+  // Bytes of the workspace forward() takes for BATCH samples of a latent
+  // HEIGHT x WIDTH, each with CTX_TOKENS of context (for admission: a job
+  // that cannot fit is refused before it starts).
+  int64_t workspace_bytes(int batch, int height, int width, int ctx_tokens) const;
 
   struct Block;  // unet.cpp
 
@@ -62,6 +66,7 @@ class Unet {
   };
   void check(const UnetBatch& in) const;
   Plan plan(const UnetBatch& in) const;
+  Plan plan_sizes(int64_t n, int64_t h, int64_t w, int64_t ctx_floats, int64_t max_lk) const;
   void forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, float* out) const;
   mutable Workspace work_;
   UnetConfig cfg_;

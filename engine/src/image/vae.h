@@ -39,6 +39,11 @@ class Vae {
   std::vector<float> decode(const float* latent, int h, int w, kernels::Backend& backend) const;
   std::vector<float> encode(const float* rgb, int h, int w, kernels::Backend& backend) const;
 
+  // Floats of the workspace decode() of a latent H x W / encode() of a picture H x W takes.
+  int64_t decode_floats(int h, int w) const;
+  int64_t encode_floats(int h, int w) const;
+  bool has_encoder() const { return enc_ != nullptr; }
+
   struct Half;  // vae.cpp: one of encoder / decoder
 
  private:
@@ -48,8 +53,6 @@ class Vae {
   };
   Sizes decode_sizes(int64_t h, int64_t w) const;
   Sizes encode_sizes(int64_t h, int64_t w) const;
-  int64_t decode_floats(int h, int w) const;
-  int64_t encode_floats(int h, int w) const;
   void check_encode(int h, int w) const;
   std::vector<float> decode(Workspace::Lease& ws, const float* latent, int h, int w) const;
   std::vector<float> encode(Workspace::Lease& ws, const float* rgb, int h, int w) const;

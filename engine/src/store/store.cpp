@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -120,6 +121,8 @@ class ReadTxn {
 bool valid_name(const std::string& n) {
   if (n.empty() || n.size() > 128) return false;
   if (n.rfind("sha256", 0) == 0) return false;
+  // "..", "-" or "_" alone name nothing a person would recognise.
+  if (!std::any_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; })) return false;
   return std::all_of(n.begin(), n.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
            c == '-';
@@ -225,7 +228,14 @@ HeaderFacts inspect_llama2c(const std::string& path) {
 HeaderFacts inspect_header(const std::string& path) {
   // What the file is comes from its bytes (formats/sniff.h): import paths and blobs alike.
   const formats::Sniffed kind = formats::sniff_model_file(path);
-  if (kind.kind == formats::FileKind::missing) throw NotFoundError(path + ": not a regular file (or it does not exist)");
+  if (kind.kind == formats::FileKind::missing) {
+    // A folder or FIFO where a file goes is bad usage (exit 2); a missing file is not found.
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+      throw InvalidArgumentError(path + " is not a regular file (a folder, FIFO or device): import a model file");
+    throw NotFoundError(path + ": no such file");
+  }
   if (kind.io) throw IoError(path + ": cannot read its header: " + kind.detail);
   try {
     switch (kind.kind) {

@@ -1,0 +1,454 @@
+// Fault injection against the built `atelier` binary (issue 14): kill -9 of
+// the headless runner at seeded random points, another process holding the
+// SQLite write lock, a model blob changed or cut short between import and
+// load, requests larger than the memory there is, and writes that fail
+// (a file size limit: the same EFBIG/ENOSPC path a full disk takes, without
+// needing a mount). Text jobs use the tiny stories260K model and short runs.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/cli_util.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using atelier::test::Child;
+using atelier::test::CliRun;
+using atelier::test::jsonl;
+using atelier::test::shell_quote;
+using atelier::test::slurp;
+
+namespace {
+
+const std::string kFixtures = ATELIER_FIXTURES_DIR;
+const std::string kModel = kFixtures + "/text/stories260K.gguf";
+const std::string kCvae = kFixtures + "/image/quickdraw-cvae.safetensors";
+
+struct Sandbox : atelier::test::ScratchDir {
+  explicit Sandbox(const std::string& tag) : ScratchDir("atelier_fault_" + tag) {}
+  CliRun run(const std::vector<std::string>& args) const { return atelier::test::run_atelier(args, dir); }
+  std::string data() const { return (dir / "data").string(); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  std::vector<json> jobs(const std::string& data_dir) const {
+    return jsonl(run({"queue", "--data-dir", data_dir, "list", "--json", "--limit", "100000"}).out);
+  }
+};
+
+// Runs a shell command line; its exit code (128 + signal when killed).
+int sh(const std::string& line) {
+  const int rc = std::system(line.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+// The command line that runs atelier with ARGS.
+std::string atelier_cmd(const std::vector<std::string>& args) {
+  std::string cmd = shell_quote(atelier::test::atelier_binary());
+  for (const auto& a : args) cmd.append(" ").append(shell_quote(a));
+  return cmd;
+}
+
+// No abort, no segfault, no uncaught exception.
+void expect_no_crash(int code, const std::string& err, const std::string& what) {
+  EXPECT_NE(code, 134) << what << ": " << err;
+  EXPECT_NE(code, 139) << what << ": " << err;
+  EXPECT_LT(code, 128) << what << ": killed by a signal: " << err;
+  EXPECT_EQ(err.find("terminate called"), std::string::npos) << what << ": " << err;
+}
+
+// Holds SQLite's write lock on a database from this process (another process
+// to the atelier child), as a second program writing to the file would.
+struct WriteLock {
+  sqlite3* db = nullptr;
+  explicit WriteLock(const std::string& path) {
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK) << path;
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+  }
+  void release() {
+    if (!db) return;
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close_v2(db);
+    db = nullptr;
+  }
+  ~WriteLock() { release(); }
+};
+
+}  // namespace
+
+// kill -9 of `atelier --headless` at 20 seeded random points while it runs a
+// queue of text jobs, one at a time (--max-batch 1), so the kills land in
+// start-up, model load, prefill, decoding and the commit of a result. Then the
+// runner is rerun until the queue is idle. Every job ends once: completed,
+// or failed by crash-loop protection when two kills hit it (retried by a new
+// job, which then completes); no job is duplicated; every text equals what an
+// uninterrupted runner gives for the same queue.
+TEST(HardFault, KillNineOfTheHeadlessRunnerAtTwentyRandomPoints) {
+  Sandbox sb("headless");
+  const int n = 40;  // ~0.1 s each: enough that 20 kills still find work
+  const std::string killed = sb.path("killed"), calm = sb.path("calm");
+  auto add = [&](const std::string& d, int i) {
+    CliRun a = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Once upon a time " + std::to_string(i), "-n", "480",
+                       "--temp", "0.9", "--seed", std::to_string(100 + i)});
+    EXPECT_EQ(a.code, 0) << a.err;
+  };
+  for (const std::string& d : {killed, calm})
+    for (int i = 0; i < n; ++i) add(d, i);
+  const std::vector<std::string> runner = {"--max-batch", "1", "--threads", "1"};
+  auto headless = [&](const std::string& d) {
+    std::vector<std::string> a = {"--headless", "--data-dir", d};
+    a.insert(a.end(), runner.begin(), runner.end());
+    return a;
+  };
+  // The reference: the same queue, never interrupted.
+  ASSERT_EQ(sb.run(headless(calm)).code, 0);
+  std::map<std::string, std::string> want;  // prompt -> text
+  for (const auto& j : sb.jobs(calm)) {
+    ASSERT_EQ(j["state"], "completed") << j.dump();
+    want[j["prompt"]] = j["text"];
+  }
+  ASSERT_EQ(want.size(), static_cast<size_t>(n));
+
+  const uint32_t seed = 14;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> delay_ms(5, 400);
+  int kills = 0, ended_first = 0;
+  for (int k = 0; k < 20; ++k) {
+    Child c(headless(killed), sb.dir);
+    ASSERT_GT(c.pid, 0);
+    const int d = delay_ms(rng);
+    std::this_thread::sleep_for(std::chrono::milliseconds(d));
+    int code = 0;
+    if (c.ended(&code)) {
+      ++ended_first;  // the queue ran dry before this point
+      EXPECT_EQ(code, 0) << slurp(c.err);
+      continue;
+    }
+    ::kill(c.pid, SIGKILL);
+    const int rc = c.wait();
+    if (rc == 0) {
+      ++ended_first;  // it finished between the look and the kill
+      continue;
+    }
+    EXPECT_EQ(rc, 128 + SIGKILL) << slurp(c.err);
+    ++kills;
+  }
+  std::printf("seed %u: %d kills, %d runs ended by themselves first\n", seed, kills, ended_first);
+  EXPECT_GE(kills, 15) << "the jobs are too short for the kill points: lengthen them";
+  // Rerun until idle.
+  for (int r = 0; r < 5; ++r) {
+    CliRun done = sb.run(headless(killed));
+    EXPECT_EQ(done.code, 0) << done.err;
+    bool idle = true;
+    for (const auto& j : sb.jobs(killed)) idle &= j["state"] != "queued" && j["state"] != "running";
+    if (idle) break;
+  }
+  auto jobs = sb.jobs(killed);
+  ASSERT_EQ(jobs.size(), static_cast<size_t>(n)) << "no job may be lost or added";
+  int restarted = 0;
+  std::vector<std::string> retry;
+  for (const auto& j : jobs) {
+    const std::string prompt = j["prompt"];
+    const int attempts = j["attempts"];
+    if (j["state"] == "completed") {
+      EXPECT_EQ(j["text"], want[prompt]) << prompt << " (attempts " << attempts << ")";
+      EXPECT_LE(attempts, 2) << prompt;  // a third start would mean crash-loop protection failed
+      restarted += attempts - 1;
+    } else {
+      ASSERT_EQ(j["state"], "failed") << j.dump();
+      EXPECT_NE(j["error"].get<std::string>().find("interrupted twice"), std::string::npos) << j.dump();
+      EXPECT_EQ(attempts, 2) << j.dump();
+      restarted += 2;
+      retry.push_back(prompt);
+    }
+  }
+  std::printf("%d job starts cut by a kill; %zu job(s) failed by crash-loop protection\n", restarted, retry.size());
+  EXPECT_GE(restarted, 5) << "too few kills landed while a job ran";
+  // "Retry to run it again": a new job with the same request completes to the same text.
+  for (const std::string& p : retry) {
+    CliRun a = sb.run({"queue", "--data-dir", killed, "add", "-m", kModel, "-p", p, "-n", "480", "--temp", "0.9", "--seed",
+                       std::to_string(100 + std::stoi(p.substr(p.rfind(' ') + 1)))});
+    ASSERT_EQ(a.code, 0) << a.err;
+  }
+  ASSERT_EQ(sb.run(headless(killed)).code, 0);
+  std::map<std::string, int> completed;
+  for (const auto& j : sb.jobs(killed)) {
+    if (j["state"] != "completed") continue;
+    ++completed[j["prompt"]];
+    EXPECT_EQ(j["text"], want[j["prompt"]]);
+  }
+  ASSERT_EQ(completed.size(), static_cast<size_t>(n));
+  for (const auto& [prompt, count] : completed) EXPECT_EQ(count, 1) << prompt << " completed more than once";
+}
+
+// Another process holds the write lock of jobs.db: writing commands wait (the
+// busy timeout), then say which file is locked and what to do, exit 1, and
+// lose nothing; a lock released while they wait lets them finish.
+TEST(HardFault, ALockedJobDatabaseIsWaitedForThenNamed) {
+  Sandbox sb("lockjobs");
+  const std::string d = sb.data(), db = d + "/jobs.db";
+  CliRun first = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Once", "-n", "4"});
+  ASSERT_EQ(first.code, 0) << first.err;
+  {
+    WriteLock lock(db);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string cmd = "timeout 60 " + atelier_cmd({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Twice", "-n", "4"});
+    const int code = sh(cmd + " >/dev/null 2>" + sb.path("err"));
+    const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string err = slurp(sb.path("err"));
+    EXPECT_NE(code, 124) << "still waiting after 60 s";
+    EXPECT_EQ(code, 1) << err;
+    expect_no_crash(code, err, "queue add");
+    EXPECT_NE(err.find(db), std::string::npos) << err;
+    EXPECT_NE(err.find("locked by another process"), std::string::npos) << err;
+    EXPECT_NE(err.find("try again"), std::string::npos) << err;
+    EXPECT_GE(waited_s, 1.0) << "gave up without waiting";
+    // The runner too: it cannot take jobs, says why, and runs none.
+    const int hc = sh("timeout 60 " + atelier_cmd({"--headless", "--data-dir", d}) + " >/dev/null 2>" + sb.path("herr"));
+    const std::string herr = slurp(sb.path("herr"));
+    EXPECT_EQ(hc, 1) << herr;
+    expect_no_crash(hc, herr, "--headless");
+    EXPECT_NE(herr.find("locked by another process"), std::string::npos) << herr;
+    // Reading still works while another process writes (WAL).
+    CliRun list = sb.run({"queue", "--data-dir", d, "list", "--json"});
+    EXPECT_EQ(list.code, 0) << list.err;
+  }
+  // A lock held for a second, inside the wait: the command waits and succeeds.
+  {
+    WriteLock lock(db);
+    Child add({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Thrice", "-n", "4"}, sb.dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    int code = -1;
+    EXPECT_FALSE(add.ended(&code)) << "did not wait for the lock: " << slurp(add.err);
+    lock.release();
+    EXPECT_EQ(add.wait(), 0) << slurp(add.err);
+  }
+  const auto jobs = sb.jobs(d);
+  ASSERT_EQ(jobs.size(), 2u);  // the refused add queued nothing, the others are there
+  ASSERT_EQ(sb.run({"--headless", "--data-dir", d}).code, 0);
+  for (const auto& j : sb.jobs(d)) EXPECT_EQ(j["state"], "completed") << j.dump();
+}
+
+// The same for the model store's database: an import waits, then names store.db.
+TEST(HardFault, ALockedStoreDatabaseIsWaitedForThenNamed) {
+  Sandbox sb("lockstore");
+  const std::string store = sb.path("store");
+  ASSERT_EQ(sb.run({"models", "import", kModel, "--name", "tiny", "--store", store}).code, 0);
+  {
+    WriteLock lock(store + "/store.db");
+    const int code = sh("timeout 60 " + atelier_cmd({"models", "import", kCvae, "--name", "cvae", "--store", store}) + " >/dev/null 2>" +
+                        sb.path("err"));
+    const std::string err = slurp(sb.path("err"));
+    EXPECT_EQ(code, 1) << err;
+    expect_no_crash(code, err, "models import");
+    EXPECT_NE(err.find(store + "/store.db"), std::string::npos) << err;
+    EXPECT_NE(err.find("locked by another process"), std::string::npos) << err;
+    // A text job from the store only reads it.
+    CliRun t = sb.run({"text", "-m", "tiny", "-p", "Once", "-n", "4", "--store", store});
+    EXPECT_EQ(t.code, 0) << t.err;
+  }
+  // Nothing half-done: the store lists one model, verifies, and the import works now.
+  EXPECT_EQ(jsonl(sb.run({"models", "list", "--json", "--store", store}).out).size(), 1u);
+  EXPECT_EQ(sb.run({"models", "verify", "--store", store}).code, 0);
+  CliRun again = sb.run({"models", "import", kCvae, "--name", "cvae", "--store", store});
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
+// A model blob cut short or changed in place after import (a failing disk, a
+// user's editor): found at load by its size or its hash, refused with the
+// model's name and the commands that repair it; a queued job fails with the
+// same words, nothing crashes, and importing the file again repairs it.
+TEST(HardFault, AModelChangedOnDiskAfterImportIsRefusedAtLoad) {
+  Sandbox sb("changed");
+  const std::string store = sb.path("store"), d = sb.data();
+  ASSERT_EQ(sb.run({"models", "import", kModel, "--name", "tiny", "--store", store}).code, 0);
+  const auto info = jsonl(sb.run({"models", "list", "--json", "--store", store}).out);
+  ASSERT_EQ(info.size(), 1u);
+  std::string blob;
+  for (const auto& e : fs::recursive_directory_iterator(store + "/blobs")) if (e.is_regular_file()) blob = e.path().string();
+  ASSERT_FALSE(blob.empty());
+  const auto size = fs::file_size(blob);
+  fs::permissions(blob, fs::perms::owner_write, fs::perm_options::add);
+  struct Damage {
+    const char* what;
+    std::function<void()> apply;
+    const char* says;
+  };
+  const std::vector<Damage> damages = {
+      {"cut short", [&] { fs::resize_file(blob, size / 3); }, "bytes, not"},
+      {"one byte changed, same size", [&] {
+         fs::resize_file(blob, size);
+         std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(static_cast<std::streamoff>(size - 100));
+         f.put('\x7f');
+       }, "hashes to"},
+  };
+  // The first load in this store hashes the intact blob (so a digest cache would have it).
+  ASSERT_EQ(sb.run({"text", "-m", "tiny", "-p", "Once", "-n", "4", "--store", store}).code, 0);
+  for (const auto& dmg : damages) {
+    ASSERT_EQ(sb.run({"queue", "--data-dir", d, "--store", store, "add", "-m", "tiny", "-p", "Once", "-n", "4"}).code, 0);
+    dmg.apply();
+    CliRun t = sb.run({"text", "-m", "tiny", "-p", "Once", "-n", "4", "--store", store});
+    EXPECT_NE(t.code, 0) << dmg.what;
+    expect_no_crash(t.code, t.err, dmg.what);
+    EXPECT_NE(t.err.find("tiny@1 is corrupted"), std::string::npos) << dmg.what << ": " << t.err;
+    EXPECT_NE(t.err.find(dmg.says), std::string::npos) << dmg.what << ": " << t.err;
+    EXPECT_NE(t.err.find("atelier models verify"), std::string::npos) << t.err;
+    EXPECT_TRUE(t.out.empty()) << "generated from a damaged model: " << t.out;
+    CliRun h = sb.run({"--headless", "--data-dir", d, "--store", store});
+    expect_no_crash(h.code, h.err, std::string("--headless, ") + dmg.what);
+    const auto jobs = sb.jobs(d);
+    ASSERT_FALSE(jobs.empty());
+    EXPECT_EQ(jobs[0]["state"], "failed") << jobs[0].dump();
+    EXPECT_NE(jobs[0]["error"].get<std::string>().find("tiny@1 is corrupted"), std::string::npos) << jobs[0].dump();
+    EXPECT_EQ(sb.run({"models", "verify", "--store", store}).code, 1) << dmg.what;
+  }
+  ASSERT_EQ(sb.run({"models", "import", kModel, "--name", "tiny", "--store", store}).code, 0);
+  EXPECT_EQ(sb.run({"models", "verify", "--store", store}).code, 0);
+  EXPECT_EQ(sb.run({"text", "-m", "tiny", "-p", "Once", "-n", "4", "--store", store}).code, 0);
+}
+
+// A file given by path, cut short between `queue add` and the run: the reader's
+// bounds checks refuse it by name; the job fails, the runner carries on.
+TEST(HardFault, AModelFileCutShortAfterQueueingFailsItsJobClearly) {
+  Sandbox sb("cut");
+  const std::string model = sb.path("m.gguf"), d = sb.data();
+  fs::copy_file(kModel, model);
+  fs::permissions(model, fs::perms::owner_write, fs::perm_options::add);
+  ASSERT_EQ(sb.run({"queue", "--data-dir", d, "add", "-m", model, "-p", "Once", "-n", "4"}).code, 0);
+  ASSERT_EQ(sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Twice", "-n", "4"}).code, 0);
+  fs::resize_file(model, fs::file_size(model) / 2);
+  CliRun h = sb.run({"--headless", "--data-dir", d});
+  expect_no_crash(h.code, h.err, "--headless");
+  std::map<std::string, json> by_prompt;
+  for (const auto& j : sb.jobs(d)) by_prompt[j["prompt"]] = j;
+  EXPECT_EQ(by_prompt["Once"]["state"], "failed");
+  const std::string e = by_prompt["Once"]["error"];
+  EXPECT_NE(e.find(model), std::string::npos) << e;
+  EXPECT_EQ(by_prompt["Twice"]["state"], "completed") << by_prompt["Twice"].dump();
+}
+
+namespace {
+
+// Runs SCRIPT (sh) where writes fail: "full" mounts a tmpfs of KIB KiB at
+// MNT in a private mount namespace and fills it (ENOSPC); "fsize" caps the
+// size of any file the shell's children write at KIB KiB (RLIMIT_FSIZE,
+// SIGXFSZ ignored: write() fails with EFBIG), no mount needed. 99: the fault
+// could not be set up here.
+int with_failing_writes(const std::string& kind, const std::string& mnt, int kib, const std::string& script) {
+  if (kind == "full") {
+    if (sh("unshare -rm true >/dev/null 2>&1") != 0) return 99;
+    const std::string m = shell_quote(mnt);
+    const std::string inner = "mount -t tmpfs -o size=" + std::to_string(kib) + "k tmpfs " + m + " || exit 99; " + script;
+    return sh("unshare -rm sh -c " + shell_quote(inner));
+  }
+  // dash counts ulimit -f in 512-byte blocks.
+  return sh("sh -c " + shell_quote("trap '' XFSZ; ulimit -f " + std::to_string(2 * kib) + "; " + script));
+}
+
+}  // namespace
+
+// A PNG that cannot be written (a full disk, a file size limit): exit 1 with
+// the reason and the file, no half-written PNG or temporary file left behind.
+TEST(HardFault, APngThatCannotBeWrittenFailsCleanly) {
+  for (const std::string kind : {"full", "fsize"}) {
+    Sandbox sb("png_" + kind);
+    const std::string mnt = sb.path("mnt");
+    fs::create_directories(mnt);
+    const std::string png = mnt + "/a.png";
+    // "full": the tmpfs is filled first; "fsize": 1 KiB is less than the 512x512 PNG.
+    const std::string fill = kind == "full" ? "cat /dev/zero > " + shell_quote(mnt + "/fill") + " 2>/dev/null; " : "";
+    const std::string cmd = atelier_cmd({"image", "-m", kCvae, "-p", "apple", "--seed", "3", "-o", png});
+    const int rc = with_failing_writes(kind, mnt, kind == "full" ? 256 : 1,
+                                       fill + cmd + " 2>" + shell_quote(sb.path("err")) + "; echo $? >" + shell_quote(sb.path("code")) +
+                                           "; ls -a " + shell_quote(mnt) + " >" + shell_quote(sb.path("ls")));
+    if (rc == 99) {
+      std::printf("%s: skipped (no private mount namespace here)\n", kind.c_str());
+      continue;
+    }
+    const std::string err = slurp(sb.path("err"));
+    const int code = std::stoi(slurp(sb.path("code")));
+    EXPECT_EQ(code, 1) << kind << ": " << err;
+    expect_no_crash(code, err, kind);
+    EXPECT_NE(err.find(png), std::string::npos) << kind << ": " << err;
+    EXPECT_NE(err.find(kind == "full" ? "No space left" : "File too large"), std::string::npos) << kind << ": " << err;
+    EXPECT_EQ(slurp(sb.path("ls")), kind == "full" ? ".\n..\nfill\n" : ".\n..\n") << kind << ": a partial file was left";
+  }
+}
+
+// A model import whose blob cannot be written: exit 1 with the reason, and the
+// store as before (no record, no partial blob; verify passes; gc has nothing).
+TEST(HardFault, AnImportThatCannotWriteItsBlobLeavesTheStoreAsItWas) {
+  for (const std::string kind : {"full", "fsize"}) {
+    Sandbox sb("blob_" + kind);
+    const std::string mnt = sb.path("mnt");
+    fs::create_directories(mnt);
+    const std::string store = mnt + "/store";
+    auto cmd = [&](const std::vector<std::string>& a, const std::string& tag) {
+      return atelier_cmd(a) + " >" + shell_quote(sb.path(tag + ".out")) + " 2>" + shell_quote(sb.path(tag + ".err")) + "; echo $? >" +
+             shell_quote(sb.path(tag + ".code")) + "; ";
+    };
+    // Room (or a size limit) for the store's database and the 250 KB CVAE, not for the 1.2 MB GGUF.
+    const std::string script = cmd({"models", "import", kCvae, "--name", "cvae", "--store", store}, "first") +
+                               cmd({"models", "import", kModel, "--name", "tiny", "--store", store}, "import") +
+                               cmd({"models", "list", "--json", "--store", store}, "list") + cmd({"models", "verify", "--store", store}, "verify") +
+                               "find " + shell_quote(store + "/blobs") + " -type f | wc -l >" + shell_quote(sb.path("blobs"));
+    const int rc = with_failing_writes(kind, mnt, 700, script);
+    if (rc == 99) {
+      std::printf("%s: skipped (no private mount namespace here)\n", kind.c_str());
+      continue;
+    }
+    ASSERT_EQ(slurp(sb.path("first.code")), "0\n") << kind << ": " << slurp(sb.path("first.err"));
+    const std::string err = slurp(sb.path("import.err"));
+    EXPECT_EQ(slurp(sb.path("import.code")), "1\n") << kind << ": " << err;
+    EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
+    EXPECT_NE(err.find(kind == "full" ? "No space left on device (is the disk full?)" : "File too large"), std::string::npos)
+        << kind << ": " << err;
+    const auto models = jsonl(slurp(sb.path("list.out")));
+    ASSERT_EQ(models.size(), 1u) << kind << ": " << slurp(sb.path("list.out"));
+    EXPECT_EQ(models[0]["name"], "cvae");
+    EXPECT_EQ(slurp(sb.path("verify.code")), "0\n") << slurp(sb.path("verify.err"));
+    EXPECT_EQ(slurp(sb.path("blobs")), "1\n") << kind << ": a partial blob was left";
+  }
+}
+
+// Requests larger than the memory there is are refused before any work, with the limit.
+TEST(HardFault, RequestsLargerThanMemoryAreRefusedFirst) {
+  Sandbox sb("memory");
+  // An image beyond the size limit.
+  CliRun big = sb.run({"image", "-m", kCvae, "-p", "apple", "-W", "16384", "-H", "16384", "-o", sb.path("big.png")});
+  EXPECT_EQ(big.code, 2) << big.err;
+  EXPECT_NE(big.err.find("between 8 and 4096"), std::string::npos) << big.err;
+  // An SD image within the size limit that needs more memory than the process may use (ulimit -v 2 GiB).
+  const std::string ckpt = sb.path("sd.safetensors"), vocab = kFixtures + "/clip/bpe_simple_vocab_16e6.txt.gz";
+  ASSERT_EQ(sb.run({"models", "synth", "--arch", "sd15", "--width-mult", "0.1", "-o", ckpt}).code, 0);
+  const std::string cmd = atelier_cmd({"image", "-m", ckpt, "--tokenizer", vocab, "-p", "a fox", "-W", "2048", "-H", "2048", "--batch-size",
+                                       "4", "--steps", "1", "--json", "-o", sb.path("sd.png")});
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = sh("sh -c " + shell_quote("ulimit -v 2097152; " + cmd) + " >" + sb.path("out") + " 2>" + sb.path("err"));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string err = slurp(sb.path("err"));
+  EXPECT_EQ(code, 2) << err;
+  expect_no_crash(code, err, "2048x2048 x4 under ulimit -v");
+  EXPECT_NE(err.find("needs about"), std::string::npos) << err;
+  EXPECT_NE(err.find("2.0 GiB this process may use (ulimit -v)"), std::string::npos) << err;
+  EXPECT_EQ(slurp(sb.path("out")).find("\"step\""), std::string::npos) << "it started rendering";
+  EXPECT_FALSE(fs::exists(sb.path("sd.png")));
+  std::printf("refused in %.1f s\n", s);
+  // A text context beyond the model's: refused at submit, naming the limit (the KV cache is paged, so memory follows the tokens used).
+  CliRun ctx = sb.run({"queue", "--data-dir", sb.path("data"), "add", "-m", kModel, "-p", "Once", "-n", "1000000"});
+  EXPECT_EQ(ctx.code, 2) << ctx.err;
+  EXPECT_NE(ctx.err.find("between 1 and the context size "), std::string::npos) << ctx.err;
+}
