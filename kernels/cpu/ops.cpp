@@ -60,7 +60,10 @@ void rope_angles(int64_t rot_dim, int64_t pos, float freq_base, float freq_scale
     };
     const double low = std::max(0.0, std::floor(dim_of(yarn->beta_fast)));
     const double high = std::min(double(rot_dim - 1), std::ceil(dim_of(yarn->beta_slow)));
-    const double mscale = yarn->attn_factor * (1.0 + 0.1 * std::log(1.0 / freq_scale));
+    // The magnitude correction comes with the extrapolation mix, as ggml's
+    // rope_yarn applies it: none when ext_factor is 0.
+    const double mscale =
+        yarn->attn_factor * (yarn->ext_factor != 0.0f ? 1.0 + 0.1 * std::log(1.0 / freq_scale) : 1.0);
     for (int64_t i = 0; i < rot_dim / 2; ++i) {
       double theta_e = double(pos) * std::pow(double(freq_base), -2.0 * double(i) / double(rot_dim));
       if (factors) theta_e /= double(factors[i]);

@@ -138,13 +138,13 @@ TEST(RopeReference, EveryVariantMatchesGgmlsFormulaInDouble) {
 
 // YaRN with ext_factor 0 (a GGUF's rope.scaling.yarn_ext_factor = 0): ggml
 // scales cos and sin by attn_factor alone, the 1 + 0.1 ln(1 / freq_scale) term
-// only when the mix is on; kernels/cpu/ops.cpp's rope_angles applies it
-// always. Reported, not fixed here (kernels/cpu is not this change's to edit):
-// the skip says so until the kernel follows ggml, then this passes.
+// only when the mix is on. (rope_angles once applied it always; this test
+// found it.)
 TEST(RopeReference, YarnWithExtFactorZeroMatchesGgml) {
   int checked = 0;
   const std::string bad = compare(cases({3}), &checked);
-  if (!bad.empty()) GTEST_SKIP() << "known divergence from ggml (YaRN, ext_factor 0, the attention scale): " << bad;
+  EXPECT_TRUE(bad.empty()) << "YaRN with ext_factor 0 (no attention-scale correction, as ggml): " << bad;
+  EXPECT_GT(checked, 0);
 }
 
 // Two hand-worked values, so the reference itself is pinned: head_dim 4,
