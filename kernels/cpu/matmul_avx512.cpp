@@ -900,11 +900,12 @@ void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
-// Packed Q4_K: 2 activation rows x 2 groups of 16 weight rows (16 integer
-// and 4 float accumulators); generation (1 row) 4 groups.
+// Packed Q4_K: 4 activation rows x 1 group of 16 weight rows (each decoded
+// register serves 4 rows; 8 % faster than 2 x 2 on one core); generation
+// (1-3 rows) 4, 2, 1 groups.
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ4_Kx16, 2, 2, 4>;
+  using Driver = TileDriver<KernelQ4_Kx16, 4, 1, 4, 2, 1>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
