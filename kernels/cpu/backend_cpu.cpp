@@ -249,66 +249,97 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
   const int64_t hd = a.head_dim, qd = a.n_head * hd;
   const int group = a.n_head / a.n_head_kv;
   const bool f16 = kv.type == DType::F16;
-  // Each task is one row's heads h0..h1: it reads only the row's own
-  // sequence's cache, and each head's arithmetic depends only on that row and
-  // head, so the result is the same whatever else is in the step and however
-  // the tasks are split. A task walks each block's run of cached positions
-  // once for all its heads, position by position (the *_heads ops), so the
-  // run's K and V rows stream through in address order. Heads are split only
-  // as far as the threads need (generation: one row, one head per task).
+  // A task is a group of rows' heads h0..h1. A group is up to kRows
+  // consecutive rows that share a block table (a prompt's rows of one
+  // sequence; in generation every row is its own group): the task walks the
+  // cached positions run by run (the rest of each block) and, for each run,
+  // every row of the group that attends it, so a run's K and V rows are read
+  // from memory once for the group instead of once per row (a 512-token chunk
+  // at depth 8192 read the whole cache 512 times). Each row's arithmetic is
+  // what it is alone: each position's dot is the one-row dot, and the V
+  // accumulation is one FMA per position in position order, so neither the
+  // grouping, the other rows of the step, nor the task split changes a bit.
+  // Heads are split only as far as the threads need (generation: one row,
+  // one head per task).
+  constexpr int64_t kRows = 8;
+  std::vector<int64_t> groups;  // first row of each group, then a.rows
+  for (int64_t i = 0; i < a.rows; ++i)
+    if (groups.empty() || i - groups.back() >= kRows || a.row_table[i] != a.row_table[groups.back()]) groups.push_back(i);
+  const int64_t n_groups = static_cast<int64_t>(groups.size());
+  groups.push_back(a.rows);
   const int threads = ex_ ? ex_->threads() : 1;
-  const int span = static_cast<int>(std::clamp<int64_t>(a.n_head * a.rows / (4 * threads), 1, a.n_head));
+  const int span = static_cast<int>(std::clamp<int64_t>(a.n_head * n_groups / (4 * threads), 1, a.n_head));
   const int chunks = (a.n_head + span - 1) / span;
   const int bt = kv.block_tokens;
   auto task = [&](int64_t begin, int64_t end) {
-    // Grown once per thread to the longest span seen, then reused.
+    // Grown once per thread to the most seen, then reused.
     thread_local std::vector<float> scores;
-    const int most = a.window > 0 ? std::min(a.max_len, a.window) : a.max_len;
-    const size_t need = static_cast<size_t>(span) * static_cast<size_t>(std::max(most, 1));
-    if (scores.size() < need) scores.resize(need);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / chunks;
+      const int64_t g0 = groups[static_cast<size_t>(t / chunks)], g1 = groups[static_cast<size_t>(t / chunks + 1)];
       const int h0 = static_cast<int>(t % chunks) * span, h1 = std::min(a.n_head, h0 + span);
-      const int len = a.row_len[i];
-      if (len <= 0) continue;
-      // The attended positions [first, len); scores are indexed from first.
-      const int first = a.window > 0 ? std::max(0, len - a.window) : 0, n_att = len - first;
-      const int32_t* table = a.block_tables + a.row_table[i];
-      const float* qi = q + i * qd;
-      float* o = out + i * qd;
+      // Row i attends [first_i, len_i); its scores (per head, n_att_i each) start at base_i.
+      int first[kRows], len[kRows], n_att[kRows];
+      size_t base[kRows], total = 0;
+      int lo = INT32_MAX, hi = 0;
+      for (int64_t i = g0; i < g1; ++i) {
+        const int64_t r = i - g0;
+        len[r] = std::max(0, a.row_len[i]);
+        first[r] = a.window > 0 ? std::max(0, len[r] - a.window) : 0;
+        n_att[r] = len[r] - first[r];
+        base[r] = total;
+        total += static_cast<size_t>(h1 - h0) * static_cast<size_t>(std::max(n_att[r], 0));
+        if (n_att[r] > 0) lo = std::min(lo, first[r]), hi = std::max(hi, len[r]);
+      }
+      if (hi <= lo) continue;
+      if (scores.size() < total) scores.resize(total);
+      const int32_t* table = a.block_tables + a.row_table[g0];
       AttnHeads heads;
       heads.h0 = h0;
       heads.h1 = h1;
       heads.group = group;
       heads.head_dim = hd;
-      // Runs of contiguous cached rows: the rest of each block. Each
-      // position's dot is the one-row dot, and the V accumulation is one FMA
-      // per position in position order, so the grouping never changes a bit.
-      for (int p = first; p < len;) {
-        const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
-        const int n = std::min(bt - p % bt, len - p);
-        float* s = scores.data() + (p - first);
-        if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, n_att);
-        else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, n, heads, qi, s, n_att);
-        for (int h = h0; h < h1; ++h)
-          for (int j = 0; j < n; ++j) s[(h - h0) * n_att + j] *= a.scale;
+      // Each row's part [max(p, first), min(p + n, len)) of the run [p, p + n).
+      auto each_row_in_run = [&](int p, int n, auto&& fn) {
+        for (int64_t i = g0; i < g1; ++i) {
+          const int64_t r = i - g0;
+          const int b = std::max(p, first[r]), e = std::min(p + n, len[r]);
+          if (b < e) fn(i, r, b, e - b);
+        }
+      };
+      for (int p = lo; p < hi;) {
+        const int n = std::min(bt - p % bt, hi - p);
+        each_row_in_run(p, n, [&](int64_t i, int64_t r, int b, int m) {
+          const int64_t slot = int64_t{table[b / bt]} * bt + b % bt;
+          float* sc = scores.data() + base[r] + (b - first[r]);
+          if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, m, heads, q + i * qd, sc, n_att[r]);
+          else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, m, heads, q + i * qd, sc, n_att[r]);
+          for (int h = h0; h < h1; ++h)
+            for (int j = 0; j < m; ++j) sc[(h - h0) * n_att[r] + j] *= a.scale;
+        });
         p += n;
       }
-      for (int h = h0; h < h1; ++h) {
-        kernels::softmax(scores.data() + static_cast<size_t>(h - h0) * static_cast<size_t>(n_att), n_att);
-        std::fill(o + h * hd, o + (h + 1) * hd, 0.0f);
+      for (int64_t i = g0; i < g1; ++i) {
+        const int64_t r = i - g0;
+        if (n_att[r] <= 0) continue;  // an empty row is left as it is
+        float* o = out + i * qd;
+        for (int h = h0; h < h1; ++h) {
+          kernels::softmax(scores.data() + base[r] + static_cast<size_t>(h - h0) * static_cast<size_t>(n_att[r]), n_att[r]);
+          std::fill(o + h * hd, o + (h + 1) * hd, 0.0f);
+        }
       }
-      for (int p = first; p < len;) {
-        const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
-        const int n = std::min(bt - p % bt, len - p);
-        const float* w = scores.data() + (p - first);
-        if (f16) axpy_f16_heads(w, n_att, kv_row<const uint16_t>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
-        else axpy_f32_heads(w, n_att, kv_row<const float>(kv.v, kv, a.layer, slot), kv.row_elems, n, heads, o);
+      for (int p = lo; p < hi;) {
+        const int n = std::min(bt - p % bt, hi - p);
+        each_row_in_run(p, n, [&](int64_t i, int64_t r, int b, int m) {
+          const int64_t slot = int64_t{table[b / bt]} * bt + b % bt;
+          const float* w = scores.data() + base[r] + (b - first[r]);
+          if (f16) axpy_f16_heads(w, n_att[r], kv_row<const uint16_t>(kv.v, kv, a.layer, slot), kv.row_elems, m, heads, out + i * qd);
+          else axpy_f32_heads(w, n_att[r], kv_row<const float>(kv.v, kv, a.layer, slot), kv.row_elems, m, heads, out + i * qd);
+        });
         p += n;
       }
     }
   };
-  const int64_t tasks = a.rows * chunks;
+  const int64_t tasks = n_groups * chunks;
   if (ex_) ex_->parallel_for(tasks, task);
   else task(0, tasks);
 }

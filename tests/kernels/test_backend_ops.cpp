@@ -571,6 +571,9 @@ TEST_P(BackendOps, PagedAttentionOverBlockTables) {
         std::vector<int32_t> row_len, row_table;
         for (int len : {1, 2, 37, 16, 17}) row_len.push_back(len), row_table.push_back(seq_table[0]);
         for (int len : {61, 1, 33}) row_len.push_back(len), row_table.push_back(seq_table[1]);
+        // A prompt chunk: 11 consecutive rows of one sequence (the CPU
+        // backend reads a run of the cache once per group of 8 such rows).
+        for (int len = 50; len <= 60; ++len) row_len.push_back(len), row_table.push_back(seq_table[1]);
         const int64_t rows = static_cast<int64_t>(row_len.size());
         const auto q = random_floats(rows * qd, 30);
         // Sliding windows too: at, below and across the block edges.
