@@ -299,12 +299,7 @@ struct KernelQ4_Kx8 {
       // The mins: per pair of sub-blocks the activation sums as an int16
       // pair, against each row's (m_2i, m_2i+1).
       int32_t xs[NM][4];
-      for (int m = 0; m < NM; ++m)
-        for (int i = 0; i < 4; ++i) {
-          const int16_t* bs = x[m][b].bsums + 4 * i;
-          const auto lo16 = static_cast<uint16_t>(bs[0] + bs[1]), hi16 = static_cast<uint16_t>(bs[2] + bs[3]);
-          xs[m][i] = static_cast<int32_t>(static_cast<uint32_t>(lo16) | (static_cast<uint32_t>(hi16) << 16));
-        }
+      for (int m = 0; m < NM; ++m) q8_K_pair_sums(x[m][b], xs[m]);
       for (int g = 0; g < NG; ++g) {
         const uint8_t* mt = meta[g] + b * kMeta;
         __m256i mins[NM];

@@ -245,6 +245,25 @@ struct KernelQ8_0 {
   }
 };
 
+// y rows of a tile of packed groups of 16 (lane j = row j of the group);
+// the padded last group by plain stores of its real rows (see store_rows).
+template <int NM, int NG>
+AI void store_packed(const MatmulArgs& a, int64_t m0, int64_t g0, __m512 (&acc)[NM][NG]) {
+  for (int m = 0; m < NM; ++m) {
+    float* y = a.y + (m0 + m) * a.w->rows;
+    for (int g = 0; g < NG; ++g) {
+      const int64_t r = (g0 + g) * kPackRows;
+      if (r + kPackRows <= a.w->rows) {
+        _mm512_storeu_ps(y + r, acc[m][g]);
+      } else {
+        alignas(64) float t[kPackRows];
+        _mm512_store_ps(t, acc[m][g]);
+        for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
+      }
+    }
+  }
+}
+
 // Q8_0 weights packed as WeightLayout::q8_0x16 x Q8_0 activations. Lane j
 // of every register belongs to weight row j of a group of 16, so one dpbusd
 // (u8 weights + 128, times 4 activation bytes broadcast to all lanes) adds 4
@@ -317,19 +336,7 @@ struct KernelQ8_0x16 {
         for (int g = 0; g < NG; ++g) acc[m][g] = _mm512_fmadd_ps(t[m][g], dx, acc[m][g]);
       }
     }
-    for (int m = 0; m < NM; ++m) {
-      float* y = a.y + (m0 + m) * a.w->rows;
-      for (int g = 0; g < NG; ++g) {
-        const int64_t r = (g0 + g) * kPackRows;
-        if (r + kPackRows <= a.w->rows) {
-          _mm512_storeu_ps(y + r, acc[m][g]);
-        } else {  // the padded last group: plain stores (see store_rows)
-          alignas(64) float t[kPackRows];
-          _mm512_store_ps(t, acc[m][g]);
-          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
-        }
-      }
-    }
+    store_packed<NM, NG>(a, m0, g0, acc);
   }
 };
 
@@ -388,19 +395,7 @@ struct KernelQ4_0x16 {
           acc[m][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m][g]), _mm512_mul_ps(dw, _mm512_set1_ps(x[m][b].d)), acc[m][g]);
       }
     }
-    for (int m = 0; m < NM; ++m) {
-      float* y = a.y + (m0 + m) * a.w->rows;
-      for (int g = 0; g < NG; ++g) {
-        const int64_t r = (g0 + g) * kPackRows;
-        if (r + kPackRows <= a.w->rows) {
-          _mm512_storeu_ps(y + r, acc[m][g]);
-        } else {  // the padded last group: only the real rows
-          alignas(64) float t[kPackRows];
-          _mm512_store_ps(t, acc[m][g]);
-          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
-        }
-      }
-    }
+    store_packed<NM, NG>(a, m0, g0, acc);
   }
 };
 
@@ -471,12 +466,7 @@ struct KernelQ4_Kx16 {
       // The mins: per pair of sub-blocks (2i, 2i + 1) the activation sums as
       // an int16 pair, against each row's (m_2i, m_2i+1).
       int32_t xs[NM][4];
-      for (int m = 0; m < NM; ++m)
-        for (int i = 0; i < 4; ++i) {
-          const int16_t* bs = x[m][b].bsums + 4 * i;
-          const auto lo16 = static_cast<uint16_t>(bs[0] + bs[1]), hi16 = static_cast<uint16_t>(bs[2] + bs[3]);
-          xs[m][i] = static_cast<int32_t>(static_cast<uint32_t>(lo16) | (static_cast<uint32_t>(hi16) << 16));
-        }
+      for (int m = 0; m < NM; ++m) q8_K_pair_sums(x[m][b], xs[m]);
       for (int g = 0; g < NG; ++g) {
         const uint8_t* mt = meta[g] + b * kMeta;
         __m512i mins[NM];
@@ -495,19 +485,7 @@ struct KernelQ4_Kx16 {
         }
       }
     }
-    for (int m = 0; m < NM; ++m) {
-      float* y = a.y + (m0 + m) * a.w->rows;
-      for (int g = 0; g < NG; ++g) {
-        const int64_t r = (g0 + g) * kPackRows;
-        if (r + kPackRows <= a.w->rows) {
-          _mm512_storeu_ps(y + r, acc[m][g]);
-        } else {  // the padded last group: only the real rows
-          alignas(64) float t[kPackRows];
-          _mm512_store_ps(t, acc[m][g]);
-          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
-        }
-      }
-    }
+    store_packed<NM, NG>(a, m0, g0, acc);
   }
 };
 
@@ -592,19 +570,7 @@ struct KernelQ6_Kx16 {
           acc[m][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(tot[m][g]), dv), _mm512_set1_ps(x[m][b].d), acc[m][g]);
       }
     }
-    for (int m = 0; m < NM; ++m) {
-      float* y = a.y + (m0 + m) * a.w->rows;
-      for (int g = 0; g < NG; ++g) {
-        const int64_t r = (g0 + g) * kPackRows;
-        if (r + kPackRows <= a.w->rows) {
-          _mm512_storeu_ps(y + r, acc[m][g]);
-        } else {  // the padded last group: only the real rows
-          alignas(64) float t[kPackRows];
-          _mm512_store_ps(t, acc[m][g]);
-          for (int64_t i = 0; r + i < a.w->rows; ++i) y[r + i] = t[i];
-        }
-      }
-    }
+    store_packed<NM, NG>(a, m0, g0, acc);
   }
 };
 

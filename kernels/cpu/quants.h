@@ -136,6 +136,15 @@ inline int64_t packed_quant_offset(WeightLayout l, int64_t b, int64_t j, int c) 
 inline uint8_t packed_code(WeightLayout l, uint8_t byte) {
   return static_cast<uint8_t>(l == WeightLayout::q8_0x16 ? byte ^ 0x80 : byte);
 }
+// The packed Q4_K tiles' min operands: per pair of 32-element sub-blocks
+// (2i, 2i + 1), their activation sums as the int16 pair of one madd/dpwssd.
+static inline void q8_K_pair_sums(const BlockQ8_K& x, int32_t out[4]) {
+  for (int i = 0; i < 4; ++i) {
+    const int16_t* bs = x.bsums + 4 * i;
+    const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
+    out[i] = static_cast<int32_t>(static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16));
+  }
+}
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n, int group);
 void quantize_act_q8_K(const float* x, BlockQ8_K* y, int64_t n);
 

@@ -78,6 +78,17 @@ inline CliRun run_atelier(const std::vector<std::string>& args, const std::files
   return r;
 }
 
+// A scratch folder that runs atelier in it: the CLI suites' sandbox.
+struct CliSandbox : ScratchDir {
+  explicit CliSandbox(const std::string& name) : ScratchDir(name) {}
+  CliRun run(const std::vector<std::string>& args) const { return run_atelier(args, dir); }
+  std::string data() const { return (dir / "data").string(); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir / name, std::ios::binary) << text;
+  }
+};
+
 // The lines of a JSON Lines text (empty lines skipped).
 inline std::vector<nlohmann::json> jsonl(const std::string& text) {
   std::vector<nlohmann::json> v;

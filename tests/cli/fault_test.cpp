@@ -36,11 +36,8 @@ const std::string kFixtures = ATELIER_FIXTURES_DIR;
 const std::string kModel = kFixtures + "/text/stories260K.gguf";
 const std::string kCvae = kFixtures + "/image/quickdraw-cvae.safetensors";
 
-struct Sandbox : atelier::test::ScratchDir {
-  explicit Sandbox(const std::string& tag) : ScratchDir("atelier_fault_" + tag) {}
-  CliRun run(const std::vector<std::string>& args) const { return atelier::test::run_atelier(args, dir); }
-  std::string data() const { return (dir / "data").string(); }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
+struct Sandbox : atelier::test::CliSandbox {
+  explicit Sandbox(const std::string& tag) : CliSandbox("atelier_fault_" + tag) {}
   std::vector<json> jobs(const std::string& data_dir) const {
     return jsonl(run({"queue", "--data-dir", data_dir, "list", "--json", "--limit", "100000"}).out);
   }

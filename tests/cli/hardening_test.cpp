@@ -37,12 +37,8 @@ const std::string kFixtures = ATELIER_FIXTURES_DIR;
 const std::string kModel = kFixtures + "/text/stories260K.gguf";
 const std::string kCvae = kFixtures + "/image/quickdraw-cvae.safetensors";
 
-struct Sandbox : atelier::test::ScratchDir {
-  explicit Sandbox(const std::string& tag) : ScratchDir("atelier_hard_" + tag) {}
-  Out run(const std::vector<std::string>& args) const { return atelier::test::run_atelier(args, dir); }
-  std::string data() const { return (dir / "data").string(); }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(dir / name, std::ios::binary) << text; }
+struct Sandbox : atelier::test::CliSandbox {
+  explicit Sandbox(const std::string& tag) : CliSandbox("atelier_hard_" + tag) {}
 };
 
 std::string text_line(const std::string& prompt, int n, int seed) {
