@@ -166,7 +166,11 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
                    while (!done) {
                      if (watch.gone()) return false;
                      if (!queue->pop(e, 500)) {
-                       if (auto again = ctx.engine.job(id); again.ok() && finished(again->state)) done = true;
+                       // Finished without an event reaching this stream: say how it ended.
+                       if (auto again = ctx.engine.job(id); again.ok() && finished(again->state)) {
+                         if (!send({{"type", "state"}, {"job", id}, {"state", job_state_name(again->state)}})) return false;
+                         done = true;
+                       }
                        continue;
                      }
                      if (!send(event_json(e))) return false;
