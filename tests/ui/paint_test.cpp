@@ -19,6 +19,7 @@
 #include <QPushButton>
 #include <QRegularExpression>
 #include <QSettings>
+#include <QScopeGuard>
 #include <QSignalSpy>
 #include <QSlider>
 #include <QSpinBox>
@@ -465,13 +466,17 @@ void PaintTest::stopWhenQueuedAndWhileSubmitting() {
   auto tab = newTab();
   setBasics(tab.get(), QStringLiteral("a queued owl"), 4, 3);
   bridge_->setPaused(true);  // holds the job in the queue
+  // Resumed however this test ends, so a failure here cannot hang the next test.
+  const auto resume = qScopeGuard([this] { bridge_->setPaused(false); });
   QSignalSpy saved(tab.get(), &PaintTab::imagesSaved);
   auto* progress = child<QProgressBar>(tab.get(), "progress");
   auto* stop = child<QPushButton>(tab.get(), "stop");
   QTest::mouseClick(child<QPushButton>(tab.get(), "generate"), Qt::LeftButton);
   QTRY_COMPARE_WITH_TIMEOUT(tab->phase(), PaintTab::Phase::Queued, 10000);
   QVERIFY(stop->isEnabled());
-  QVERIFY2(progress->format().contains(QStringLiteral("paused")), qPrintable(progress->format()));
+  // The queue's paused state reaches the tab by its own event, which may come
+  // after the job's queued one.
+  QTRY_VERIFY2_WITH_TIMEOUT(progress->format().contains(QStringLiteral("paused")), qPrintable(progress->format()), 10000);
   const JobId queued = tab->jobId();
   QVERIFY(queued != 0);
   QTRY_VERIFY(jobIn(*bridge_, queued).has_value());
