@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "engine/engine_test_util.h"
+#include "formats/gguf.h"
 
 using namespace atelier;
 
@@ -306,6 +307,54 @@ TEST(Serve, TinyKvBudgetAdmitsPreemptsAndRefusesBesideAnImage) {
   EXPECT_NE(h->error.find("KV"), std::string::npos) << h->error;
   EXPECT_EQ(e->job(img.value())->state, JobState::Completed);
   EXPECT_GT(e->metrics().preemptions, 0) << "memory never ran out";
+  e.reset();
+  fs::remove_all(dir);
+}
+
+// Sliding-window attention through the scheduler: a sequence gives back the
+// KV blocks behind its window as it goes, so a job 11 blocks long runs in a
+// pool of 4 (the same model without a window is refused there; with the
+// blocks kept, the job never finishes), and its tokens equal the contiguous
+// cache's (TextModel::generate, which never pages) with the same window.
+TEST(Serve, SlidingWindowJobsRunInABoundedKvPool) {
+  const fs::path dir = fresh_dir("window");
+  fs::create_directories(dir);
+  const std::string windowed = (dir / "stories260K-window16.gguf").string();
+  {
+    auto src = formats::GgufFile::open(kText);
+    formats::GgufWriter wr;
+    for (const auto& [k, v] : src->metadata()) wr.set_value(k, v);
+    for (const auto& t : src->tensors()) wr.add_tensor(t.name, t.shape, t.type, t.data, t.bytes);
+    wr.set_u32("llama.attention.sliding_window", 16);
+    wr.write(windowed);
+  }
+  EngineConfig c;
+  c.kv_block_tokens = 16;
+  c.kv_memory_bytes = 4 * 10240;  // stories260K: 10240 bytes per 16-token block
+  auto e = open_engine(dir / "engine", c);
+  ASSERT_TRUE(e);
+  TextRequest r = text_request(windowed, 150);  // 19 prompt tokens + 150: 11 blocks
+  r.interactive = false;
+  r.prompt = "Once upon a time, there was a little girl named Lily. She loved";  // longer than the window
+  TextRequest plain = r;
+  plain.model = kText;
+  auto id = e->submit(r);
+  auto pid = e->submit(plain);
+  ASSERT_TRUE(id.ok() && pid.ok());
+  ASSERT_TRUE(e->wait_idle(120'000));
+  auto job = e->job(id.value());
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->state, JobState::Completed) << job->error;
+  auto model = TextModel::open(windowed);
+  ASSERT_TRUE(model.ok());
+  auto alone = model.value()->generate(r);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(job->text, alone->text);
+  EXPECT_EQ(alone->ids.size(), 150u);
+  auto refused = e->job(pid.value());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->state, JobState::Failed);
+  EXPECT_NE(refused->error.find("KV blocks"), std::string::npos) << refused->error;
   e.reset();
   fs::remove_all(dir);
 }

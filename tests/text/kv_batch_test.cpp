@@ -351,6 +351,41 @@ TEST(KvPool, PagedSeqReserveRollsBackWhenExhausted) {
   EXPECT_EQ(pool.free_blocks(), 3);  // destructors give blocks back
 }
 
+// Sliding windows: whole blocks behind a position go back to the pool (a
+// published one to the prefix cache), their table entries stay as
+// kReleased so later positions keep their block index, and nothing is given
+// back twice.
+TEST(KvPool, ReleaseBeforeGivesBackOnlyWholeBlocksBehindThePosition) {
+  const auto hp = tiny_hp();
+  KvPool pool(hp, 4, 3 * 512, false);
+  const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  {
+    PagedSeq s(pool);
+    ASSERT_TRUE(s.reserve(8));
+    s.publish(toks.data(), 8);
+    const int first = s.blocks()[0], second = s.blocks()[1];
+    EXPECT_EQ(s.release_before(3), 0);  // position 3 is still in block 0
+    EXPECT_EQ(s.release_before(4), 1);
+    EXPECT_EQ(s.blocks()[0], PagedSeq::kReleased);
+    EXPECT_EQ(s.blocks()[1], second);
+    EXPECT_EQ(pool.ref_count(first), 0);
+    EXPECT_TRUE(pool.published(first));  // kept for prefix reuse
+    EXPECT_EQ(pool.cached_blocks(), 1);
+    EXPECT_EQ(pool.free_blocks(), 2);
+    EXPECT_EQ(s.capacity(), 8);                 // positions keep their indices
+    ASSERT_TRUE(s.reserve(12));                 // one new block, not two
+    EXPECT_EQ(s.blocks().size(), 3u);
+    EXPECT_EQ(s.store_slot(9), s.blocks()[2] * 4 + 1);
+    EXPECT_EQ(pool.free_blocks(), 1);
+    s.publish(toks.data(), 12);                 // skips the released entry
+    EXPECT_EQ(s.release_before(4), 0);          // nothing twice
+    EXPECT_EQ(s.release_before(100), 2);        // never past the table
+    EXPECT_EQ(pool.free_blocks(), 3);
+  }  // the destructor releases nothing more (a second release would throw)
+  EXPECT_EQ(pool.free_blocks(), 3);
+  EXPECT_EQ(pool.cached_blocks(), 3);
+}
+
 TEST(KvPool, ReleasedPrefixIsEvictedFromItsTail) {
   const auto hp = tiny_hp();
   KvPool pool(hp, 4, 3 * 512, false);

@@ -46,6 +46,7 @@ class CpuRunner final : public Runner {
     if (!st.ok()) return st;
     slot->tokenizer = m.tokenizer.get();
     slot->n_ctx = m.n_ctx;
+    slot->sliding_window = m.weights.hp.sliding_window;
     slot->bytes = m.info.weight_bytes + int64_t{slot->kv->total_blocks()} * slot->kv->block_bytes();
     return std::unique_ptr<TextSlot>(std::move(slot));
   }

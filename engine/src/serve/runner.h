@@ -34,6 +34,7 @@ struct TextSlot {
   virtual ~TextSlot() = default;
   const tok::Tokenizer* tokenizer = nullptr;
   int n_ctx = 0;                     // the most tokens one sequence may hold
+  int sliding_window = 0;            // > 0: attention sees only this many positions (blocks behind it are given back)
   std::unique_ptr<text::KvPool> kv;  // block bookkeeping on the host, rows in the device's buffer
   int64_t bytes = 0;                 // weights and KV: what the model cache counts
 };

@@ -28,6 +28,14 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 // A sentence or paragraph ends at the last ". ", "! ", "? " (or before a newline) or blank line.
+// The positions a sequence holds in its KV blocks at once: all of them, or
+// with sliding-window attention the window, one step's prompt chunk (at most
+// a window too, see schedule_text) and a block of slack: blocks behind the
+// window are given back after each step.
+int64_t live_positions(const TextSlot& slot, int64_t positions) {
+  if (slot.sliding_window <= 0) return positions;
+  return std::min<int64_t>(positions, 2 * int64_t{slot.sliding_window} + slot.kv->block_tokens());
+}
 size_t segment_end(const std::string& s) {
   size_t end = std::string::npos;
   for (size_t i = 0; i + 1 < s.size(); ++i) {
@@ -539,7 +547,8 @@ bool Scheduler::admit(int64_t now) {
       if (st.ok() && s.n_prompt >= m->slot->n_ctx)
         st = Status::error(StatusCode::InvalidArgument, "the prompt has " + std::to_string(s.n_prompt) +
                                                             " tokens but the context holds " + std::to_string(m->slot->n_ctx));
-      const int64_t need = (std::min<int64_t>(m->slot->n_ctx, int64_t{s.n_prompt} + s.req.max_new_tokens) + m->slot->kv->block_tokens() - 1) /
+      const int64_t need = (live_positions(*m->slot, std::min<int64_t>(m->slot->n_ctx, int64_t{s.n_prompt} + s.req.max_new_tokens)) +
+                            m->slot->kv->block_tokens() - 1) /
                            m->slot->kv->block_tokens();
       if (st.ok() && need > m->slot->kv->total_blocks())
         st = Status::error(StatusCode::InvalidArgument,
@@ -558,7 +567,9 @@ bool Scheduler::admit(int64_t now) {
     s.kv = std::make_unique<text::PagedSeq>(*m->slot->kv);
     const int cached = s.kv->attach_prefix(s.gen->token_data(), s.gen->n_tokens() - 1);
     s.n_past = cached;
-    const int need_now = s.kv->blocks_for(s.gen->n_tokens()) - static_cast<int>(s.kv->blocks().size());
+    // With a sliding window the first step's chunk, not the whole prompt, must fit.
+    const int upto = m->slot->sliding_window > 0 ? std::min(s.gen->n_tokens(), cached + m->slot->sliding_window) : s.gen->n_tokens();
+    const int need_now = s.kv->blocks_for(upto) - static_cast<int>(s.kv->blocks().size());
     while (m->slot->kv->free_blocks() < need_now && preempt_lowest(&s)) {
     }
     if (m->slot->kv->free_blocks() < need_now) {
@@ -639,6 +650,9 @@ bool Scheduler::schedule_text(TextPlan& plan) {
     int n = pending;
     if (pending > 1) {
       n = std::min(pending, budget);
+      // A windowed sequence prefills a window at a time, so that what it
+      // holds stays bounded by live_positions (a resumed one included).
+      if (const int w = s->model->slot->sliding_window; w > 0) n = std::min(n, w);
       if (n <= 0) continue;
     }
     bool fits = s->kv->reserve(s->n_past + n);
@@ -694,6 +708,8 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
     Sequence& s = *live_owners[i];
     s.n_past += live[i].n;
     s.kv->publish(s.gen->token_data(), s.n_past);
+    // The next query (at n_past) attends from n_past + 1 - window on.
+    if (const int w = s.model->slot->sliding_window; w > 0) s.kv->release_before(s.n_past + 1 - w);
     if (live[i].n == 1) ++decoded;
     if (!live[i].logits) continue;
     const int32_t id = sampled[i];

@@ -192,9 +192,22 @@ PagedSeq::~PagedSeq() { release_all(); }
 void PagedSeq::release_all() {
   // Last block first: in the LRU order of cached prefix blocks the tail of a
   // prefix is then evicted before its head, which keeps the head reusable.
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) pool_.release(*it);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it)
+    if (*it != kReleased) pool_.release(*it);
   blocks_.clear();
   hashes_.clear();
+  released_ = 0;
+}
+
+int PagedSeq::release_before(int pos) {
+  const size_t upto = std::min(blocks_.size(), static_cast<size_t>(std::max(0, pos) / pool_.block_tokens()));
+  const int before = static_cast<int>(released_);
+  // Oldest first, the only order a moving window allows.
+  for (; released_ < upto; ++released_) {
+    pool_.release(blocks_[released_]);
+    blocks_[released_] = kReleased;
+  }
+  return static_cast<int>(released_) - before;
 }
 
 int32_t PagedSeq::store_slot(int pos) const {
@@ -248,7 +261,7 @@ void PagedSeq::publish(const int32_t* tokens, int n_stored) {
     const size_t i = hashes_.size();
     const int32_t* t = tokens + i * static_cast<size_t>(bt);
     const uint64_t h = KvPool::chain_hash(i == 0 ? 0 : hashes_.back(), t, bt);
-    pool_.publish_prefix(blocks_[i], h, t);
+    if (blocks_[i] != kReleased) pool_.publish_prefix(blocks_[i], h, t);
     hashes_.push_back(h);
   }
 }

@@ -180,6 +180,13 @@ class PagedSeq final : public KvSeq {
   // For preemption or the end of the sequence: give every block back (last
   // block first, so that cached prefixes are evicted from their tail).
   void release_all();
+  // Sliding-window attention: gives back every block whose positions all lie
+  // before pos (no later query attends them; a published one stays cached
+  // for prefix reuse). Their table entries become kReleased, so every later
+  // position keeps its block index; attention never reads them. Returns the
+  // blocks released by this call.
+  int release_before(int pos);
+  static constexpr int kReleased = -1;
 
   // Helpers for the scheduler (optional; blocks() can be managed by hand).
   // Blocks needed to hold n_positions.
@@ -202,6 +209,7 @@ class PagedSeq final : public KvSeq {
   KvPool& pool_;
   std::vector<int> blocks_;
   std::vector<uint64_t> hashes_;  // chain hashes of the first hashes_.size() blocks
+  size_t released_ = 0;           // blocks_[0, released_) are kReleased
 };
 
 }  // namespace atelier::text
