@@ -247,14 +247,14 @@ void axpy_f16_heads_ref(const float* a, int64_t a_stride, const uint16_t* rows, 
 void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride) {
   if (use_avx512()) return cpu::avx512::dot_f32_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
-  if (use_avx2()) return dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, cpu::avx2::dot_f32_rows);
+  if (use_avx2()) return cpu::avx2::dot_f32_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
   dot_f32_heads_ref(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
 
 void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride) {
   if (use_avx512()) return cpu::avx512::dot_f16_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
-  if (use_avx2()) return dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, cpu::avx2::dot_f16_rows);
+  if (use_avx2()) return cpu::avx2::dot_f16_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
   dot_f16_heads_ref(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <atelier/kernels.h>
+
 #include "avx2_math.h"
 #include "ops_internal.h"
 #include "quants.h"
@@ -163,16 +165,54 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
 }
 
 // ---- runs of rows (attention over contiguous cached positions) -------------
-// Each row goes through exactly the one-row code above; the run only saves
-// the calls and, for axpy, keeps y in registers across the rows (each element
-// still sees one FMA per row, in row order).
+// The score dots: attn_dots_x86.inc with V = 8 lanes (8 positions' sums
+// reduced together). The value sums go through exactly the one-row axpy
+// above, keeping y in registers across the rows (each element still sees one
+// FMA per row, in row order).
 
-void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
-  for (int64_t r = 0; r < n_rows; ++r) out[r] = dot_f32_one(rows + r * stride, x, n);
+namespace {
+// Lane sums of 8 accumulators: out[i] = ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7))
+// over v[i]'s lanes, the same tree for every position whatever the others hold.
+__attribute__((always_inline)) inline __m256 lane_sums8(const __m256 (&v)[8]) {
+  const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);  // [v0 01, v0 23, v1 01, v1 23 | 45, 67 ..]
+  const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // [v0..v3 0123 | v0..v3 4567]
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
-void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
-  for (int64_t r = 0; r < n_rows; ++r) out[r] = dot_f16_one(rows + r * stride, x, n);
+struct V {
+  using reg = __m256;
+  struct Tail {
+    __m256i mask;
+    int64_t n;
+  };
+  static constexpr int64_t kLanes = 8;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Tail tail(int64_t n) { return {tail_mask(n), n}; }
+  static reg loadx(const float* p) { return _mm256_loadu_ps(p); }
+  static reg loadx(const float* p, const Tail& t) { return _mm256_maskload_ps(p, t.mask); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static reg load(const float* p, const Tail& t) { return _mm256_maskload_ps(p, t.mask); }
+  static reg load(const uint16_t* p) { return load_h(p); }
+  static reg load(const uint16_t* p, const Tail& t) { return load_h_tail(p, t.n); }
+  static __m256 reduce8(const reg (&v)[8]) { return lane_sums8(v); }
+  static void store8(float* out, __m256 s, int nr) {
+    if (nr == 8) _mm256_storeu_ps(out, s);
+    else _mm256_maskstore_ps(out, tail_mask(nr), s);
+  }
+};
+}  // namespace
+
+#include "attn_dots_x86.inc"
+
+void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride) {
+  attn_dot_heads<float>(rows, stride, n_rows, hs, q, scores, scores_stride);
+}
+void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride) {
+  attn_dot_heads<uint16_t>(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
 
 namespace {

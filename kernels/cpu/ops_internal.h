@@ -17,8 +17,10 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
 void f32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
-void dot_f32_rows(const float* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
-void dot_f16_rows(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out);
+void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride);
+void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                   float* scores, int64_t scores_stride);
 void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 // Bit-identical to cpu::quantize_act_q8_0 / quantize_act_q8_K (quants.cpp);
@@ -31,8 +33,8 @@ int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
 }  // namespace atelier::kernels::cpu::avx2
 
 // AVX-512 attention runs (ops_avx512.cpp): all heads of one position at a
-// time. The dots are per position exactly as the AVX2 ones are not (a
-// different lane tree); the sums are bit-identical to AVX2's.
+// time. The dots (attn_dots_x86.inc, as AVX2's) sum their lanes in another
+// order than AVX2's; the sums are bit-identical to AVX2's.
 namespace atelier::kernels::cpu::avx512 {
 int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
 void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
