@@ -86,6 +86,13 @@ struct ServeBenchRound {
 // The medians over the level's rounds, and each round.
 struct ServeBenchLevel : ServeBenchRound {
   int concurrency = 0;
+  // What this machine allows at this level, from the limits measured at the
+  // start of the run: every token's matrix products at the peak dot rate, or
+  // every decode step reading the weights once at the measured bandwidth,
+  // whichever takes longer (an upper bound for weights larger than the
+  // caches: attention and sampling are taken as free).
+  double bound_tokens_per_s = 0;
+  std::string bound_by;  // "compute" or "memory"
   std::vector<ServeBenchRound> rounds;
 };
 
