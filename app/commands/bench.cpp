@@ -4,7 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 #include <memory>
 
 #include "commands/commands.h"
@@ -278,10 +281,29 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   CLI::App* serve = bench->add_subcommand("serve", "Aggregate tokens/s and latency percentiles of the engine under concurrent requests");
   serve->add_option("-m,--model", so->model, "Model: a store reference or a file")->required();
   serve->add_option("--store", so->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
-  serve->add_option("--concurrency", so->bench.concurrency, "Concurrency levels, comma-separated")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
+  // Parsed here, item by item: CLI11's delimiter drops an empty item ("1,,2" read as 1,2).
+  serve->add_option_function<std::string>(
+           "--concurrency",
+           [so](const std::string& v) {
+             std::vector<int> levels;
+             size_t start = 0, item = 1;
+             for (;; ++item) {
+               const size_t end = std::min(v.find(',', start), v.size());
+               const std::string x = v.substr(start, end - start);
+               const bool whole = !x.empty() && x.size() <= 4 && x.find_first_not_of("0123456789") == std::string::npos;
+               const int n = whole ? std::stoi(x) : 0;
+               if (n < 1 || n > 4096)
+                 throw CLI::ValidationError("--concurrency", "item " + std::to_string(item) + " of '" + v + "' is " +
+                                                                (x.empty() ? std::string("empty") : "'" + x + "'") +
+                                                                "; levels are whole numbers from 1 to 4096, comma-separated");
+               levels.push_back(n);
+               if (end == v.size()) break;
+               start = end + 1;
+             }
+             so->bench.concurrency = levels;
+           },
+           "Concurrency levels, whole numbers from 1 to 4096, comma-separated (default: 1,4,16,32)")
+      ->type_name("LIST");
   serve->add_option("-p,--prompt-tokens", so->bench.prompt_tokens, "Prompt tokens per request (random vocabulary words)")->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("-n,--gen-tokens", so->bench.gen_tokens, "New tokens per request")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));

@@ -24,6 +24,7 @@
 
 #include "commands/commands.h"
 #include "commands/output.h"
+#include "commands/request_options.h"
 
 namespace atelier::app {
 
@@ -755,7 +756,7 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   synth->add_option("--width-mult", s->image.width_mult, "sd15/sd21: channel width factor in (0, 1] (0.1: 32-channel UNet)")
       ->capture_default_str();
   synth->add_option("--heads", s->image.unet_heads, "sd15/sd21: UNet attention heads (0: 8 for sd15, 64-wide for sd21)");
-  synth->add_option("--seed", s->spec.seed, "Seed of the weights")->capture_default_str();
+  add_seed_option(*synth, s->spec.seed, "Seed of the weights, 0..18446744073709551614 (default: 1)");  // as every --seed: '' and -1 refused
   synth->add_option("--chat-template", s->chat_template_file, "llama: a Jinja chat template file to embed (tokenizer.chat_template)")
       ->check(CLI::ExistingFile);
   synth->add_option("-o,--output", s->out, "Output file (.gguf or .safetensors)")->required();

@@ -199,6 +199,7 @@ std::vector<Case> flag_cases(const Sandbox& sb) {
   each(synth, "--heads", plus(whole, {"-1", "7"}));
   each({"models", "synth", "-o", sb.path("s.gguf")}, "--arch", {"gpt", ""});
   each({"models", "synth", "-o", sb.path("s.gguf")}, "--type", {"q2", ""});
+  each({"models", "synth", "--params", "260K", "-o", sb.path("s.gguf")}, "--seed", plus(whole, {"-1", "18446744073709551615"}));
 
   // Benchmarks and the server (a value they accept would start them: the timeout catches it).
   each({"bench", "text", "-m", kModel}, "-p", plus(whole, {"0", "100000"}));
@@ -207,7 +208,12 @@ std::vector<Case> flag_cases(const Sandbox& sb) {
   each({"bench", "image", "-m", kCvae}, "-W", plus(whole, {"0", "8192"}), "width");
   v.push_back({{"bench", "image", "-m", kCvae, "-W", "12"}, "multiples of 8"});
   each({"bench", "image", "-m", kCvae}, "--batch", plus(whole, {"0", "65"}));
-  each({"bench", "serve", "-m", kModel}, "--concurrency", {"", "0", "-1", "a,b", "99999999999"});
+  each({"bench", "serve", "-m", kModel}, "--concurrency",
+       {"", "0", "-1", "a,b", "99999999999", "4097", "1,,2", ",1", "1,", "1,0", "2,-3", "1,99999999999", "1, 2", "1.5"});
+  // A list names its bad item: the empty one by its place, the others by value.
+  for (const auto& [list, item] : std::vector<std::pair<std::string, std::string>>{
+           {"1,,2", "item 2"}, {",4", "item 1"}, {"1,0", "'0'"}, {"2,-3", "'-3'"}, {"1,99999999999", "'99999999999'"}})
+    v.push_back({{"bench", "serve", "-m", kModel, "--concurrency", list}, item});
   each({"bench", "mixed", "-m", kModel, "--image-model", kCvae}, "--text-start", plus(numbers, {"-1", "4000"}));
   each({"serve", "--data-dir", data}, "--port", plus(whole, {"-1", "65536"}));
   each({"serve", "--data-dir", data}, "--max-body-bytes", plus(whole, {"0", "1023"}));

@@ -146,6 +146,42 @@ TEST(Cli, SynthThenGenerateAndBench) {
     EXPECT_GT(j[key].get<double>(), 0.0) << key;
   }
   EXPECT_TRUE(j["integer_matmul"].get<bool>()) << "a q8_0 model's prompt rate compares with the int8 dot peak";
+  // The values, not only the keys: what was asked for, and the derived
+  // figures from the JSON's own fields (tools.h says how each is made).
+  EXPECT_EQ(j["prompt_tokens"].get<int>(), 16);
+  EXPECT_EQ(j["gen_tokens"].get<int>(), 8);
+  EXPECT_EQ(j["reps"].get<int>(), 1);
+  // The 260K preset is stories260K's shape (fixtures README): dim 64, hidden
+  // 172, 5 layers, 8 heads of 8, 4 KV heads, vocab 512, tied output. By hand:
+  // per layer q, o 64x64, k, v 64x32, gate, up, down 64x172 = 45312 matmul
+  // weights + 2 x 64 norms; the embedding 512 x 64 and the final norm.
+  const double matmul_params = 5 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172);
+  EXPECT_EQ(j["n_params"].get<double>(), matmul_params + 5 * 2 * 64 + 512 * 64 + 64);
+  const double tps = j["gen_tokens_per_s"], wbytes = j["weight_bytes_per_token"];
+  EXPECT_NEAR(j["gen_bandwidth_gb_per_s"].get<double>(), wbytes * tps / 1e9, 1e-6 * wbytes * tps / 1e9);
+  // FLOPs of a prompt token: 2 per matmul weight of the layers (the output matrix runs once per prompt).
+  const double pps = j["prompt_tokens_per_s"];
+  EXPECT_NEAR(j["prompt_gflop_per_s"].get<double>(), 2 * matmul_params * pps / 1e9, 1e-6 * 2 * matmul_params * pps / 1e9);
+  EXPECT_NEAR(j["gen_bandwidth_fraction"].get<double>(),
+              j["gen_bandwidth_gb_per_s"].get<double>() / j["mem_bandwidth_gb_per_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(j["prompt_flop_fraction"].get<double>(),
+              j["prompt_gflop_per_s"].get<double>() / j["peak_int8_gop_per_s"].get<double>(), 1e-9);
+  // The weights read per token are part of the file; the process held the
+  // whole mapped file at least, and less than the machine has.
+  const double file_bytes = static_cast<double>(fs::file_size(path));
+  EXPECT_GT(wbytes, 0.5 * file_bytes);
+  EXPECT_LE(wbytes, file_bytes);
+  double mem_total = 0;
+  {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key, unit;
+    double kb = 0;
+    while (meminfo >> key >> kb >> unit)
+      if (key == "MemTotal:") mem_total = kb * 1024;
+  }
+  ASSERT_GT(mem_total, 0);
+  EXPECT_GT(j["peak_rss_bytes"].get<double>(), file_bytes);
+  EXPECT_LT(j["peak_rss_bytes"].get<double>(), mem_total);
   // --depth: the same figures after tokens already in the context.
   CliRun d = run({"bench", "text", "-m", path, "-p", "8", "-n", "4", "-d", "40", "--reps", "1", "--json"});
   ASSERT_EQ(d.code, 0) << d.err;
@@ -168,8 +204,17 @@ TEST(Cli, SynthThenGenerateAndBench) {
       std::sort(v.begin(), v.end());
       EXPECT_EQ(level[key].get<double>(), v[1]) << key;
     }
-    for (const auto& r : level["rounds"]) EXPECT_EQ(r["mean_batch"].get<double>(), level["concurrency"].get<double>());
+    for (const auto& r : level["rounds"]) {
+      EXPECT_EQ(r["mean_batch"].get<double>(), level["concurrency"].get<double>());
+      // every request makes -n tokens (end of sequence ignored): tokens/s is their sum over the round's seconds
+      const double tokens = level["concurrency"].get<double>() * 6;
+      EXPECT_NEAR(r["tokens_per_s"].get<double>(), tokens / r["seconds"].get<double>(), 1e-6 * tokens / r["seconds"].get<double>());
+    }
   }
+  EXPECT_EQ(js["levels"][0]["concurrency"].get<int>(), 1);
+  EXPECT_EQ(js["levels"][1]["concurrency"].get<int>(), 3);
+  EXPECT_EQ(js["gen_tokens"].get<int>(), 6);
+  EXPECT_EQ(js["prompt_tokens"].get<int>(), 8);
   EXPECT_EQ(run({"bench", "serve", "-m", path, "--rounds", "0"}).code != 0, true);
   // Same seed, same bytes: the synthetic model is deterministic.
   const std::string again = path + ".2";

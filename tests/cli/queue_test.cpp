@@ -136,6 +136,27 @@ TEST(Queue, AddListCancelThenHeadlessRunsTheRest) {
   for (const char* key : {"tokens_per_s", "time_to_first_token_ms", "inter_token_ms", "batch_size_histogram", "queue_depth",
                           "kv_blocks_used", "kv_blocks_free", "prefix_cache_hit_rate", "busy_fraction", "alerts"})
     EXPECT_TRUE(mj.contains(key)) << key;
+  // The values this run caused: the runner ran one job of 12 new tokens
+  // alone (b was cancelled before it started) and left nothing behind.
+  EXPECT_EQ(mj["completed"].get<int>(), 1);
+  EXPECT_EQ(mj["failed"].get<int>(), 0);
+  EXPECT_EQ(mj["preemptions"].get<int>(), 0);
+  EXPECT_EQ(mj["queue_depth"].get<int>(), 0);
+  EXPECT_EQ(mj["running"].get<int>(), 0);
+  EXPECT_EQ(mj["kv_blocks_used"].get<int>(), 0);
+  EXPECT_EQ(mj["prefix_cache_hit_rate"].get<double>(), 0.0);  // one prompt: nothing to share
+  const auto hist = mj["batch_size_histogram"].get<std::vector<int64_t>>();
+  ASSERT_GE(hist.size(), 2u);
+  // 12 tokens: the first from the prompt's step, 11 from decode steps of one sequence each.
+  EXPECT_GE(hist[1], 11);
+  EXPECT_LE(hist[1], 12);
+  for (size_t k = 2; k < hist.size(); ++k) EXPECT_EQ(hist[k], 0) << "a step of " << k << " sequences, with one job";
+  const double ttft = mj["time_to_first_token_ms"]["p50"], itl = mj["inter_token_ms"]["p50"];
+  EXPECT_GT(ttft, 0);
+  EXPECT_GT(itl, 0);
+  EXPECT_EQ(by_id[id_a]["new_tokens"].get<int>(), 12);
+  const double ran_ms = by_id[id_a]["finished_ms"].get<double>() - by_id[id_a]["started_ms"].get<double>();
+  EXPECT_LE(itl, ran_ms + 1) << "an inter-token gap of the only job longer than its whole run";
   Out clear = sb.run({"queue", "--data-dir", d, "clear"});
   EXPECT_EQ(clear.code, 0);
   EXPECT_EQ(sb.run({"queue", "--data-dir", d, "list", "--json"}).out, "");

@@ -193,7 +193,11 @@ test('16 concurrent streaming clients are decoded in shared batches (the batch-s
   const metric = async () => {
     const text = await (await fetch(server.url + '/metrics')).text();
     const bucket = (le) => Number(text.match(new RegExp(`atelier_batch_size_bucket\\{le="${le}"\\} (\\S+)`))[1]);
-    return { upTo8: bucket(8), all: Number(text.match(/atelier_batch_size_count (\S+)/)[1]), text };
+    const value = (re) => Number(text.match(re)[1]);
+    return { upTo8: bucket(8), all: value(/atelier_batch_size_count (\S+)/), text,
+             sequenceSteps: value(/^atelier_batch_size_sum (\S+)/m),
+             completed: value(/^atelier_jobs_finished_total\{state="completed"\} (\S+)/m),
+             running: value(/^atelier_jobs_running (\S+)/m), kvUsed: value(/^atelier_kv_blocks\{state="used"\} (\S+)/m) };
   };
   const before = await metric();
   // Paused while the 16 arrive (through the queue database, as another
@@ -218,9 +222,22 @@ test('16 concurrent streaming clients are decoded in shared batches (the batch-s
   cli('queue', 'resume');
   const counts = await running;
   assert.ok(counts.every((n) => n > 0));
-  const afterM = await metric();
+  // The last chunk can reach a client before its job's end is counted: wait for the counts to settle.
+  let afterM = await metric();
+  for (let i = 0; i < 100 && (afterM.running > 0 || afterM.completed - before.completed < 16); ++i) {
+    await new Promise((r) => setTimeout(r, 50));
+    afterM = await metric();
+  }
   const bigSteps = (afterM.all - afterM.upTo8) - (before.all - before.upTo8);
   assert.ok(bigSteps > 0, `some steps decoded more than 8 sequences (steps with > 8: ${bigSteps})`);
+  // The values these 16 jobs caused: 16 more completed, and 16 x 300 tokens
+  // sampled, each in a step's batch (a job's first token may come from its
+  // prompt's step instead); nothing left running or holding KV blocks.
+  assert.equal(afterM.completed - before.completed, 16);
+  const sequenceSteps = afterM.sequenceSteps - before.sequenceSteps;
+  assert.ok(sequenceSteps >= 16 * 299 && sequenceSteps <= 16 * 300, `sequences summed over the steps: ${sequenceSteps}`);
+  assert.equal(afterM.running, 0, 'jobs still running');
+  assert.equal(afterM.kvUsed, 0, 'KV blocks still in use');
 });
 
 test('/metrics is valid Prometheus text (promtool check metrics)', { skip: !existsSync('/usr/bin/promtool') && 'promtool not installed' }, async () => {

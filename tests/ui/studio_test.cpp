@@ -4,9 +4,12 @@
 // UI thread that keeps ticking while a text and an image job run.
 #include <QDockWidget>
 #include <QElapsedTimer>
+#include <QImage>
 #include <QMimeData>
 #include <QPlainTextEdit>
 #include <QProcess>
+#include <QRegularExpression>
+#include <QSet>
 #include <QSettings>
 #include <QSpinBox>
 #include <QSignalSpy>
@@ -195,6 +198,37 @@ class StudioTest : public QObject {
     QVERIFY2(worst < 50, qPrintable(QStringLiteral("longest gap %1 ms").arg(worst)));
     QVERIFY(QFile::exists(home_->path(QStringLiteral("fox.png"))));
     w->close();
+    // The PNG's content, read by Qt's decoder (not our own reader): the size
+    // asked for, and the A1111 `parameters` chunk naming the prompt, steps,
+    // seed and size.
+    QImage fox(home_->path(QStringLiteral("fox.png")));
+    QVERIFY(!fox.isNull());
+    QCOMPARE(fox.size(), QSize(256, 256));
+    const QString infotext = fox.text(QStringLiteral("parameters"));
+    QVERIFY2(infotext.startsWith(QStringLiteral("a red fox\n")), qPrintable(infotext));
+    for (const char* field : {"Steps: 16", "Seed: 3", "Size: 256x256"})
+      QVERIFY2(QRegularExpression(QStringLiteral("(^|, )%1(,|$)").arg(QLatin1String(field)), QRegularExpression::MultilineOption)
+                   .match(infotext)
+                   .hasMatch(),
+               qPrintable(QStringLiteral("%1 missing in: %2").arg(QLatin1String(field), infotext)));
+    // The same job headless through the CLI, a second path to the same
+    // pixels (same model, prompt, size, steps and seed; the rest defaults in both).
+    const QString headless = home_->path(QStringLiteral("fox-cli.png"));
+    QString err;
+    QCOMPARE(uitest::runCli({QStringLiteral("image"), QStringLiteral("-m"), sd_, QStringLiteral("-p"), QStringLiteral("a red fox"),
+                             QStringLiteral("-W"), QStringLiteral("256"), QStringLiteral("-H"), QStringLiteral("256"),
+                             QStringLiteral("--steps"), QStringLiteral("16"), QStringLiteral("--seed"), QStringLiteral("3"),
+                             QStringLiteral("-o"), headless},
+                            &err),
+             0);
+    const QImage cli(headless);
+    QVERIFY2(!cli.isNull(), qPrintable(err));
+    fox = fox.convertToFormat(QImage::Format_RGB888);
+    QVERIFY(fox == cli.convertToFormat(QImage::Format_RGB888));
+    QSet<QRgb> colours;
+    for (int y = 0; y < fox.height(); y += 8)
+      for (int x = 0; x < fox.width(); x += 8) colours.insert(fox.pixel(x, y));
+    QVERIFY2(colours.size() > 16, "a nearly constant picture");
   }
 };
 
