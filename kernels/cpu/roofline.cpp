@@ -70,9 +70,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int dot_loop_avx512(int64
   __m512i s = acc[0];
   for (int i = 1; i < kChains; ++i) s = _mm512_add_epi32(s, acc[i]);
   _mm512_storeu_si512(out, s);
-  int r = 0;
-  for (int v : out) r += v;
-  return r;
+  // Lanes wrap (defined for SIMD adds); summed the same way, unsigned, not as int (UB on overflow).
+  uint32_t r = 0;
+  for (int v : out) r += static_cast<uint32_t>(v);
+  return static_cast<int>(r);
 }
 
 __attribute__((target("avx2"))) int dot_loop_avx2(int64_t iters) {
@@ -86,9 +87,10 @@ __attribute__((target("avx2"))) int dot_loop_avx2(int64_t iters) {
   __m256i s = acc[0];
   for (int i = 1; i < kChains; ++i) s = _mm256_add_epi32(s, acc[i]);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), s);
-  int r = 0;
-  for (int v : out) r += v;
-  return r;
+  // Lanes wrap (defined for SIMD adds); summed the same way, unsigned, not as int (UB on overflow).
+  uint32_t r = 0;
+  for (int v : out) r += static_cast<uint32_t>(v);
+  return static_cast<int>(r);
 }
 
 float fma_loop_scalar(int64_t iters) {

@@ -310,6 +310,9 @@ TEST(Scheduler, CancelTakesEffectWithinOneStep) {
 // calls start and end within a single image call.
 TEST(Scheduler, TextStepsRunWhileAnImageStepIsInFlight) {
   Harness h("sched-interleave", {}, 2, 400);
+  // The text model loaded first: its load (seconds under ThreadSanitizer)
+  // must not decide whether the text steps meet the image steps.
+  EXPECT_EQ(h.wait_end(h.add(text_job("Once", 1))).type, EventType::Completed);
   const JobId img = h.add(picture(4));
   ASSERT_TRUE(h.wait_started(img));
   TextRequest t = text_job("Once upon a time", 16);
