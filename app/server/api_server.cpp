@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -249,10 +250,54 @@ std::string base64_decode(const std::string& in) {
   return out;
 }
 
+namespace {
+// The server with its request processing reachable from handle_raw.
+struct HttpServer : httplib::Server {
+  using httplib::Server::process_request;
+};
+
+// One request's bytes in, the response's bytes out (handle_raw): no socket.
+// Writes stop being accepted past kMaxOut, as a client that stops reading.
+class MemoryStream final : public httplib::Stream {
+ public:
+  explicit MemoryStream(const std::string& in) : in_(in) {}
+  bool is_readable() const override { return pos_ < in_.size(); }
+  bool is_writable() const override { return out.size() < kMaxOut; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, in_.size() - pos_);
+    std::memcpy(ptr, in_.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    out.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 1;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 2;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  std::string out;
+
+ private:
+  static constexpr size_t kMaxOut = 1 << 20;
+  const std::string& in_;
+  size_t pos_ = 0;
+};
+}  // namespace
+
 struct ApiServer::Impl {
   Impl(Engine& e, ApiServerOptions o) : ctx(e, std::move(o)) {}
   Context ctx;
-  httplib::Server http;
+  HttpServer http;
+  bool installed = false;
+  void install();
   std::thread thread, warm_up;
   int port = 0;
 
@@ -313,8 +358,11 @@ ApiServer::ApiServer(Engine& engine, ApiServerOptions options) : impl_(std::make
 
 ApiServer::~ApiServer() { stop(); }
 
-Status ApiServer::start() {
-  Impl& m = *impl_;
+// The limits, the pre-routing checks (CORS, auth), the error bodies and the routes.
+void ApiServer::Impl::install() {
+  if (installed) return;
+  installed = true;
+  Impl& m = *this;
   auto& http = m.http;
   const auto& o = m.ctx.options;
   const int workers = std::max(1, o.max_connections);
@@ -363,7 +411,22 @@ Status ApiServer::start() {
   add_llama_routes(http, m.ctx);
   add_native_routes(http, m.ctx);
   add_sdapi_routes(http, m.ctx);
+}
 
+std::string ApiServer::handle_raw(const std::string& request) {
+  impl_->install();
+  impl_->ctx.ready = true;
+  MemoryStream strm(request);
+  bool closed = false;
+  impl_->http.process_request(strm, true, closed, nullptr);
+  return std::move(strm.out);
+}
+
+Status ApiServer::start() {
+  Impl& m = *impl_;
+  m.install();
+  auto& http = m.http;
+  const auto& o = m.ctx.options;
   if (o.port == 0) {
     m.port = http.bind_to_any_port(o.host);
     if (m.port <= 0) return Status::error(StatusCode::InvalidArgument, "cannot listen on " + o.host + ": check --host");

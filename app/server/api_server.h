@@ -43,6 +43,10 @@ class ApiServer {
   Status start();
   void stop();         // closes the listener; waits for requests in flight to end (their jobs are cancelled)
   int port() const;    // the bound port (after start)
+  // One raw HTTP/1.x request handled without a socket, through everything
+  // start() installs (limits, CORS, auth, routes, error bodies); the
+  // response's bytes. For the HTTP fuzz target; not beside start().
+  std::string handle_raw(const std::string& request);
   std::string address() const;  // "http://HOST:PORT"
 
   struct Impl;

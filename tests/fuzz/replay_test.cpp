@@ -21,6 +21,7 @@ ATELIER_FUZZ_TARGET(tokenizer)
 ATELIER_FUZZ_TARGET(chat_template)
 ATELIER_FUZZ_TARGET(request_json)
 ATELIER_FUZZ_TARGET(png_info)
+ATELIER_FUZZ_TARGET(http)
 
 namespace {
 namespace fs = std::filesystem;
@@ -53,3 +54,4 @@ ATELIER_REPLAY(tokenizer)
 ATELIER_REPLAY(chat_template)
 ATELIER_REPLAY(request_json)
 ATELIER_REPLAY(png_info)
+ATELIER_REPLAY(http)
