@@ -93,7 +93,7 @@ int run_bench_serve(const BenchServeOptions& o) {
   auto res = bench_serve(path.value(), o.bench);
   if (!res.ok()) return fail(res.status());
   const auto& levels = res.value();
-  const double single = levels.front().tokens_per_s, single_bound = levels.front().bound_tokens_per_s;
+  const double single = levels.front().tokens_per_s;
   auto figures = [](const ServeBenchRound& r) {
     return nlohmann::json{{"tokens_per_s", r.tokens_per_s},
                           {"seconds", r.seconds},
@@ -115,8 +115,7 @@ int run_bench_serve(const BenchServeOptions& o) {
       j["concurrency"] = l.concurrency;
       j["speedup_vs_first_level"] = single > 0 ? l.tokens_per_s / single : 0;
       j["bound_tokens_per_s"] = l.bound_tokens_per_s;
-      j["bound_by"] = l.bound_by;
-      j["bound_speedup_vs_first_level"] = single_bound > 0 ? l.bound_tokens_per_s / single_bound : 0;
+      j["bound_vs_first_level"] = single > 0 ? l.bound_tokens_per_s / single : 0;
       j["rounds"] = nlohmann::json::array();
       for (const auto& r : l.rounds) j["rounds"].push_back(figures(r));
       arr.push_back(j);
@@ -130,17 +129,17 @@ int run_bench_serve(const BenchServeOptions& o) {
   }
   std::printf("model %s, %d prompt tokens and %d new tokens per request; each figure the median of %d rounds\n",
               o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens, o.bench.rounds);
-  std::printf("%11s %11s %8s %10s %18s %18s %16s %18s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms",
-              "ITL p50/p99 ms", "ITL p99 rounds", "bound tok/s (x)");
+  std::printf("%11s %11s %8s %10s %18s %18s %16s %20s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms",
+              "ITL p50/p99 ms", "ITL p99 rounds", "ceiling tok/s (x first)");
   for (const auto& l : levels) {
     const auto [lo, hi] = p99_range(l);
-    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f %7.1f - %-7.1f %9.0f (%.2f) %s\n", l.concurrency,
+    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f %7.1f - %-7.1f %11.0f (%.2f)\n", l.concurrency,
                 l.tokens_per_s, single > 0 ? l.tokens_per_s / single : 0, l.mean_batch, l.time_to_first_token_ms.p50,
                 l.time_to_first_token_ms.p99, l.inter_token_ms.p50, l.inter_token_ms.p99, lo, hi, l.bound_tokens_per_s,
-                single_bound > 0 ? l.bound_tokens_per_s / single_bound : 0, l.bound_by.c_str());
+                single > 0 ? l.bound_tokens_per_s / single : 0);
   }
-  std::printf("bound: each level's ceiling on this machine (matrix products at the measured peak dot rate, or one weight\n"
-              "read per decode step at the measured bandwidth, whichever is slower); (x) its ratio to the first level's\n");
+  std::printf("ceiling: each level's matrix products at this machine's peak dot rate measured in this run (int8 dots for\n"
+              "integer weights, FMA otherwise); (x first): its ratio to the first level's measured tokens/s\n");
   return 0;
 }
 }  // namespace

@@ -206,15 +206,6 @@ struct V {
 
 #include "attn_dots_x86.inc"
 
-void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
-                   float* scores, int64_t scores_stride) {
-  attn_dot_heads<float>(rows, stride, n_rows, hs, q, scores, scores_stride);
-}
-void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
-                   float* scores, int64_t scores_stride) {
-  attn_dot_heads<uint16_t>(rows, stride, n_rows, hs, q, scores, scores_stride);
-}
-
 namespace {
 struct RowsF32 {
   static __m256 load(const float* p) { return _mm256_loadu_ps(p); }

@@ -143,14 +143,6 @@ int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx) {
   return k;
 }
 
-void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
-                   float* scores, int64_t scores_stride) {
-  attn_dot_heads<float>(rows, stride, n_rows, hs, q, scores, scores_stride);
-}
-void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
-                   float* scores, int64_t scores_stride) {
-  attn_dot_heads<uint16_t>(rows, stride, n_rows, hs, q, scores, scores_stride);
-}
 void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
                     const AttnHeads& hs, float* y) {
   axpy_heads<F32>(a, a_stride, rows, stride, n_rows, hs, y);

@@ -87,12 +87,9 @@ struct ServeBenchRound {
 struct ServeBenchLevel : ServeBenchRound {
   int concurrency = 0;
   // What this machine allows at this level, from the limits measured at the
-  // start of the run: every token's matrix products at the peak dot rate, or
-  // every decode step reading the weights once at the measured bandwidth,
-  // whichever takes longer (an upper bound for weights larger than the
-  // caches: attention and sampling are taken as free).
+  // start of the run: every token's matrix products at the peak dot rate (an
+  // upper bound: attention, sampling and memory are taken as free).
   double bound_tokens_per_s = 0;
-  std::string bound_by;  // "compute" or "memory"
   std::vector<ServeBenchRound> rounds;
 };
 

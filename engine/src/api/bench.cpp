@@ -16,6 +16,8 @@
 #include "core/process_memory.h"
 #include "image/sd_model.h"
 #include "api/text_model_impl.h"
+#include "formats/gguf.h"
+#include "formats/sniff.h"
 
 namespace atelier {
 
@@ -133,28 +135,36 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
     if (c < 1 || c > 4096) return Status::error(StatusCode::InvalidArgument, "concurrency levels must be between 1 and 4096");
   auto vocab = Vocabulary::open(model_path);
   if (!vocab.ok()) return vocab.status();
-  auto info = read_model_info(model_path);
-  if (!info.ok()) return info.status();
   const MachineLimits limits = measure_machine_limits(o.threads);
-  // The round's floor in seconds at concurrency c (see bound_tokens_per_s).
-  // Matrix products per row: every parameter but the embedding table and
-  // the output matrix (an undercount for tied embeddings keeps it a bound),
-  // the output matrix for the rows that are sampled. Fewer than ~1.9 bytes
-  // per parameter means integer weights, which run on the int8 dot units.
-  const ModelInfo& mi = info.value();
-  const double out_params = static_cast<double>(mi.n_vocab) * mi.n_embd;
-  const double row_ops = 2.0 * std::max(0.0, static_cast<double>(mi.n_params) - 2 * out_params);
-  const bool integer = mi.n_params > 0 && static_cast<double>(mi.weight_bytes) < 1.9 * static_cast<double>(mi.n_params);
+  // The ceiling of a round at concurrency c (see bound_tokens_per_s): its
+  // matrix products at the peak dot rate. Per row every matrix but the
+  // embedding table and the output one; the output matrix (the embedding
+  // table when tied) per sampled row. Matrices under ~1.9 bytes a weight are
+  // integer ones, which run on the int8 dot units. (No memory term: whether
+  // the weights stream from DRAM or stay in a large L3 depends on the machine.)
+  double row_params = 0, out_params = 0, matrix_bytes = 0, embd_params = 0;
+  if (formats::sniff_model_file(model_path).kind == formats::FileKind::gguf) {
+    Status st = guarded([&]() -> Status {
+      const auto f = formats::GgufFile::open(model_path);
+      for (const auto& t : f->tensors()) {
+        if (t.shape.size() < 2) continue;
+        const double n = static_cast<double>(t.elements());
+        if (t.name == "token_embd.weight") embd_params = n;
+        else if (t.name == "output.weight") out_params = n;
+        else row_params += n, matrix_bytes += static_cast<double>(t.bytes);
+      }
+      return Status{};
+    });
+    if (!st.ok()) return st;
+  }
+  if (out_params == 0) out_params = embd_params;
+  const bool integer = row_params > 0 && matrix_bytes < 1.9 * row_params;
   const double peak_ops = 1e9 * (integer ? limits.peak_int8_gop_per_s : limits.peak_gflop_per_s);
-  auto floor_seconds = [&](int c, bool& compute_bound) {
-    const double ops = static_cast<double>(c) * ((o.prompt_tokens + o.gen_tokens) * row_ops + o.gen_tokens * 2.0 * out_params);
-    const double compute_s = peak_ops > 0 ? ops / peak_ops : 0;
-    const double memory_s = limits.mem_bandwidth_gb_per_s > 0
-                                ? o.gen_tokens * static_cast<double>(mi.weight_bytes) / (1e9 * limits.mem_bandwidth_gb_per_s)
-                                : 0;
-    compute_bound = compute_s >= memory_s;
-    return std::max(compute_s, memory_s);
+  auto ceiling_seconds = [&](int c) {
+    const double ops = static_cast<double>(c) * ((o.prompt_tokens + o.gen_tokens) * 2.0 * row_params + o.gen_tokens * 2.0 * out_params);
+    return peak_ops > 0 ? ops / peak_ops : 0;
   };
+
   // Distinct prompts of printable vocabulary pieces, so no two share a prefix.
   std::vector<std::string> words;
   for (int id = 0; id < vocab.value()->n_vocab(); ++id) {
@@ -201,10 +211,8 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   for (int c : o.concurrency) {
     ServeBenchLevel lv;
     lv.concurrency = c;
-    bool compute_bound = false;
-    const double floor_s = floor_seconds(c, compute_bound);
+    const double floor_s = ceiling_seconds(c);
     lv.bound_tokens_per_s = floor_s > 0 ? static_cast<double>(c) * o.gen_tokens / floor_s : 0;
-    lv.bound_by = compute_bound ? "compute" : "memory";
     for (int round = 0; round < o.rounds; ++round) {
       e.pause();  // queue the whole round first: the requests arrive "at once"
       e.reset_metrics();
