@@ -211,8 +211,8 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   for (int c : o.concurrency) {
     ServeBenchLevel lv;
     lv.concurrency = c;
-    const double floor_s = ceiling_seconds(c);
-    lv.bound_tokens_per_s = floor_s > 0 ? static_cast<double>(c) * o.gen_tokens / floor_s : 0;
+    const double ceiling_s = ceiling_seconds(c);
+    lv.bound_tokens_per_s = ceiling_s > 0 ? static_cast<double>(c) * o.gen_tokens / ceiling_s : 0;
     for (int round = 0; round < o.rounds; ++round) {
       e.pause();  // queue the whole round first: the requests arrive "at once"
       e.reset_metrics();

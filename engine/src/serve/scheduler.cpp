@@ -27,7 +27,6 @@ int64_t epoch_ms() {
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
-// A sentence or paragraph ends at the last ". ", "! ", "? " (or before a newline) or blank line.
 // The positions a sequence holds in its KV blocks at once: all of them, or
 // with sliding-window attention the window, one step's prompt chunk (at most
 // a window too, see schedule_text) and a block of slack: blocks behind the
@@ -36,6 +35,7 @@ int64_t live_positions(const TextSlot& slot, int64_t positions) {
   if (slot.sliding_window <= 0) return positions;
   return std::min<int64_t>(positions, 2 * int64_t{slot.sliding_window} + slot.kv->block_tokens());
 }
+// A sentence or paragraph ends at the last ". ", "! ", "? " (or before a newline) or blank line.
 size_t segment_end(const std::string& s) {
   size_t end = std::string::npos;
   for (size_t i = 0; i + 1 < s.size(); ++i) {
