@@ -193,6 +193,22 @@ void dots_per_head(const T* rows, int64_t stride, int64_t n_rows, const AttnHead
     rows_dot(rows + (h / hs.group) * hs.head_dim, stride, n_rows, q + h * hs.head_dim, hs.head_dim,
              scores + (h - hs.h0) * scores_stride);
 }
+// The SIMD levels: a block of positions at a time, every head of the task
+// within it, so that a long run's rows are read in order instead of one
+// strided pass per head (at depth 8192, 12 passes over the whole V cache).
+// Each element still sees one FMA per position in position order, as in one
+// call per head: the result is that call's to the bit.
+template <class T, class Fn>
+void axpys_by_position_block(const float* a, int64_t a_stride, const T* rows, int64_t stride, int64_t n_rows,
+                             const AttnHeads& hs, float* y, Fn rows_axpy) {
+  constexpr int64_t kBlockRows = 16;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kBlockRows) {
+    const int64_t m = std::min(kBlockRows, n_rows - r0);
+    for (int h = hs.h0; h < hs.h1; ++h)
+      rows_axpy(a + (h - hs.h0) * a_stride + r0, rows + r0 * stride + (h / hs.group) * hs.head_dim, stride, m,
+                y + h * hs.head_dim, hs.head_dim);
+  }
+}
 template <class T, class Fn>
 void axpys_per_head(const float* a, int64_t a_stride, const T* rows, int64_t stride, int64_t n_rows,
                     const AttnHeads& hs, float* y, Fn rows_axpy) {
@@ -260,15 +276,15 @@ void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const A
 
 void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
                     const AttnHeads& hs, float* y) {
-  if (use_avx512()) return cpu::avx512::axpy_f32_heads(a, a_stride, rows, stride, n_rows, hs, y);
-  if (use_avx2()) return axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_f32_rows);
+  if (use_avx512()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx512::axpy_f32_rows);
+  if (use_avx2()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_f32_rows);
   axpy_f32_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
 }
 
 void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
                     const AttnHeads& hs, float* y) {
-  if (use_avx512()) return cpu::avx512::axpy_f16_heads(a, a_stride, rows, stride, n_rows, hs, y);
-  if (use_avx2()) return axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_f16_rows);
+  if (use_avx512()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx512::axpy_f16_rows);
+  if (use_avx2()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_f16_rows);
   axpy_f16_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
 }
 

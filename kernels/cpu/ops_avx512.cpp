@@ -96,28 +96,6 @@ AI void axpy_rows(const float* a, const typename L::T* rows, int64_t stride, int
   }
 }
 
-// Position by position, every head, y in memory (a head's floats per position
-// come from L1); per element the same FMA sequence as axpy_rows.
-template <class L>
-AI void axpy_heads(const float* a, int64_t a_stride, const typename L::T* rows, int64_t stride, int64_t n_rows,
-                   const AttnHeads& hs, float* y) {
-  const int64_t n = hs.head_dim;
-  if (hs.h1 - hs.h0 == 1) return axpy_rows<L>(a, rows + (hs.h0 / hs.group) * n, stride, n_rows, y + hs.h0 * n, n);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    for (int h = hs.h0; h < hs.h1; ++h) {
-      const __m512 va = _mm512_set1_ps(a[(h - hs.h0) * a_stride + r]);
-      const typename L::T* p = rows + r * stride + (h / hs.group) * n;
-      float* yh = y + h * n;
-      int64_t i = 0;
-      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(yh + i, _mm512_fmadd_ps(va, L::load(p + i), _mm512_loadu_ps(yh + i)));
-      if (i < n) {
-        const __mmask16 m = tail16(n - i);
-        _mm512_mask_storeu_ps(yh + i, m, _mm512_fmadd_ps(va, L::load(p + i, m), _mm512_maskz_loadu_ps(m, yh + i)));
-      }
-    }
-  }
-}
-
 #undef AI
 
 }  // namespace
@@ -143,13 +121,11 @@ int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx) {
   return k;
 }
 
-void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
-                    const AttnHeads& hs, float* y) {
-  axpy_heads<F32>(a, a_stride, rows, stride, n_rows, hs, y);
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  axpy_rows<F32>(a, rows, stride, n_rows, y, n);
 }
-void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
-                    const AttnHeads& hs, float* y) {
-  axpy_heads<F16>(a, a_stride, rows, stride, n_rows, hs, y);
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  axpy_rows<F16>(a, rows, stride, n_rows, y, n);
 }
 
 }  // namespace atelier::kernels::cpu::avx512

@@ -32,17 +32,15 @@ int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
 
 }  // namespace atelier::kernels::cpu::avx2
 
-// AVX-512 attention runs (ops_avx512.cpp): all heads of one position at a
-// time. The dots (attn_dots_x86.inc, as AVX2's) sum their lanes in another
-// order than AVX2's; the sums are bit-identical to AVX2's.
+// AVX-512 attention runs (ops_avx512.cpp). The dots (attn_dots_x86.inc, as
+// AVX2's) sum their lanes in another order than AVX2's; the value sums (one
+// FMA per position per element, in order) are bit-identical to AVX2's.
 namespace atelier::kernels::cpu::avx512 {
 int64_t indices_at_least(const float* x, int64_t n, float bound, int32_t* idx);
 void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride);
 void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride);
-void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,
-                    const AttnHeads& hs, float* y);
-void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride, int64_t n_rows,
-                    const AttnHeads& hs, float* y);
+void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 }  // namespace atelier::kernels::cpu::avx512
