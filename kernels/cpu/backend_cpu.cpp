@@ -259,8 +259,7 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
   // what it is alone: each position's dot is the one-row dot, and the V
   // accumulation is one FMA per position in position order, so neither the
   // grouping, the other rows of the step, nor the task split changes a bit.
-  // Heads are split only as far as the threads need (generation: one row,
-  // one head per task).
+  // Heads are split only as far as the threads need (below).
   constexpr int64_t kRows = 8;
   std::vector<int64_t> groups;  // first row of each group, then a.rows
   for (int64_t i = 0; i < a.rows; ++i)
@@ -268,7 +267,12 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
   const int64_t n_groups = static_cast<int64_t>(groups.size());
   groups.push_back(a.rows);
   const int threads = ex_ ? ex_->threads() : 1;
-  const int span = static_cast<int>(std::clamp<int64_t>(a.n_head * n_groups / (4 * threads), 1, a.n_head));
+  // No more groups than threads (one sequence generating): one task of
+  // n_head / threads heads per thread, not a head per task, so that each
+  // task reads the cached rows in one pass instead of a sliver per head.
+  const int64_t per_thread = (a.n_head + threads - 1) / threads;
+  const int span = static_cast<int>(std::clamp<int64_t>(
+      n_groups <= threads ? per_thread : a.n_head * n_groups / (4 * threads), 1, a.n_head));
   const int chunks = (a.n_head + span - 1) / span;
   const int bt = kv.block_tokens;
   auto task = [&](int64_t begin, int64_t end) {
