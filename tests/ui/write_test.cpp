@@ -106,7 +106,9 @@ class WriteTest : public QObject {
     QCOMPARE(c.turns.size(), 2);
     QCOMPARE(c.turns[0].text(), QStringLiteral("Tell me a story about a cat"));
     QVERIFY(!c.turns[1].text().isEmpty());
-    QVERIFY(view->toPlainText().contains(c.turns[1].text()));
+    // A paragraph's trailing newline is not part of what the view shows
+    // (QTextDocument drops it), so the reply is looked for without it.
+    QVERIFY(view->toPlainText().contains(c.turns[1].text().trimmed()));
     // The job the engine ran was the plain User:/Assistant: format.
     const JobInfo job = lastJob();
     QCOMPARE(job.state, JobState::Completed);
