@@ -74,10 +74,7 @@ class CpuBackend final : public Backend {
     kernels::matmul_many(w, y, count, x, rows, ex_);
   }
   void get_rows(const WeightView& table, const int32_t* ids, float* y, int64_t rows) override {
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint8_t* row = static_cast<const uint8_t*>(table.data) + int64_t{ids[r]} * table.row_stride_bytes;
-      dequantize_row(table.type, row, y + r * table.cols, table.cols);
-    }
+    for (int64_t r = 0; r < rows; ++r) dequantize_weight_row(table, ids[r], y + r * table.cols);
   }
   void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) override {
     for_rows(rows, [&](int64_t r) {

@@ -152,6 +152,10 @@ void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
   const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
   const int64_t nb = w.cols / dtype_block_elems(w.type), j = r % rows;
   const auto* g = static_cast<const uint8_t*>(w.data) + (r / rows) * w.row_stride_bytes;
+  if (packed_float(l)) {  // element k of row j: column k's slot j
+    for (int64_t k = 0; k < nb; ++k) std::memcpy(out + k * qb, g + (k * rows + j) * qb, static_cast<size_t>(qb));
+    return;
+  }
   const uint8_t* meta = g + nb * rows * qb;
   if (packed_type(l) == DType::Q4_K) {
     auto* blk = reinterpret_cast<BlockQ4_K*>(out);
@@ -192,6 +196,14 @@ void unpack_row(const WeightView& w, int64_t r, uint8_t* out) {
 void pack_row(WeightLayout l, int64_t nb, const uint8_t* src, int64_t j, uint8_t* g) {
   const int rows = packed_group_rows(l), qb = packed_quant_bytes(l);
   uint8_t* meta = g + nb * rows * qb;
+  if (packed_float(l)) {  // a padding row is +0.0 (all zero bytes)
+    for (int64_t k = 0; k < nb; ++k) {
+      uint8_t* dst = g + (k * rows + j) * qb;
+      if (src) std::memcpy(dst, src + k * qb, static_cast<size_t>(qb));
+      else std::memset(dst, 0, static_cast<size_t>(qb));
+    }
+    return;
+  }
   if (packed_type(l) == DType::Q4_K) {
     for (int64_t b = 0; b < nb; ++b, meta += rows * kQ4KMetaBytes) {
       BlockQ4_K blk{};
@@ -238,6 +250,8 @@ float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
     row.resize(static_cast<size_t>(dtype_row_bytes(a.w->type, k)));
     unpack_row(*a.w, r, row.data());
     const char* w = reinterpret_cast<const char*>(row.data());
+    if (a.w->type == DType::F32) return dot_f32_row(w, a.x + m * k, k);
+    if (a.w->type == DType::F16) return dot_f16_row(w, a.x + m * k, k);
     if (a.w->type == DType::Q4_K) return dot_q4_K_row(w, act_row(a, m), k);
     if (a.w->type == DType::Q6_K) return dot_q6_K_row(w, act_row(a, m), k);
     return a.w->type == DType::Q4_0 ? dot_q4_0_row(w, act_row(a, m), k) : dot_q8_0_row(w, act_row(a, m), k);
@@ -326,6 +340,8 @@ bool matmul_supports(DType t) {
 namespace {
 // The packed layout this level's tile wants for type t, or rows for none.
 WeightLayout packed_layout_here(DType t) {
+  if (t == DType::F32 || t == DType::F16)
+    return active_simd() != Simd::avx512 ? WeightLayout::rows : t == DType::F32 ? WeightLayout::f32x16 : WeightLayout::f16x16;
   if (t == DType::Q4_K)
     return active_simd() == Simd::avx512 ? WeightLayout::q4_Kx16
            : active_simd() == Simd::avx2 ? WeightLayout::q4_Kx8
@@ -374,6 +390,15 @@ WeightView pack_weights(const WeightView& w, void* dst) {
 
 int64_t weight_bytes(const WeightView& w) { return w.rows * dtype_row_bytes(w.type, w.cols); }
 
+void dequantize_weight_row(const WeightView& w, int64_t r, float* out) {
+  if (w.layout == WeightLayout::rows)
+    return dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_stride_bytes, out, w.cols);
+  thread_local std::vector<uint8_t> row;
+  row.resize(static_cast<size_t>(dtype_row_bytes(w.type, w.cols)));
+  unpack_row(w, r, row.data());
+  dequantize_row(w.type, row.data(), out, w.cols);
+}
+
 namespace {
 
 // The tile function and the thread unit (weight rows) for w at this level.
@@ -390,6 +415,9 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
       fn = w.layout == WeightLayout::q4_0x16   ? &q4_0x16_rows_avx512
            : w.layout == WeightLayout::q4_Kx16 ? &q4_Kx16_rows_avx512
                                                : &q6_Kx16_rows_avx512;
+  } else if (packed_float(w.layout)) {
+    unit = kPackedFloatRowUnit;
+    if (active_simd() == Simd::avx512) fn = w.layout == WeightLayout::f32x16 ? &f32x16_rows_avx512 : &f16x16_rows_avx512;
   } else if (w.layout == WeightLayout::q8_0x8 || w.layout == WeightLayout::q4_0x8 || w.layout == WeightLayout::q4_Kx8) {
     unit = kPackedX8RowUnit;
     // Packed at the avx2 level, run there or above (an AVX-512 CPU has AVX2).

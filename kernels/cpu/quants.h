@@ -110,17 +110,23 @@ inline int packed_group_rows(WeightLayout l) {
   return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 || l == WeightLayout::q4_Kx8 ? kPackRowsX8 : kPackRows;
 }
 inline DType packed_type(WeightLayout l) {
+  if (l == WeightLayout::f32x16) return DType::F32;
+  if (l == WeightLayout::f16x16) return DType::F16;
   if (l == WeightLayout::q4_Kx16 || l == WeightLayout::q4_Kx8) return DType::Q4_K;
   if (l == WeightLayout::q6_Kx16) return DType::Q6_K;
   return l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? DType::Q4_0 : DType::Q8_0;
 }
-// Quant bytes of one row's block, and the bytes of its scales.
+inline bool packed_float(WeightLayout l) { return l == WeightLayout::f32x16 || l == WeightLayout::f16x16; }
+// Quant bytes of one row's block (a float layout: one element's), and the
+// bytes of its scales (none for floats).
 inline int packed_quant_bytes(WeightLayout l) {
   const DType t = packed_type(l);
+  if (packed_float(l)) return t == DType::F32 ? 4 : 2;
   return t == DType::Q6_K ? kQK_K * 3 / 4 : t == DType::Q4_K ? kQK_K / 2 : t == DType::Q4_0 ? kQK / 2 : kQK;
 }
 inline int packed_meta_bytes(WeightLayout l) {
   const DType t = packed_type(l);
+  if (packed_float(l)) return 0;
   return t == DType::Q4_K ? kQ4KMetaBytes : t == DType::Q6_K ? kQ6KMetaBytes : 2;
 }
 inline int64_t packed_group_bytes(WeightLayout l, int64_t cols) {

@@ -111,6 +111,8 @@ BENCHMARK_CAPTURE(bm_llama, F32, DType::F32)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, F16, DType::F16)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, BF16, DType::BF16)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q8_0, DType::Q8_0)->Apply(llama_args);
+BENCHMARK_CAPTURE(bm_llama_packed, F32, DType::F32)->Apply(llama_args);
+BENCHMARK_CAPTURE(bm_llama_packed, F16, DType::F16)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q8_0, DType::Q8_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q4_0, DType::Q4_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q4_K, DType::Q4_K)->Apply(llama_args);

@@ -208,7 +208,7 @@ TEST(Matmul, HonoursRowStride) {
   }
 }
 
-// Q8_0 and Q4_0 weights re-laid out by pack_weights (groups of 16 rows at
+// Weights re-laid out by pack_weights (Q8_0, Q4_0, Q4_K, Q6_K, F32, F16; groups of 16 rows at
 // avx512, 8 at avx2; each packed at its level): the same products as the
 // GGML layout within float rounding at every SIMD level (the scalar level,
 // and avx2 for the x16 layouts, unpack row by row), matmul_ref reads every
@@ -236,13 +236,17 @@ std::vector<std::string> packing_levels() {
     EXPECT_EQ(packs, level != "scalar") << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q4_K, 16, 256, 1).view()) > 0, packs) << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q6_K, 16, 256, 1).view()) > 0, level == "avx512") << level;
-    EXPECT_EQ(packed_weight_bytes(make_weights(DType::F16, 16, 256, 1).view()), 0) << level << " packs F16";
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::F32, 16, 7, 1).view()) > 0, level == "avx512") << level;
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::F16, 16, 7, 1).view()) > 0, level == "avx512") << level;
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::BF16, 16, 256, 1).view()), 0) << level << " packs BF16";
     if (packs) out.push_back(level);
   }
   return out;
 }
 // The layout type t gets at a packing level (rows: none).
 WeightLayout layout_at(const std::string& level, DType t) {
+  if (t == DType::F32) return level == "avx512" ? WeightLayout::f32x16 : WeightLayout::rows;
+  if (t == DType::F16) return level == "avx512" ? WeightLayout::f16x16 : WeightLayout::rows;
   if (t == DType::Q4_K) return level == "avx512" ? WeightLayout::q4_Kx16 : WeightLayout::q4_Kx8;
   if (t == DType::Q6_K) return level == "avx512" ? WeightLayout::q6_Kx16 : WeightLayout::rows;
   if (t == DType::Q8_0) return level == "avx512" ? WeightLayout::q8_0x16 : WeightLayout::q8_0x8;
@@ -253,11 +257,11 @@ TEST(Matmul, PackedMatchesReference) {
   const auto packers = packing_levels();
   if (packers.empty()) GTEST_SKIP() << "no packed layout on this CPU (" << simd_level() << ")";
   uint32_t seed = 500;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     for (const auto& pack_level : packers) {
       if (layout_at(pack_level, t) == WeightLayout::rows) continue;
       for (int64_t rows : {1, 7, 8, 9, 15, 16, 17, 47, 49, 250}) {
-        for (int64_t cols : {32, 96, 256, 2816}) {
+        for (int64_t cols : {7, 32, 96, 100, 256, 2816}) {
           if (cols % dtype_block_elems(t) != 0) continue;
           const Weights w = make_weights(t, rows, cols, ++seed);
           Packed p;
@@ -269,6 +273,14 @@ TEST(Matmul, PackedMatchesReference) {
                                    std::to_string(rows) + " cols " + std::to_string(cols);
           ASSERT_EQ(p.view.layout, layout_at(pack_level, t)) << what;
           EXPECT_EQ(weight_bytes(p.view), weight_bytes(w.view()));
+          // An embedding lookup in the packed table decodes each row as the original does.
+          std::vector<float> row(static_cast<size_t>(cols)), row_packed(row.size());
+          for (int64_t r = 0; r < rows; ++r) {
+            dequantize_weight_row(w.view(), r, row.data());
+            dequantize_weight_row(p.view, r, row_packed.data());
+            ASSERT_EQ(0, std::memcmp(row.data(), w.decoded.data() + r * cols, row.size() * sizeof(float))) << what;
+            ASSERT_EQ(0, std::memcmp(row.data(), row_packed.data(), row.size() * sizeof(float))) << what << " row " << r;
+          }
           for (int64_t m_rows : {1, 2, 3, 4, 5, 8, 16, 17, 33}) {
             const auto x = random_floats(m_rows * cols, ++seed);
             std::vector<float> ref(static_cast<size_t>(m_rows * rows)), ref_packed(ref.size());
@@ -297,12 +309,12 @@ TEST(Matmul, PackedBatchThreadAndTileInvariant) {
   const auto packers = packing_levels();
   if (packers.empty()) GTEST_SKIP() << "no packed layout on this CPU (" << simd_level() << ")";
   const int64_t total = 41;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     for (const auto& pack_level : packers) {
       if (layout_at(pack_level, t) == WeightLayout::rows) continue;
       ScopedSimd simd(pack_level);
       for (int64_t rows : {1, 7, 16, 33, 100, 250}) {
-        for (int64_t cols : {32, 256, 768}) {
+        for (int64_t cols : {7, 32, 256, 768}) {
           if (cols % dtype_block_elems(t) != 0) continue;
           const Weights w = make_weights(t, rows, cols, 900 + static_cast<uint32_t>(rows + cols));
           const Packed p = pack(w);

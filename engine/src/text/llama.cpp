@@ -203,8 +203,12 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
     L.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, d);
   }
   w.weight_types = ld.type_summary();
-  // The embedding table stays as stored (rows are looked up, not multiplied).
-  w.output = ld.packed(w.output, w.output.data != w.tok_embd.data);  // a tied table is still read for embeddings
+  // The embedding table stays as stored (rows are looked up, not multiplied);
+  // a table tied to the output matrix is looked up in its packed copy
+  // (Backend::get_rows reads every layout), so the file's copy is released.
+  const bool tied = w.output.data == w.tok_embd.data;
+  w.output = ld.packed(w.output, true);
+  if (tied) w.tok_embd = w.output;
   for (LlamaLayer& L : w.layers)
     for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = ld.packed(*m, true);
   return w;

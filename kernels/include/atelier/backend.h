@@ -132,7 +132,8 @@ class Backend {
   // y = x W^T, rows x W.rows; see kernels::matmul / matmul_many.
   virtual void matmul(const WeightView& w, const float* x, float* y, int64_t rows) = 0;
   virtual void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t rows) = 0;
-  // y[r] = decoded row ids[r] of table (an embedding lookup); ids device int32.
+  // y[r] = decoded row ids[r] of table (an embedding lookup), in any layout
+  // prepare_weights returns; ids device int32.
   virtual void get_rows(const WeightView& table, const int32_t* ids, float* y, int64_t rows) = 0;
   // y[r] = x[ids[r]] for rows of dim floats (a gather).
   virtual void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) = 0;

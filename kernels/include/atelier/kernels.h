@@ -69,7 +69,10 @@ std::string_view simd_level();
 //            bytes per row in turn, then the scales.
 //   q4_Kx16, q6_Kx16, q4_Kx8: Q4_K and Q6_K likewise (AVX-512 VNNI), Q4_K
 //            for AVX2, the scales (and Q4_K's mins) unpacked to bytes.
-enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8 };
+//   f32x16, f16x16: F32 / F16 for the AVX-512 outer-product tile: per group
+//            of 16 rows, column k of the 16 rows side by side (one register),
+//            column after column.
+enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8, f32x16, f16x16 };
 
 // A weight matrix: `rows` rows of `cols` elements of type `type`, each row
 // `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
@@ -87,7 +90,7 @@ struct WeightView {
 // instruction per 64 products instead of three, and needs no horizontal sums;
 // Q8_0 on AVX2, where each block's float scaling is done for 8 rows at once
 // and the integer sums need no horizontal adds either; Q4_0 and Q4_K on
-// both; Q6_K on AVX-512).
+// both; Q6_K, F32 and F16 on AVX-512).
 // packed_weight_bytes: bytes of the packed copy of w, or 0 when w is best used
 // as it is (other types, other SIMD levels). pack_weights writes it to dst
 // (64-byte aligned) and returns its view, which every matmul entry accepts
@@ -99,6 +102,10 @@ WeightView pack_weights(const WeightView& w, void* dst);
 // Bytes of w's own elements as GGML stores them (rows x the row's blocks),
 // whatever its layout: the size a model reports.
 int64_t weight_bytes(const WeightView& w);
+// Row r of w decoded to w.cols floats, whatever its layout (a packed view's
+// row is unpacked first): an embedding lookup in a table tied to a packed
+// output matrix, so the table's unpacked copy need not stay resident.
+void dequantize_weight_row(const WeightView& w, int64_t r, float* out);
 
 // y[m][r] = sum_c x[m][c] * W[r][c]  for m < n_x_rows, r < W.rows.
 // x: n_x_rows rows of W.cols floats (contiguous); y: n_x_rows rows of W.rows floats.
