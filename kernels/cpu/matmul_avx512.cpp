@@ -846,6 +846,17 @@ struct PackedF16 {
 template <class Load>
 struct KernelFloatx16 {
   template <int NM, int NG>
+  AI static void column(const char* const* w, const float* const* x, int64_t k, __m512 (&acc)[NM][NG]) {
+    constexpr int64_t kCol = kPackRows * Load::kBytes;
+    __m512 wv[NG];
+    for (int g = 0; g < NG; ++g) wv[g] = Load::load(w[g] + k * kCol);
+    for (int m = 0; m < NM; ++m) {
+      const __m512 xv = _mm512_set1_ps(x[m][k]);
+      for (int g = 0; g < NG; ++g) acc[m][g] = _mm512_fmadd_ps(wv[g], xv, acc[m][g]);
+    }
+  }
+
+  template <int NM, int NG>
   static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
     const int64_t K = a.w->cols;
     constexpr int64_t kCol = kPackRows * Load::kBytes;  // one column of a group
@@ -856,17 +867,13 @@ struct KernelFloatx16 {
     __m512 acc[NM][NG];
     zero(acc);
     const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups, same column
-    for (int64_t k = 0; k < K; ++k) {
-      __m512 wv[NG];
-      for (int g = 0; g < NG; ++g) {
-        if ((k * kCol) % 64 == 0) _mm_prefetch(w[g] + k * kCol + ahead, kHint);
-        wv[g] = Load::load(w[g] + k * kCol);
-      }
-      for (int m = 0; m < NM; ++m) {
-        const __m512 xv = _mm512_set1_ps(x[m][k]);
-        for (int g = 0; g < NG; ++g) acc[m][g] = _mm512_fmadd_ps(wv[g], xv, acc[m][g]);
-      }
+    constexpr int64_t kLine = 64 / kCol;  // columns per cache line of a group: one prefetch each
+    int64_t k = 0;
+    for (; k + kLine <= K; k += kLine) {
+      for (int g = 0; g < NG; ++g) _mm_prefetch(w[g] + k * kCol + ahead, kHint);
+      for (int64_t u = 0; u < kLine; ++u) column<NM, NG>(w, x, k + u, acc);
     }
+    for (; k < K; ++k) column<NM, NG>(w, x, k, acc);
     store_packed<NM, NG>(a, m0, g0, acc);
   }
 };

@@ -47,9 +47,10 @@ void q4_Kx8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 // WeightLayout::q4_Kx16 (AVX-512 VNNI).
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
-// WeightLayout::f32x16 and f16x16 (AVX-512).
+// WeightLayout::f32x16 and f16x16 (AVX-512), f16x8 (AVX2).
 void f32x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void f16x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
+void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.
@@ -59,7 +60,7 @@ constexpr int64_t kRowUnit = 24;
 constexpr int64_t kPackedRowUnit = 48, kPackedNarrowRowUnit = 64;
 // q8_0x8: tiles of 1, 2 or 4 groups of 8 rows.
 constexpr int64_t kPackedX8RowUnit = 32;
-// f32x16 / f16x16: tiles of 3 or 6 groups of 16 rows.
+// Packed floats: tiles of 3 or 6 groups of 16 rows (x16), 2, 3 or 4 of 8 (x8).
 constexpr int64_t kPackedFloatRowUnit = 96;
 
 // Kernels may re-lay out the activations once per driver call (e.g. the

@@ -71,8 +71,8 @@ std::string_view simd_level();
 //            for AVX2, the scales (and Q4_K's mins) unpacked to bytes.
 //   f32x16, f16x16: F32 / F16 for the AVX-512 outer-product tile: per group
 //            of 16 rows, column k of the 16 rows side by side (one register),
-//            column after column.
-enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8, f32x16, f16x16 };
+//            column after column; f16x8: the same for AVX2, 8 rows.
+enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8, f32x16, f16x16, f16x8 };
 
 // A weight matrix: `rows` rows of `cols` elements of type `type`, each row
 // `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
@@ -90,7 +90,7 @@ struct WeightView {
 // instruction per 64 products instead of three, and needs no horizontal sums;
 // Q8_0 on AVX2, where each block's float scaling is done for 8 rows at once
 // and the integer sums need no horizontal adds either; Q4_0 and Q4_K on
-// both; Q6_K, F32 and F16 on AVX-512).
+// both; Q6_K and F32 on AVX-512; F16 on both).
 // packed_weight_bytes: bytes of the packed copy of w, or 0 when w is best used
 // as it is (other types, other SIMD levels). pack_weights writes it to dst
 // (64-byte aligned) and returns its view, which every matmul entry accepts
