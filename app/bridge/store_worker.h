@@ -12,6 +12,7 @@
 
 #include <QMetaObject>
 #include <QObject>
+#include <QPointer>
 #include <QString>
 #include <QThread>
 #include <QVector>
@@ -50,6 +51,16 @@ struct PendingJob {
   QString state;      // "queued" / "running"
   QString reference;  // the request's model reference
 };
+
+// A request's `done` that is dropped once `owner` is gone: the worker
+// outlives the windows that ask it, and a window closed (or replaced) while
+// its request was in flight must not be called back.
+template <class F>
+auto while_alive(QObject* owner, F f) {
+  return [guard = QPointer<QObject>(owner), f = std::move(f)](auto&&... args) mutable {
+    if (guard) f(std::forward<decltype(args)>(args)...);
+  };
+}
 
 class StoreWorker : public QObject {
   Q_OBJECT

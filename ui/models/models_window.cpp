@@ -200,7 +200,7 @@ void ModelsWindow::startPull(const QStringList& names, const QString& mirror) {
   pausing_ = false;
   pause_->setText(tr("&Pause"));
   pause_->setEnabled(true);
-  store_->pull(names, mirror, [this, names, mirror](Status s) {
+  store_->pull(names, mirror, bridge::while_alive(this, [this, names, mirror](Status s) {
     pulling_ = false;
     endTask();
     QSettings settings;
@@ -222,7 +222,7 @@ void ModelsWindow::startPull(const QStringList& names, const QString& mirror) {
       progress_->setValue(1000);
       say(tr("Installed %1").arg(names.join(QStringLiteral(", "))));
     }
-  });
+  }));
 }
 
 void ModelsWindow::pausePull() {
@@ -248,13 +248,13 @@ void ModelsWindow::cancelTask() {
 }
 
 void ModelsWindow::refresh() {
-  store_->list([this](Result<std::vector<StoreModel>> r) {
+  store_->list(bridge::while_alive(this, [this](Result<std::vector<StoreModel>> r) {
     if (!r.ok()) {
       say(QString::fromStdString(r.status().message), true);
       return;
     }
     fill(r.value());
-  });
+  }));
 }
 
 void ModelsWindow::fill(const std::vector<StoreModel>& models) {
@@ -350,18 +350,18 @@ void ModelsWindow::updateFit() {
   }
   const StudioSettings s = StudioSettings::load();
   store_->fit(ref, qint64{s.kvMemoryMiB} << 20, s.kvType == QLatin1String("f32") ? KvType::F32 : KvType::F16,
-              [this, ref](bridge::MemoryFit f) {
+              bridge::while_alive(this, [this, ref](bridge::MemoryFit f) {
                 if (selectedReference() != ref) return;
                 fit_->setText(f.text);
                 fit_->setStyleSheet(f.fits ? QString() : QStringLiteral("color: #e06060;"));
-              });
+              }));
 }
 
 void ModelsWindow::verifySelected() {
   const QString ref = selectedReference();
   if (ref.isEmpty() || taskRunning_) return;
   startTask(tr("verifying %1").arg(ref));
-  store_->verify(ref, [this, ref](Result<StoreVerifyReport> r) {
+  store_->verify(ref, bridge::while_alive(this, [this, ref](Result<StoreVerifyReport> r) {
     endTask();
     if (!r.ok()) {
       say(r.status().code == StatusCode::Cancelled ? tr("Verification of %1 cancelled").arg(ref)
@@ -377,28 +377,28 @@ void ModelsWindow::verifySelected() {
     QStringList problems;
     for (const auto& p : r->problems) problems << QString::fromStdString(p.path + ": " + p.problem);
     say(tr("%1 is damaged: %2").arg(ref, problems.join(QStringLiteral("; "))), true);
-  });
+  }));
 }
 
 void ModelsWindow::promoteSelected() {
   const QString ref = selectedReference();
   const QString channel = channel_->currentText();
   if (ref.isEmpty()) return;
-  store_->promote(ref, channel, [this, ref, channel](Result<int> r) {
+  store_->promote(ref, channel, bridge::while_alive(this, [this, ref, channel](Result<int> r) {
     if (!r.ok()) say(QString::fromStdString(r.status().message), true);
     else say(tr("%1 now points at %2").arg(channel, ref));
-  });
+  }));
 }
 
 void ModelsWindow::rollbackSelected() {
   const QString name = selectedName();
   const QString channel = channel_->currentText();
   if (name.isEmpty()) return;
-  store_->rollback(name, channel, [this, name, channel](Result<int> r) {
+  store_->rollback(name, channel, bridge::while_alive(this, [this, name, channel](Result<int> r) {
     if (!r.ok()) say(QString::fromStdString(r.status().message), true);
     else if (r.value() == 0) say(tr("%1:%2 is now unset").arg(name, channel));
     else say(tr("%1:%2 rolled back to %1@%3").arg(name, channel).arg(r.value()));
-  });
+  }));
 }
 
 void ModelsWindow::pinSelected() {
@@ -421,16 +421,16 @@ void ModelsWindow::removeSelected() {
                          QString::fromStdString(j.kind == "image" ? j.image_request.model : j.request.model)});
     }
   }
-  store_->remove(ref, pending, [this, ref](Status s) {
+  store_->remove(ref, pending, bridge::while_alive(this, [this, ref](Status s) {
     if (!s.ok()) say(QString::fromStdString(s.message), true);
     else say(tr("%1 removed (its files go with `gc` once no version uses them)").arg(ref));
-  });
+  }));
 }
 
 void ModelsWindow::showHistory() {
   const QString name = selectedName();
   if (name.isEmpty()) return;
-  store_->history(name, [this, name](Result<std::vector<StoreAuditEntry>> r) {
+  store_->history(name, bridge::while_alive(this, [this, name](Result<std::vector<StoreAuditEntry>> r) {
     if (!r.ok()) {
       say(QString::fromStdString(r.status().message), true);
       return;
@@ -447,7 +447,7 @@ void ModelsWindow::showHistory() {
       lines << line;
     }
     historyView_->setPlainText(lines.isEmpty() ? tr("%1: no history").arg(name) : lines.join('\n'));
-  });
+  }));
 }
 
 void ModelsWindow::importFile(const QString& path) {
@@ -456,7 +456,7 @@ void ModelsWindow::importFile(const QString& path) {
     return;
   }
   say(tr("reading the header of %1...").arg(QFileInfo(path).fileName()));
-  store_->preview(path, [this](bridge::ImportPreview p) {
+  store_->preview(path, bridge::while_alive(this, [this](bridge::ImportPreview p) {
     if (!p.ok) {
       say(tr("Cannot import %1: %2").arg(QFileInfo(p.path).fileName(), p.error), true);
       return;
@@ -496,7 +496,7 @@ void ModelsWindow::importFile(const QString& path) {
       const QString n = name->text().trimmed();
       dialog->accept();
       startTask(tr("hashing %1").arg(QFileInfo(p.path).fileName()));
-      store_->import(p.path, n, p.tokenizer, [this, n](Result<int> r) {
+      store_->import(p.path, n, p.tokenizer, bridge::while_alive(this, [this, n](Result<int> r) {
         endTask();
         if (!r.ok()) {
           const bool cancelled = r.status().code == StatusCode::Cancelled;
@@ -506,15 +506,15 @@ void ModelsWindow::importFile(const QString& path) {
         progress_->setValue(1000);
         say(tr("Imported %1@%2").arg(n).arg(r.value()));
         select(QStringLiteral("%1@%2").arg(n).arg(r.value()));
-      });
+      }));
     });
     dialog->open();
-  });
+  }));
 }
 
 void ModelsWindow::showPull() {
   if (taskRunning_) return;
-  store_->catalog([this](Result<std::vector<CatalogEntry>> r) {
+  store_->catalog(bridge::while_alive(this, [this](Result<std::vector<CatalogEntry>> r) {
     if (!r.ok()) {
       say(QString::fromStdString(r.status().message), true);
       return;
@@ -569,7 +569,7 @@ void ModelsWindow::showPull() {
       startPull(names, m);
     });
     dialog->open();
-  });
+  }));
 }
 
 void ModelsWindow::dragEnterEvent(QDragEnterEvent* event) {

@@ -246,7 +246,7 @@ bridge::EngineBridge::Options StudioWindow::bridgeOptions() const {
 }
 
 void StudioWindow::showWelcomeIfEmpty() {
-  store_->list([this](Result<std::vector<StoreModel>> r) {
+  store_->list(bridge::while_alive(this, [this](Result<std::vector<StoreModel>> r) {
     if (!r.ok() || !r.value().empty() || welcome_) return;
     welcome_ = new WelcomePage(store_, stack_);
     stack_->addWidget(welcome_);
@@ -261,7 +261,7 @@ void StudioWindow::showWelcomeIfEmpty() {
     });
     connect(welcome_, &WelcomePage::skipped, this, &StudioWindow::leaveWelcome);
     if (auto* b = welcome_->findChild<QWidget*>(QStringLiteral("installButton"))) b->setFocus();
-  });
+  }));
 }
 
 bool StudioWindow::showingWelcome() const { return welcome_ && stack_->currentWidget() == welcome_; }

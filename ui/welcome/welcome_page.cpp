@@ -130,7 +130,7 @@ void WelcomePage::install() {
   cancel_->setEnabled(true);
   status_->setText(tr("installing..."));
   if (!mirror.isEmpty()) QSettings().setValue(QStringLiteral("models/mirror"), mirror);
-  store_->pull(defaultModels(), mirror, [this](Status s) {
+  store_->pull(defaultModels(), mirror, bridge::while_alive(this, [this](Status s) {
     running_ = false;
     install_->setEnabled(true);
     skip_->setEnabled(true);
@@ -143,7 +143,7 @@ void WelcomePage::install() {
     progress_->setValue(1000);
     status_->setText(tr("Installed %1").arg(defaultModels().join(QStringLiteral(", "))));
     emit installed();
-  });
+  }));
 }
 
 }  // namespace atelier::ui
