@@ -309,11 +309,40 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
       };
       for (int p = lo; p < hi;) {
         const int n = std::min(bt - p % bt, hi - p);
+        // The rows whose part starts at p share [p, c), c their shortest
+        // end in the run (a prompt's rows differ only in how far they
+        // reach): its K rows are read once for all of them
+        // (dot_*_heads_queries: each row's scores as its own call's). Each
+        // row's rest of the run is its own call.
+        int c = p + n;
+        for (int64_t r = 0; r < g1 - g0; ++r)
+          if (first[r] <= p && len[r] > p) c = std::min(c, len[r]);
+        const float* qs[kRows];
+        float* scs[kRows];
+        int64_t sss[kRows];
+        bool shared[kRows] = {};
+        int nq = 0;
+        for (int64_t i = g0; i < g1; ++i) {
+          const int64_t r = i - g0;
+          if (first[r] > p || len[r] < c || c <= p) continue;
+          shared[r] = true;
+          qs[nq] = q + i * qd, scs[nq] = scores.data() + base[r] + (p - first[r]), sss[nq] = n_att[r], ++nq;
+        }
+        if (nq > 0) {
+          const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
+          if (f16) dot_f16_heads_queries(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, c - p, heads, nq, qs, scs, sss);
+          else dot_f32_heads_queries(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, c - p, heads, nq, qs, scs, sss);
+        }
         each_row_in_run(p, n, [&](int64_t i, int64_t r, int b, int m) {
+          if (shared[r]) m -= c - b, b = c;
+          if (m <= 0) return;
           const int64_t slot = int64_t{table[b / bt]} * bt + b % bt;
           float* sc = scores.data() + base[r] + (b - first[r]);
           if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, m, heads, q + i * qd, sc, n_att[r]);
           else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, m, heads, q + i * qd, sc, n_att[r]);
+        });
+        each_row_in_run(p, n, [&](int64_t, int64_t r, int b, int m) {
+          float* sc = scores.data() + base[r] + (b - first[r]);
           for (int h = h0; h < h1; ++h)
             for (int j = 0; j < m; ++j) sc[(h - h0) * n_att[r] + j] *= a.scale;
         });

@@ -886,6 +886,15 @@ struct KernelFloatx16 {
 #define ATELIER_TALL_M 8
 #define ATELIER_TALL_N 2
 #endif
+#ifndef ATELIER_Q40
+#define ATELIER_Q40 4, 2, 4, 4, 2
+#endif
+#ifndef ATELIER_Q4K
+#define ATELIER_Q4K 4, 1, 4, 2, 1
+#endif
+#ifndef ATELIER_Q6K
+#define ATELIER_Q6K 4, 1, 2, 1, 1
+#endif
 constexpr int kTallM = ATELIER_TALL_M, kTallN = ATELIER_TALL_N;
 
 // Q8_0 batched decode: 16 activation rows per tile. The tile walks the
@@ -915,7 +924,7 @@ void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // (1-3 rows) 4, 4, 2 groups.
 void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ4_0x16, 4, 2, 4, 4, 2>;
+  using Driver = TileDriver<KernelQ4_0x16, ATELIER_Q40>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
@@ -924,7 +933,7 @@ void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // (1-3 rows) 4, 2, 1 groups.
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ4_Kx16, 4, 1, 4, 2, 1>;
+  using Driver = TileDriver<KernelQ4_Kx16, ATELIER_Q4K>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
@@ -932,7 +941,7 @@ void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // register serves 4 rows); generation (1-3 rows) 2, 1, 1 groups.
 void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ6_Kx16, 4, 1, 2, 1, 1>;
+  using Driver = TileDriver<KernelQ6_Kx16, ATELIER_Q6K>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 

@@ -21,6 +21,10 @@ void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const Attn
                    float* scores, int64_t scores_stride);
 void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride);
+void dot_f32_heads_queries(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                           const float* const* q, float* const* scores, const int64_t* scores_stride);
+void dot_f16_heads_queries(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                           const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 // Bit-identical to cpu::quantize_act_q8_0 / quantize_act_q8_K (quants.cpp);
@@ -41,6 +45,10 @@ void dot_f32_heads(const float* rows, int64_t stride, int64_t n_rows, const Attn
                    float* scores, int64_t scores_stride);
 void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                    float* scores, int64_t scores_stride);
+void dot_f32_heads_queries(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                           const float* const* q, float* const* scores, const int64_t* scores_stride);
+void dot_f16_heads_queries(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                           const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 }  // namespace atelier::kernels::cpu::avx512

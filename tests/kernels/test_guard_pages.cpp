@@ -103,6 +103,11 @@ TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
           Guarded<float> out(static_cast<size_t>(n_head * rows)), y(static_cast<size_t>(n_head * n));
           dot_f32_heads(f.data(), n, rows, hs, x.data(), out.data(), rows);
           dot_f16_heads(h.data(), n, rows, hs, x.data(), out.data(), rows);
+          const float* qs[3] = {x.data(), x.data(), x.data()};
+          float* outs[3] = {out.data(), out.data(), out.data()};
+          const int64_t strides[3] = {rows, rows, rows};
+          dot_f32_heads_queries(f.data(), n, rows, hs, 3, qs, outs, strides);
+          dot_f16_heads_queries(h.data(), n, rows, hs, 3, qs, outs, strides);
           std::memset(y.data(), 0, static_cast<size_t>(n_head * n) * sizeof(float));
           axpy_f32_heads(a.data(), rows, f.data(), n, rows, hs, y.data());
           axpy_f16_heads(a.data(), rows, h.data(), n, rows, hs, y.data());

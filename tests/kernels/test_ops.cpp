@@ -182,6 +182,58 @@ TEST(Ops, HalfRowsMatchScalarConversion) {
 // the one-row axpy bit for bit at every level; the dots are within rounding
 // of the one-row dot (the SIMD levels sum 8 pairs' lanes together, in another
 // order); at the scalar level everything equals its *_ref.
+// Several queries against one run: each query's scores are its own call's,
+// bit for bit, at every level (1..11 queries: one group of kAttnQueries and
+// a rest), and nothing outside each query's score rows is written.
+TEST(Ops, AttentionScoresOfSeveralQueriesMatchOneQueryCalls) {
+  struct Shape {
+    int n_head, n_head_kv, h0, h1;
+  };
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t hd : {1, 7, 16, 31, 64, 65}) {
+      for (const Shape& sh : {Shape{1, 1, 0, 1}, Shape{12, 12, 0, 12}, Shape{12, 12, 5, 11}, Shape{8, 2, 3, 7}}) {
+        AttnHeads hs;
+        hs.h0 = sh.h0;
+        hs.h1 = sh.h1;
+        hs.group = sh.n_head / sh.n_head_kv;
+        hs.head_dim = hd;
+        const int nh = sh.h1 - sh.h0;
+        const int64_t stride = sh.n_head_kv * hd + 3, n_rows = 21;
+        const auto f = random_floats(stride * n_rows, 7);
+        std::vector<uint16_t> h(f.size());
+        for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_fp16(f[i]);
+        for (int nq : {1, 2, 5, 8, 11}) {
+          const auto qv = random_floats(nq * sh.n_head * hd, 8 + nq);
+          std::vector<const float*> q(nq);
+          std::vector<int64_t> ss(nq);
+          std::vector<std::vector<float>> got32(nq), got16(nq);
+          std::vector<float*> p32(nq), p16(nq);
+          for (int j = 0; j < nq; ++j) {
+            q[j] = qv.data() + j * sh.n_head * hd;
+            ss[j] = n_rows + j;  // each query's own score stride
+            got32[j].assign(nh * ss[j], -1.0f);
+            got16[j].assign(nh * ss[j], -1.0f);
+            p32[j] = got32[j].data();
+            p16[j] = got16[j].data();
+          }
+          dot_f32_heads_queries(f.data(), stride, n_rows, hs, nq, q.data(), p32.data(), ss.data());
+          dot_f16_heads_queries(h.data(), stride, n_rows, hs, nq, q.data(), p16.data(), ss.data());
+          for (int j = 0; j < nq; ++j) {
+            std::vector<float> e32(nh * ss[j], -1.0f), e16 = e32;
+            dot_f32_heads(f.data(), stride, n_rows, hs, q[j], e32.data(), ss[j]);
+            dot_f16_heads(h.data(), stride, n_rows, hs, q[j], e16.data(), ss[j]);
+            ASSERT_EQ(0, std::memcmp(e32.data(), got32[j].data(), e32.size() * 4))
+                << level << " hd " << hd << " heads " << sh.h0 << ".." << sh.h1 << " queries " << nq << " query " << j;
+            ASSERT_EQ(0, std::memcmp(e16.data(), got16[j].data(), e16.size() * 4))
+                << level << " hd " << hd << " heads " << sh.h0 << ".." << sh.h1 << " queries " << nq << " query " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Ops, AttentionRunsMatchOneRowOneHeadCalls) {
   struct Shape {
     int n_head, n_head_kv, h0, h1;

@@ -193,6 +193,15 @@ void dot_f32_heads(const float* rows, int64_t stride_elems, int64_t n_rows, cons
                    float* scores, int64_t scores_stride);
 void dot_f16_heads(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
                    float* scores, int64_t scores_stride);
+// Up to kAttnQueries queries against the same run (a prompt's rows that
+// attend the same positions): for each j < n_queries, exactly
+// dot_*_heads(rows, stride_elems, n_rows, heads, q[j], scores[j], scores_stride[j]),
+// bit for bit, with each cached row read once for all of them.
+constexpr int kAttnQueries = 8;
+void dot_f32_heads_queries(const float* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads,
+                           int n_queries, const float* const* q, float* const* scores, const int64_t* scores_stride);
+void dot_f16_heads_queries(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads,
+                           int n_queries, const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride_elems, int64_t n_rows,
                     const AttnHeads& heads, float* y);
 void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride_elems, int64_t n_rows,
