@@ -321,51 +321,24 @@ struct KernelQ4_Kx8 {
   }
 };
 
-// F16 weights packed as WeightLayout::f16x8: per group of 8 rows, column
-// k's 8 values side by side. The outer-product tile of the AVX-512
-// file for 8 lanes: per column one register of weights times each
-// activation row's element broadcast, one FMA chain per output in column
-// order (the same for every tile shape), no horizontal sums.
+// F16 weights packed as WeightLayout::f16x8 (matmul_float_packed_x86.inc
+// over 8 lanes).
+struct FloatV {
+  using reg = __m256;
+  static constexpr int64_t kRows = kPackRowsX8;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+};
 struct PackedF16 {
   static constexpr int kBytes = 2;
   static __m256 load(const char* p) { return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p))); }
 };
-
-template <class Load>
-struct KernelFloatx8 {
-  template <int NM, int NG>
-  __attribute__((always_inline)) static inline void column(const char* const* w, const float* const* x, int64_t k, __m256 (&acc)[NM][NG]) {
-    constexpr int64_t kCol = kPackRowsX8 * Load::kBytes;
-    __m256 wv[NG];
-    for (int g = 0; g < NG; ++g) wv[g] = Load::load(w[g] + k * kCol);
-    for (int m = 0; m < NM; ++m) {
-      const __m256 xv = _mm256_broadcast_ss(x[m] + k);
-      for (int g = 0; g < NG; ++g) acc[m][g] = _mm256_fmadd_ps(wv[g], xv, acc[m][g]);
-    }
-  }
-
-  template <int NM, int NG>
-  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
-    const int64_t K = a.w->cols;
-    constexpr int64_t kCol = kPackRowsX8 * Load::kBytes;  // one column of a group
-    const char* w[NG];
-    for (int g = 0; g < NG; ++g) w[g] = static_cast<const char*>(a.w->data) + (g0 + g) * a.w->row_stride_bytes;
-    const float* x[NM];
-    for (int m = 0; m < NM; ++m) x[m] = a.x + (m0 + m) * K;
-    __m256 acc[NM][NG];
-    for (auto& row : acc)
-      for (auto& v : row) v = _mm256_setzero_ps();
-    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups, same column
-    constexpr int64_t kLine = 64 / kCol;  // columns per cache line of a group: one prefetch each
-    int64_t k = 0;
-    for (; k + kLine <= K; k += kLine) {
-      for (int g = 0; g < NG; ++g) _mm_prefetch(w[g] + k * kCol + ahead, _MM_HINT_T1);
-      for (int64_t u = 0; u < kLine; ++u) column<NM, NG>(w, x, k + u, acc);
-    }
-    for (; k < K; ++k) column<NM, NG>(w, x, k, acc);
-    store_packed<NM, NG>(a, m0, g0, acc);
-  }
-};
+namespace packed_float {
+using V = FloatV;
+#include "matmul_float_packed_x86.inc"
+}  // namespace packed_float
+using packed_float::KernelFloatPacked;
 
 }  // namespace avx2
 
@@ -396,7 +369,7 @@ void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
 #define ATELIER_FT2 6, 2, 4, 4, 3, 3, 2
 #endif
 void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  using Driver = TileDriver<avx2::KernelFloatx8<avx2::PackedF16>, ATELIER_FT2>;
+  using Driver = TileDriver<avx2::KernelFloatPacked<avx2::PackedF16>, ATELIER_FT2>;
   Driver::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
 }
 

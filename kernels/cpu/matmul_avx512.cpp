@@ -826,14 +826,17 @@ struct KernelFloat {
 };
 
 
-// Float weights packed as WeightLayout::f32x16 / f16x16: per group of 16
-// rows, column k's 16 values side by side, so one register holds column k
-// of all 16 rows and a broadcast activation multiplies it: an outer-product
-// tile that keeps its accumulators for the whole row (no horizontal sums)
-// and streams 64 bytes of weights per column and group from L2, where the
-// row-dot tile above streams each activation row once per 4 weight rows
-// (and ran at ~45 % of the FMA peak, bound by L2). Per lane, column after
-// column:  acc = fma(w[k], x[k], acc), the same chain for every tile shape.
+// Float weights packed as WeightLayout::f32x16 / f16x16
+// (matmul_float_packed_x86.inc over 16 lanes). The row-dot tile above
+// streams each activation row from L2 once per 4 weight rows and ran at
+// ~45 % of the FMA peak, bound by L2.
+struct FloatV {
+  using reg = __m512;
+  static constexpr int64_t kRows = kPackRows;
+  AI static reg zero() { return _mm512_setzero_ps(); }
+  AI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  AI static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+};
 struct PackedF32 {
   static constexpr int kBytes = 4;
   AI static __m512 load(const char* p) { return _mm512_load_ps(p); }
@@ -842,41 +845,11 @@ struct PackedF16 {
   static constexpr int kBytes = 2;
   AI static __m512 load(const char* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
 };
-
-template <class Load>
-struct KernelFloatx16 {
-  template <int NM, int NG>
-  AI static void column(const char* const* w, const float* const* x, int64_t k, __m512 (&acc)[NM][NG]) {
-    constexpr int64_t kCol = kPackRows * Load::kBytes;
-    __m512 wv[NG];
-    for (int g = 0; g < NG; ++g) wv[g] = Load::load(w[g] + k * kCol);
-    for (int m = 0; m < NM; ++m) {
-      const __m512 xv = _mm512_set1_ps(x[m][k]);
-      for (int g = 0; g < NG; ++g) acc[m][g] = _mm512_fmadd_ps(wv[g], xv, acc[m][g]);
-    }
-  }
-
-  template <int NM, int NG>
-  static void tile(const MatmulArgs& a, int64_t m0, int64_t g0) {
-    const int64_t K = a.w->cols;
-    constexpr int64_t kCol = kPackRows * Load::kBytes;  // one column of a group
-    const char* w[NG];
-    for (int g = 0; g < NG; ++g) w[g] = static_cast<const char*>(a.w->data) + (g0 + g) * a.w->row_stride_bytes;
-    const float* x[NM];
-    for (int m = 0; m < NM; ++m) x[m] = a.x + (m0 + m) * K;
-    __m512 acc[NM][NG];
-    zero(acc);
-    const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups, same column
-    constexpr int64_t kLine = 64 / kCol;  // columns per cache line of a group: one prefetch each
-    int64_t k = 0;
-    for (; k + kLine <= K; k += kLine) {
-      for (int g = 0; g < NG; ++g) _mm_prefetch(w[g] + k * kCol + ahead, kHint);
-      for (int64_t u = 0; u < kLine; ++u) column<NM, NG>(w, x, k + u, acc);
-    }
-    for (; k < K; ++k) column<NM, NG>(w, x, k, acc);
-    store_packed<NM, NG>(a, m0, g0, acc);
-  }
-};
+namespace packed_float {
+using V = FloatV;
+#include "matmul_float_packed_x86.inc"
+}  // namespace packed_float
+using packed_float::KernelFloatPacked;
 
 #undef AI
 
@@ -953,12 +926,12 @@ void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 #endif
 void f32x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelFloatx16<PackedF32>, ATELIER_FT>;
+  using Driver = TileDriver<KernelFloatPacked<PackedF32>, ATELIER_FT>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 void f16x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelFloatx16<PackedF16>, ATELIER_FT>;
+  using Driver = TileDriver<KernelFloatPacked<PackedF16>, ATELIER_FT>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 

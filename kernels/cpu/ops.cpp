@@ -274,26 +274,31 @@ void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const A
   dot_f16_heads_ref(rows, stride, n_rows, hs, q, scores, scores_stride);
 }
 
-// In groups of kAttnQueries; the scalar level (and a lone query): one call per query.
-void dot_f32_heads_queries(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
-                           const float* const* q, float* const* scores, const int64_t* scores_stride) {
+namespace {
+// In groups of kAttnQueries through the level's several-query dots; the
+// scalar level (and a lone query): one call per query.
+template <class T, class Many, class One>
+void heads_queries(const T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq, const float* const* q,
+                   float* const* scores, const int64_t* scores_stride, Many avx512, Many avx2, One one) {
   for (int j0 = 0; j0 < nq; j0 += kAttnQueries) {
     const int m = std::min(kAttnQueries, nq - j0);
-    if (m > 1 && use_avx512()) cpu::avx512::dot_f32_heads_queries(rows, stride, n_rows, hs, m, q + j0, scores + j0, scores_stride + j0);
-    else if (m > 1 && use_avx2()) cpu::avx2::dot_f32_heads_queries(rows, stride, n_rows, hs, m, q + j0, scores + j0, scores_stride + j0);
+    if (m > 1 && use_avx512()) avx512(rows, stride, n_rows, hs, m, q + j0, scores + j0, scores_stride + j0);
+    else if (m > 1 && use_avx2()) avx2(rows, stride, n_rows, hs, m, q + j0, scores + j0, scores_stride + j0);
     else
-      for (int j = j0; j < j0 + m; ++j) dot_f32_heads(rows, stride, n_rows, hs, q[j], scores[j], scores_stride[j]);
+      for (int j = j0; j < j0 + m; ++j) one(rows, stride, n_rows, hs, q[j], scores[j], scores_stride[j]);
   }
+}
+}  // namespace
+
+void dot_f32_heads_queries(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                           const float* const* q, float* const* scores, const int64_t* scores_stride) {
+  heads_queries(rows, stride, n_rows, hs, nq, q, scores, scores_stride, &cpu::avx512::dot_f32_heads_queries,
+                &cpu::avx2::dot_f32_heads_queries, &dot_f32_heads);
 }
 void dot_f16_heads_queries(const uint16_t* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
                            const float* const* q, float* const* scores, const int64_t* scores_stride) {
-  for (int j0 = 0; j0 < nq; j0 += kAttnQueries) {
-    const int m = std::min(kAttnQueries, nq - j0);
-    if (m > 1 && use_avx512()) cpu::avx512::dot_f16_heads_queries(rows, stride, n_rows, hs, m, q + j0, scores + j0, scores_stride + j0);
-    else if (m > 1 && use_avx2()) cpu::avx2::dot_f16_heads_queries(rows, stride, n_rows, hs, m, q + j0, scores + j0, scores_stride + j0);
-    else
-      for (int j = j0; j < j0 + m; ++j) dot_f16_heads(rows, stride, n_rows, hs, q[j], scores[j], scores_stride[j]);
-  }
+  heads_queries(rows, stride, n_rows, hs, nq, q, scores, scores_stride, &cpu::avx512::dot_f16_heads_queries,
+                &cpu::avx2::dot_f16_heads_queries, &dot_f16_heads);
 }
 
 void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,

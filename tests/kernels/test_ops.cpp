@@ -182,27 +182,45 @@ TEST(Ops, HalfRowsMatchScalarConversion) {
 // the one-row axpy bit for bit at every level; the dots are within rounding
 // of the one-row dot (the SIMD levels sum 8 pairs' lanes together, in another
 // order); at the scalar level everything equals its *_ref.
+// A task's query heads h0..h1 of n_head over n_head_kv KV heads, and a run
+// of cached rows (stride apart, a few padding elements on) as f32 and fp16.
+struct HeadShape {
+  int n_head, n_head_kv, h0, h1;
+};
+AttnHeads heads_of(const HeadShape& sh, int64_t hd) {
+  AttnHeads hs;
+  hs.h0 = sh.h0;
+  hs.h1 = sh.h1;
+  hs.group = sh.n_head / sh.n_head_kv;
+  hs.head_dim = hd;
+  return hs;
+}
+struct CachedRun {
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+};
+CachedRun cached_run(int64_t stride, int64_t n_rows, uint32_t seed) {
+  CachedRun c{random_floats(stride * n_rows, seed), {}};
+  c.h.resize(c.f.size());
+  for (size_t i = 0; i < c.f.size(); ++i) c.h[i] = f32_to_fp16(c.f[i]);
+  return c;
+}
+
 // Several queries against one run: each query's scores are its own call's,
 // bit for bit, at every level (1..11 queries: one group of kAttnQueries and
 // a rest), and nothing outside each query's score rows is written.
 TEST(Ops, AttentionScoresOfSeveralQueriesMatchOneQueryCalls) {
-  struct Shape {
-    int n_head, n_head_kv, h0, h1;
-  };
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
     for (int64_t hd : {1, 7, 16, 31, 64, 65}) {
-      for (const Shape& sh : {Shape{1, 1, 0, 1}, Shape{12, 12, 0, 12}, Shape{12, 12, 5, 11}, Shape{8, 2, 3, 7}}) {
-        AttnHeads hs;
-        hs.h0 = sh.h0;
-        hs.h1 = sh.h1;
-        hs.group = sh.n_head / sh.n_head_kv;
-        hs.head_dim = hd;
+      for (const HeadShape& sh : {HeadShape{1, 1, 0, 1}, HeadShape{12, 12, 0, 12}, HeadShape{12, 12, 5, 11},
+                                  HeadShape{8, 2, 3, 7}}) {
+        const AttnHeads hs = heads_of(sh, hd);
         const int nh = sh.h1 - sh.h0;
         const int64_t stride = sh.n_head_kv * hd + 3, n_rows = 21;
-        const auto f = random_floats(stride * n_rows, 7);
-        std::vector<uint16_t> h(f.size());
-        for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_fp16(f[i]);
+        const CachedRun run = cached_run(stride, n_rows, 7);
+        const std::vector<float>& f = run.f;
+        const std::vector<uint16_t>& h = run.h;
         for (int nq : {1, 2, 5, 8, 11}) {
           const auto qv = random_floats(nq * sh.n_head * hd, 8 + nq);
           std::vector<const float*> q(nq);
@@ -235,24 +253,17 @@ TEST(Ops, AttentionScoresOfSeveralQueriesMatchOneQueryCalls) {
 }
 
 TEST(Ops, AttentionRunsMatchOneRowOneHeadCalls) {
-  struct Shape {
-    int n_head, n_head_kv, h0, h1;
-  };
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
     for (int64_t hd : {1, 7, 8, 31, 64, 65, 128}) {
-      for (const Shape& sh : {Shape{1, 1, 0, 1}, Shape{12, 12, 0, 12}, Shape{12, 12, 5, 11}, Shape{8, 2, 0, 8},
-                              Shape{8, 2, 3, 7}, Shape{9, 3, 1, 9}}) {
-        AttnHeads hs;
-        hs.h0 = sh.h0;
-        hs.h1 = sh.h1;
-        hs.group = sh.n_head / sh.n_head_kv;
-        hs.head_dim = hd;
+      for (const HeadShape& sh : {HeadShape{1, 1, 0, 1}, HeadShape{12, 12, 0, 12}, HeadShape{12, 12, 5, 11},
+                                  HeadShape{8, 2, 0, 8}, HeadShape{8, 2, 3, 7}, HeadShape{9, 3, 1, 9}}) {
+        const AttnHeads hs = heads_of(sh, hd);
         const int nh = sh.h1 - sh.h0;
         const int64_t stride = sh.n_head_kv * hd + 5, n_rows = 37;
-        const auto f = random_floats(stride * n_rows, 3);
-        std::vector<uint16_t> h(f.size());
-        for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_fp16(f[i]);
+        const CachedRun run = cached_run(stride, n_rows, 3);
+        const std::vector<float>& f = run.f;
+        const std::vector<uint16_t>& h = run.h;
         const auto q = random_floats(sh.n_head * hd, 4);
         const int64_t a_stride = n_rows + 3;
         const auto a = random_floats(nh * a_stride, 5);
