@@ -365,11 +365,8 @@ void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
 
 // Packed F16: tiles of 6 activation rows x 2 groups of 8 (12 of the 16 ymm
 // registers accumulate); 4, 4, 3, 3, 2 groups for 1-5 rows.
-#ifndef ATELIER_FT2
-#define ATELIER_FT2 6, 2, 4, 4, 3, 3, 2
-#endif
 void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  using Driver = TileDriver<avx2::KernelFloatPacked<avx2::PackedF16>, ATELIER_FT2>;
+  using Driver = TileDriver<avx2::KernelFloatPacked<avx2::PackedF16>, 6, 2, 4, 4, 3, 3, 2>;
   Driver::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
 }
 

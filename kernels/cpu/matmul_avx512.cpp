@@ -859,15 +859,6 @@ using packed_float::KernelFloatPacked;
 #define ATELIER_TALL_M 8
 #define ATELIER_TALL_N 2
 #endif
-#ifndef ATELIER_Q40
-#define ATELIER_Q40 4, 2, 4, 4, 2
-#endif
-#ifndef ATELIER_Q4K
-#define ATELIER_Q4K 4, 1, 4, 2, 1
-#endif
-#ifndef ATELIER_Q6K
-#define ATELIER_Q6K 4, 1, 2, 1, 1
-#endif
 constexpr int kTallM = ATELIER_TALL_M, kTallN = ATELIER_TALL_N;
 
 // Q8_0 batched decode: 16 activation rows per tile. The tile walks the
@@ -897,7 +888,7 @@ void q8_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // (1-3 rows) 4, 4, 2 groups.
 void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ4_0x16, ATELIER_Q40>;
+  using Driver = TileDriver<KernelQ4_0x16, 4, 2, 4, 4, 2>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
@@ -906,7 +897,7 @@ void q4_0x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // (1-3 rows) 4, 2, 1 groups.
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ4_Kx16, ATELIER_Q4K>;
+  using Driver = TileDriver<KernelQ4_Kx16, 4, 1, 4, 2, 1>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
@@ -914,24 +905,21 @@ void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // register serves 4 rows); generation (1-3 rows) 2, 1, 1 groups.
 void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelQ6_Kx16, ATELIER_Q6K>;
+  using Driver = TileDriver<KernelQ6_Kx16, 4, 1, 2, 1, 1>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
-// Packed float weights: tiles of FT_M activation rows x FT_G groups of 16
-// weight rows; generation (fewer rows) takes wider tiles, more independent
-// FMA chains for the memory-bound case.
-#ifndef ATELIER_FT
-#define ATELIER_FT 8, 3, 6, 6, 6, 6, 3, 3, 3
-#endif
+// Packed float weights: tiles of 8 activation rows x 3 groups of 16 weight
+// rows (6 x 4 and 12 x 2 measured slower or the same); 1-4 rows take 6
+// groups, more independent FMA chains for the memory-bound case.
 void f32x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelFloatPacked<PackedF32>, ATELIER_FT>;
+  using Driver = TileDriver<KernelFloatPacked<PackedF32>, 8, 3, 6, 6, 6, 6, 3, 3, 3>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 void f16x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelFloatPacked<PackedF16>, ATELIER_FT>;
+  using Driver = TileDriver<KernelFloatPacked<PackedF16>, 8, 3, 6, 6, 6, 6, 3, 3, 3>;
   Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
 }
 
