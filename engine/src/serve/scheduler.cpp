@@ -416,6 +416,13 @@ void Scheduler::run() {
 void Scheduler::refresh_queue(int64_t now) {
   last_poll_ms_ = now;
   const bool paused = db_.paused();  // before the queue: every job queued before a resume is in it
+  if (paused) {
+    // A pause reaches the lane before the jobs handed to it below, a resume
+    // after them (further down): it never admits one of them alone under the
+    // previous refresh's state.
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    image_paused_ = true;
+  }
   std::set<JobId> queued;
   for (const runtime::JobRow& row : db_.next_queued(0)) {
     queued.insert(row.id);
