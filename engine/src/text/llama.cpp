@@ -54,27 +54,41 @@ class GgufLoader {
     return f_.find_tensor(name) ? vector(name, n) : std::vector<float>{};
   }
 
-  // The view of v the backend's matmul is fastest with (on the CPU,
-  // kernels::pack_weights), or v itself when there is none. Done once at
-  // load: the packed Q8_0 tile on AVX-512 is about 3x faster than the GGML
-  // layout's for batched decoding. With release_source the file's pages of
-  // v, no longer read, leave this process's mapping, so the model is not
-  // resident twice (they stay in the page cache; a later read would fault
-  // them back in from the file).
-  WeightView packed(const WeightView& v, bool release_source) {
-    std::unique_ptr<kernels::Buffer> storage;
-    const WeightView p = be_.prepare_weights(v, storage);
-    if (!storage) return p;
-    // Only the file's pages: a matrix converted at load lives in `owned`.
-    const bool from_file = std::none_of(w_.owned.begin(), w_.owned.end(), [&](const auto& o) { return o->data() == v.data; });
-    w_.prepared.push_back(std::move(storage));
-    if (release_source && from_file) {
-      const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // The views the backend's matmul is fastest with (on the CPU,
+  // kernels::pack_weights, or the rows as they are), every matrix read from
+  // the file in one buffer (Backend::prepare_weights_at): the packed Q8_0
+  // tile on AVX-512 is about 3x faster than the GGML layout's for batched
+  // decoding, and the buffer's huge pages stream faster than the mapping's.
+  // Each matrix's pages then leave this process's mapping, so the model is
+  // not resident twice (they stay in the page cache; a later read would
+  // fault them back in from the file). A matrix converted at load (in
+  // `owned`) is packed on its own, or used as it is.
+  void prepare(const std::vector<WeightView*>& ms) {
+    std::vector<int64_t> at;
+    int64_t total = 0;
+    for (const WeightView* m : ms) {
+      const bool from_file = std::none_of(w_.owned.begin(), w_.owned.end(), [&](const auto& o) { return o->data() == m->data; });
+      at.push_back(from_file ? total : -1);
+      if (from_file) total += be_.prepared_weight_bytes(*m);
+    }
+    std::shared_ptr<kernels::Buffer> buf;
+    if (total > 0) buf = be_.alloc(total);
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    for (size_t i = 0; i < ms.size(); ++i) {
+      WeightView& v = *ms[i];
+      if (at[i] < 0) {
+        std::unique_ptr<kernels::Buffer> storage;
+        v = be_.prepare_weights(v, storage);
+        if (storage) w_.prepared.push_back(std::move(storage));
+        continue;
+      }
+      const WeightView p = be_.prepare_weights_at(v, *buf, at[i]);
       const auto begin = reinterpret_cast<uintptr_t>(v.data), end = begin + static_cast<uintptr_t>(v.rows * v.row_stride_bytes);
       const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages of v only
       if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+      v = p;
     }
-    return p;
+    if (buf) w_.prepared.push_back(std::move(buf));
   }
 
   std::string type_summary() const {
@@ -207,10 +221,11 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
   // a table tied to the output matrix is looked up in its packed copy
   // (Backend::get_rows reads every layout), so the file's copy is released.
   const bool tied = w.output.data == w.tok_embd.data;
-  w.output = ld.packed(w.output, true);
-  if (tied) w.tok_embd = w.output;
+  std::vector<WeightView*> matrices = {&w.output};
   for (LlamaLayer& L : w.layers)
-    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = ld.packed(*m, true);
+    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
+  ld.prepare(matrices);
+  if (tied) w.tok_embd = w.output;
   return w;
 }
 

@@ -60,11 +60,11 @@ struct LlamaWeights {
   std::shared_ptr<formats::GgufFile> gguf;
   std::shared_ptr<formats::MappedFile> map;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // matrices converted at load
-  std::vector<std::shared_ptr<kernels::Buffer>> prepared;     // matrices the backend re-laid out at load
+  std::vector<std::shared_ptr<kernels::Buffer>> prepared;     // the matrices as the backend prepared them at load
 };
 
 // Throw atelier::Error (Unsupported architecture, missing tensors, shape mismatches).
-// The matrices are prepared for `backend` (Backend::prepare_weights: packed
+// The matrices are prepared for `backend` (Backend::prepare_weights_at, in one buffer: packed
 // for this CPU's fastest tile on the CPU backend).
 LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file,
                              kernels::Backend& backend = kernels::default_cpu_backend());
