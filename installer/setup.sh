@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   # engine
   libsqlite3-dev libssl-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libicu-dev
-  libcurl4-openssl-dev libpng-dev libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
+  libcurl4-openssl-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libopencv-core-dev libopencv-imgproc-dev
   # the HTTP API (app/server)
   libcpp-httplib-dev
   # tests and benchmarks (prometheus: promtool checks /metrics)

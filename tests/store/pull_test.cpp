@@ -157,9 +157,9 @@ TEST(Pull, APausedDownloadRecordsNothingAndTheNextPullResumesIt) {
   auto st = ModelStore::open(d / "store");
   PullOptions o = quick();
   const std::string part = atelier::store::partial_path(*st, stories_entry(""), stories_entry("").files[0]);
-  o.should_stop = [&] {  // pause once some bytes are on disk
+  o.should_stop = [&] {  // pause during the stall, once the bytes before it are on disk (not at the first write)
     std::error_code ec;
-    return fs::exists(part, ec) && fs::file_size(part, ec) > 0;
+    return fs::exists(part, ec) && fs::file_size(part, ec) >= 500000;
   };
   try {
     atelier::store::pull(*st, stories_entry(server.url()), o);

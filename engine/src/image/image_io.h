@@ -1,4 +1,4 @@
-// Reading pictures (OpenCV: PNG, JPEG, WebP, ...) and converting between
+// Reading pictures (PNG, JPEG, WebP) and converting between
 // interleaved 8-bit RGB and the planar float [3][h][w] in [0, 1] that image
 // models take, plus PSNR for tests and quality checks.
 #pragma once
@@ -14,8 +14,9 @@ struct RgbImage {
   std::vector<uint8_t> pixels;  // row-major, interleaved R, G, B
 };
 
-// Decodes any format OpenCV reads into 8-bit RGB (grey and alpha dropped to
-// RGB). Throws Error naming the path when it cannot be read or decoded.
+// Decodes a PNG, JPEG or WebP file into 8-bit RGB (grey widened, alpha
+// dropped, a JPEG's EXIF orientation applied), as OpenCV's imread would.
+// Throws Error naming the path when it cannot be read or decoded.
 RgbImage read_rgb_file(const std::string& path);
 
 // Resized to width x height. automatic: area averaging when shrinking
