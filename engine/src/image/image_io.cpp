@@ -34,9 +34,14 @@ constexpr int64_t kMaxPixels = int64_t{1} << 28;  // 16384 x 16384: a picture, n
   throw Error(StatusCode::InvalidModel, path + ": cannot decode the image (" + why + ")");
 }
 
+// Why a w x h picture is not read, or empty when it is.
+std::string size_problem(int64_t w, int64_t h) {
+  if (w > 0 && h > 0 && w * h <= kMaxPixels) return {};
+  return std::to_string(w) + "x" + std::to_string(h) + " pixels is not a size this reads (at most 16384x16384)";
+}
+
 void check_size(const std::string& path, int64_t w, int64_t h) {
-  if (w <= 0 || h <= 0 || w * h > kMaxPixels)
-    bad_image(path, std::to_string(w) + "x" + std::to_string(h) + " pixels is not a size this reads (at most 16384x16384)");
+  if (std::string why = size_problem(w, h); !why.empty()) bad_image(path, why);
 }
 
 RgbImage decode_png(const std::string& path, const std::vector<uint8_t>& bytes) {
@@ -137,16 +142,16 @@ bool decode_jpeg_raw(const std::vector<uint8_t>& bytes, std::vector<uint8_t>& rg
     jpeg_destroy_decompress(&c);
     return false;
   }
+  why = size_problem(c.image_width, c.image_height);  // before the decoder allocates for it
+  if (!why.empty()) {
+    jpeg_destroy_decompress(&c);
+    return false;
+  }
   orientation = exif_orientation(c.marker_list);
   c.out_color_space = JCS_RGB;
   jpeg_start_decompress(&c);
   w = static_cast<int>(c.output_width);
   h = static_cast<int>(c.output_height);
-  if (int64_t{w} * h > kMaxPixels) {
-    why = std::to_string(w) + "x" + std::to_string(h) + " pixels is more than this reads (at most 16384x16384)";
-    jpeg_destroy_decompress(&c);
-    return false;
-  }
   rgb.resize(size_t(w) * h * 3);
   while (c.output_scanline < c.output_height) {
     JSAMPROW row = rgb.data() + size_t(c.output_scanline) * w * 3;
@@ -162,6 +167,13 @@ RgbImage decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes)
   int w = 0, h = 0, orientation = 1;
   std::string why;
   if (!decode_jpeg_raw(bytes, rgb, w, h, orientation, why)) bad_image(path, why);
+  RgbImage out;
+  if (orientation == 1) {  // already upright: the decoded rows are the picture
+    out.width = w;
+    out.height = h;
+    out.pixels = std::move(rgb);
+    return out;
+  }
   // Upright as the camera meant it (OpenCV's imread applies EXIF orientation too).
   cv::Mat m(h, w, CV_8UC3, rgb.data()), t;
   switch (orientation) {
@@ -171,15 +183,11 @@ RgbImage decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes)
     case 5: cv::transpose(m, t); break;
     case 6: cv::rotate(m, t, cv::ROTATE_90_CLOCKWISE); break;
     case 7: cv::rotate(m, t, cv::ROTATE_90_COUNTERCLOCKWISE), cv::flip(t, t, 1); break;
-    case 8: cv::rotate(m, t, cv::ROTATE_90_COUNTERCLOCKWISE); break;
-    default: t = m; break;
+    default: cv::rotate(m, t, cv::ROTATE_90_COUNTERCLOCKWISE); break;  // 8
   }
-  RgbImage out;
   out.width = t.cols;
   out.height = t.rows;
-  out.pixels.resize(size_t(out.width) * out.height * 3);
-  for (int y = 0; y < out.height; ++y)
-    std::copy_n(t.ptr<uint8_t>(y), size_t(out.width) * 3, out.pixels.data() + size_t(y) * out.width * 3);
+  out.pixels.assign(t.datastart, t.dataend);  // a fresh, continuous matrix
   return out;
 }
 
@@ -187,9 +195,11 @@ RgbImage decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes)
 
 RgbImage read_rgb_file(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw Error(std::filesystem::exists(path, ec) ? StatusCode::InvalidModel : StatusCode::NotFound,
-                path + ": cannot read the image (" + (std::filesystem::exists(path, ec) ? "not a file" : "no such file") + ")");
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    const bool there = std::filesystem::exists(path, ec);
+    throw Error(there ? StatusCode::InvalidModel : StatusCode::NotFound,
+                path + ": cannot read the image (" + (there ? "not a file" : "no such file") + ")");
+  }
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!in.good() && !in.eof()) throw Error(StatusCode::InvalidModel, path + ": cannot read the image (read error)");
