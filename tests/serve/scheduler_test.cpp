@@ -337,10 +337,11 @@ TEST(Scheduler, TextStepsRunWhileAnImageStepIsInFlight) {
 TEST(Scheduler, AnImageJobPreemptedByAHigherOneResumesToTheSamePicture) {
   EngineConfig c;
   c.max_image_batch = 1;
+  constexpr int kLowSteps = 24;
   std::string alone;
   {
     Harness h("sched-img-alone", c, 0, 5);
-    const JobId id = h.add(picture(8, 0, 77));
+    const JobId id = h.add(picture(kLowSteps, 0, 77));
     const Event e = h.wait_end(id);
     ASSERT_EQ(e.type, EventType::Completed);
     ASSERT_EQ(e.files.size(), 1u);
@@ -348,9 +349,14 @@ TEST(Scheduler, AnImageJobPreemptedByAHigherOneResumesToTheSamePicture) {
     ASSERT_FALSE(alone.empty());
   }
   Harness h("sched-img-preempt", c, 0, 60);
-  const JobId low = h.add(picture(8, 0, 77));
+  const JobId low = h.add(picture(kLowSteps, 0, 77));
+  // Added once the low job is inside its step loop (a step done), not after
+  // a fixed sleep: on a loaded machine the prompt encoding alone can outlast
+  // one, and the low job must still have most of its steps (~1.3 s) to go.
   ASSERT_TRUE(h.wait_started(low));
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  for (int i = 0; i < 6000 && h.index_of(EventType::Progress, low) < 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GE(h.index_of(EventType::Progress, low), 0);
   const JobId high = h.add(picture(3, 10, 9));
   const Event eh = h.wait_end(high);
   const Event el = h.wait_end(low);
