@@ -87,13 +87,13 @@ TEST(Engine, BatchedTokensEqualUnbatched) {
   ASSERT_TRUE(engine.ok()) << engine.status().message;
   Engine& e = *engine.value();
   auto collector = std::make_shared<Collector>();
-  e.subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
+  const uint64_t sub = e.subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
   e.pause();  // queue all 32 first so they really share steps
   std::vector<JobId> ids;
   for (int i = 0; i < 32; ++i) ids.push_back(e.submit(request(i)).value());
   e.resume();
   ASSERT_TRUE(e.wait_idle(120'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // event delivery is asynchronous
+  e.unsubscribe(sub);  // delivers every event already published, then stops
   for (int i = 0; i < 32; ++i) {
     EXPECT_EQ(completed_ids(collector->of(ids[static_cast<size_t>(i)])), alone(request(i))) << "job " << i;
     EXPECT_EQ(e.job(ids[static_cast<size_t>(i)])->state, JobState::Completed);
@@ -115,13 +115,13 @@ TEST(Engine, EventsInOrderAndCancelWithinOneStep) {
   TempDir dir("cancel");
   auto e = std::move(Engine::open(config(dir.path)).value());
   auto collector = std::make_shared<Collector>();
-  e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
+  const uint64_t sub = e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
   struct Ordered {
     std::mutex mu;
     std::vector<Event> all;
   };
   auto ordered = std::make_shared<Ordered>();
-  e->subscribe(0, [ordered](const Event& ev) {
+  const uint64_t sub2 = e->subscribe(0, [ordered](const Event& ev) {
     std::lock_guard<std::mutex> lock(ordered->mu);
     ordered->all.push_back(ev);
   });
@@ -139,7 +139,7 @@ TEST(Engine, EventsInOrderAndCancelWithinOneStep) {
   ASSERT_TRUE(e->cancel(id).ok());
   const JobId mark = e->submit(request(1, 1)).value();
   ASSERT_TRUE(e->wait_idle(60'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  e->unsubscribe(sub); e->unsubscribe(sub2);  // delivers every event already published, then stops
   const auto evs = collector->of(id);
   ASSERT_GE(evs.size(), 3u);
   EXPECT_EQ(evs.front().type, EventType::Queued);
@@ -178,7 +178,7 @@ TEST(Engine, HigherPriorityStartsFirst) {
   auto e = std::move(Engine::open(c).value());
   std::mutex mu;
   std::vector<JobId> started;
-  e->subscribe(0, [&](const Event& ev) {
+  const uint64_t sub = e->subscribe(0, [&](const Event& ev) {
     if (ev.type == EventType::Started) {
       std::lock_guard<std::mutex> lock(mu);
       started.push_back(ev.job);
@@ -195,7 +195,7 @@ TEST(Engine, HigherPriorityStartsFirst) {
   const JobId i = e->submit(inter).value();
   e->resume();
   ASSERT_TRUE(e->wait_idle(60'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  e->unsubscribe(sub);  // delivers every event already published, then stops
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(started, (std::vector<JobId>{i, h, b, a}));
 }
@@ -239,7 +239,7 @@ TEST(Engine, SharedPrefixBlocksLeaveOutputsUnchanged) {
   c.kv_block_tokens = 4;
   auto e = std::move(Engine::open(c).value());
   auto collector = std::make_shared<Collector>();
-  e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
+  const uint64_t sub = e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
   TextRequest a = request(0, 16);
   a.prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
   TextRequest b = a;
@@ -248,7 +248,7 @@ TEST(Engine, SharedPrefixBlocksLeaveOutputsUnchanged) {
   ASSERT_TRUE(e->wait_idle(60'000));
   const JobId jb = e->submit(b).value();
   ASSERT_TRUE(e->wait_idle(60'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  e->unsubscribe(sub);  // delivers every event already published, then stops
   auto info = e->job(jb).value();
   EXPECT_GT(info.stats.cached_prompt_tokens, 16) << "the second job did not reuse the first one's blocks";
   EXPECT_EQ(completed_ids(collector->of(ja)), alone(a));
@@ -264,7 +264,7 @@ TEST(Engine, TinyKvBudgetAdmitsPreemptsAndRefuses) {
   c.kv_memory_bytes = 7 * 10240;  // 7 blocks: two 40-token jobs fit at a time, not four
   auto e = std::move(Engine::open(c).value());
   auto collector = std::make_shared<Collector>();
-  e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
+  const uint64_t sub = e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
   e->pause();
   std::vector<JobId> ids;
   for (int i = 0; i < 4; ++i) ids.push_back(e->submit(request(i, 36)).value());
@@ -272,7 +272,7 @@ TEST(Engine, TinyKvBudgetAdmitsPreemptsAndRefuses) {
   const JobId hj = e->submit(huge).value();
   e->resume();
   ASSERT_TRUE(e->wait_idle(120'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  e->unsubscribe(sub);  // delivers every event already published, then stops
   for (int i = 0; i < 4; ++i) EXPECT_EQ(completed_ids(collector->of(ids[static_cast<size_t>(i)])), alone(request(i, 36))) << i;
   auto h = e->job(hj).value();
   EXPECT_EQ(h.state, JobState::Failed);
@@ -433,11 +433,11 @@ TEST(Engine, ContextLimitIsTheSameAsGenerate) {
   auto engine = Engine::open(config(dir.path));
   ASSERT_TRUE(engine.ok()) << engine.status().message;
   auto collector = std::make_shared<Collector>();
-  engine.value()->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
+  const uint64_t sub = engine.value()->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
   auto id = engine.value()->submit(r);
   ASSERT_TRUE(id.ok()) << id.status().message;
   ASSERT_TRUE(engine.value()->wait_idle(120'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // event delivery is asynchronous
+  engine.value()->unsubscribe(sub);  // delivers every event already published, then stops
   auto info = engine.value()->job(id.value());
   ASSERT_TRUE(info.ok());
   ASSERT_EQ(info->state, JobState::Completed);
@@ -488,7 +488,7 @@ TEST(Engine, AJobThatDoesNotFitHoldsBackLowerOnesUnderKvPressure) {
   std::condition_variable cv;
   bool r_decoding = false;
   std::vector<JobId> started;
-  e->subscribe(0, [&](const Event& ev) {
+  const uint64_t sub = e->subscribe(0, [&](const Event& ev) {
     std::lock_guard<std::mutex> lock(mu);
     if (ev.type == EventType::Started) started.push_back(ev.job);
     if (ev.type == EventType::Token) r_decoding = true;
@@ -501,7 +501,7 @@ TEST(Engine, AJobThatDoesNotFitHoldsBackLowerOnesUnderKvPressure) {
   }
   const JobId ja = e->submit(a).value(), jb = e->submit(b).value();
   ASSERT_TRUE(e->wait_idle(60'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  e->unsubscribe(sub);  // delivers every event already published, then stops
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(started, (std::vector<JobId>{jr, ja, jb})) << "a lower-priority job went ahead of one that did not fit";
   EXPECT_GE(e->job(jb).value().started_ms, e->job(jr).value().finished_ms) << "B started while R still ran";

@@ -85,13 +85,13 @@ TEST(StructuredOutput, QueueMatchesGenerateAloneAndEveryOutputIsValid) {
   ASSERT_TRUE(engine.ok()) << engine.status().message;
   Engine& e = *engine.value();
   auto log = std::make_shared<test::EventLog>();
-  e.subscribe(0, [log](const Event& ev) { (*log)(ev); });
+  const uint64_t sub = e.subscribe(0, [log](const Event& ev) { (*log)(ev); });
   e.pause();  // all six share steps
   std::map<JobId, uint64_t> seeds;
   for (uint64_t seed = 1; seed <= 6; ++seed) seeds[e.submit(request(seed)).value()] = seed;
   e.resume();
   ASSERT_TRUE(e.wait_idle(120'000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // event delivery is asynchronous
+  e.unsubscribe(sub);  // delivers every event already published, then stops
   int completed = 0;
   for (const Event& ev : log->snapshot()) {
     if (ev.type != EventType::Completed) continue;

@@ -843,12 +843,14 @@ void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string
     ev.code = error.code;
     ev.message = error.message;
   }
+  // Published before the job leaves the lane: once idle() holds (wait_idle),
+  // every job's last event is in its subscribers' queues.
+  hub_.publish(ev);
   {
     std::lock_guard<std::mutex> lock(lane_mu_);
     finished_.insert(ev.job);
     lane_ids_.erase(ev.job);
   }
-  hub_.publish(ev);
   metrics_.on_finish(state, now);
 }
 
