@@ -329,7 +329,7 @@ void add_sdapi_routes(httplib::Server& http, Context& ctx) {
              send_json(res, list);
            }));
 
-  http.Get("/sdapi/v1/samplers", guarded(ctx, [&ctx](const httplib::Request&, httplib::Response& res) {
+  http.Get("/sdapi/v1/samplers", guarded(ctx, [](const httplib::Request&, httplib::Response& res) {
              json list = json::array();
              for (auto [name, alias] : {std::pair{"Euler a", "k_euler_a"}, {"Euler", "k_euler"}, {"Heun", "k_heun"},
                                         {"DPM++ 2M", "k_dpmpp_2m"}, {"DDIM", "ddim"}, {"LCM", "k_lcm"}})
@@ -337,7 +337,7 @@ void add_sdapi_routes(httplib::Server& http, Context& ctx) {
              send_json(res, list);
            }));
 
-  http.Get("/sdapi/v1/schedulers", guarded(ctx, [&ctx](const httplib::Request&, httplib::Response& res) {
+  http.Get("/sdapi/v1/schedulers", guarded(ctx, [](const httplib::Request&, httplib::Response& res) {
              send_json(res, json::array({{{"name", "automatic"}, {"label", "Automatic"}, {"aliases", nullptr},
                                           {"default_rho", -1}, {"need_inner_model", false}},
                                          {{"name", "uniform"}, {"label", "Uniform"}, {"aliases", nullptr},
@@ -346,8 +346,8 @@ void add_sdapi_routes(httplib::Server& http, Context& ctx) {
                                           {"default_rho", 7.0}, {"need_inner_model", false}}}));
            }));
 
-  http.Get("/sdapi/v1/sd-vae", guarded(ctx, [&ctx](const httplib::Request&, httplib::Response& res) { send_json(res, json::array()); }));
-  http.Get("/sdapi/v1/upscalers", guarded(ctx, [&ctx](const httplib::Request&, httplib::Response& res) {
+  http.Get("/sdapi/v1/sd-vae", guarded(ctx, [](const httplib::Request&, httplib::Response& res) { send_json(res, json::array()); }));
+  http.Get("/sdapi/v1/upscalers", guarded(ctx, [](const httplib::Request&, httplib::Response& res) {
              send_json(res, json::array({{{"name", "None"}, {"model_name", nullptr}, {"model_path", nullptr},
                                           {"model_url", nullptr}, {"scale", 4}}}));
            }));

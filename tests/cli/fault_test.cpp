@@ -443,7 +443,7 @@ TEST(HardFault, RequestsLargerThanMemoryAreRefusedFirst) {
   // An SD image within the size limit that needs more memory than the process may use (ulimit -v 2 GiB).
   // (Not in a sanitizer build: it reserves terabytes of shadow address space
   // at start, so it cannot run under ulimit -v; the case is skipped below.)
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !ATELIER_UNDER_ASAN && !ATELIER_UNDER_TSAN
   const std::string ckpt = sb.path("sd.safetensors"), vocab = kFixtures + "/clip/bpe_simple_vocab_16e6.txt.gz";
   ASSERT_EQ(sb.run({"models", "synth", "--arch", "sd15", "--width-mult", "0.1", "-o", ckpt}).code, 0);
   const std::string cmd = atelier_cmd({"image", "-m", ckpt, "--tokenizer", vocab, "-p", "a fox", "-W", "2048", "-H", "2048", "--batch-size",
@@ -464,7 +464,7 @@ TEST(HardFault, RequestsLargerThanMemoryAreRefusedFirst) {
   CliRun ctx = sb.run({"queue", "--data-dir", sb.path("data"), "add", "-m", kModel, "-p", "Once", "-n", "1000000"});
   EXPECT_EQ(ctx.code, 2) << ctx.err;
   EXPECT_NE(ctx.err.find("between 1 and the context size "), std::string::npos) << ctx.err;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if ATELIER_UNDER_ASAN || ATELIER_UNDER_TSAN
   GTEST_SKIP() << "the ulimit -v case: a sanitizer build cannot run under ulimit -v";
 #endif
 }

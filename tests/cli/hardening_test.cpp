@@ -290,7 +290,7 @@ TEST(HardFlags, FifosAreRefusedNotRead) {
 // Defect 8: a seed that is not a whole number 0..2^64-2 is refused, not wrapped or made random.
 TEST(HardFlags, SeedsOutOfRangeAreRefused) {
   Sandbox sb("seed");
-  for (const std::string& seed : {"18446744073709551616", "-5", "1.5", "18446744073709551615", "0x10", "", "99999999999999999999999"}) {
+  for (const char* seed : {"18446744073709551616", "-5", "1.5", "18446744073709551615", "0x10", "", "99999999999999999999999"}) {
     Out t = sb.run({"text", "-m", kModel, "-p", "Once", "-n", "2", "--seed", seed});
     EXPECT_EQ(t.code, 2) << seed << ": " << t.err;
     EXPECT_NE(t.err.find("whole number from 0 to 18446744073709551614"), std::string::npos) << seed << ": " << t.err;

@@ -295,7 +295,7 @@ TEST(Engine, InvalidRequestsQueueNothing) {
 }
 
 TEST(Engine, JobsSurviveSigkillAndCompleteExactlyOnce) {
-#if defined(__SANITIZE_THREAD__)
+#if ATELIER_UNDER_TSAN
   // The child is a fork (no exec) of a process with threads, which then
   // starts its own: ThreadSanitizer does not support that. The plain and
   // ASan stages run this test; tests/cli/fault_test.cpp kills real processes.

@@ -264,9 +264,10 @@ TEST(ImageJobs, AJobInterruptedByShutdownRunsAgainToTheSameImage) {
   r.output = (dir / "out.png").string();
   JobId id = 0;
   {
+    // Declared before the engine: its subscriber thread runs until the engine is gone.
+    std::atomic<bool> stepped{false};
     auto e = open_engine(dir);
     ASSERT_TRUE(e);
-    std::atomic<bool> stepped{false};
     e->subscribe(0, [&](const Event& ev) {
       if (ev.type == EventType::Preview) stepped = true;
     });

@@ -229,7 +229,7 @@ TEST(JobDb, InsertStoresEveryField) {
   const int64_t id2 = db->insert(nul, 0, false, 0, 1);
   EXPECT_EQ(db->get(id2)->request_json, nul);
 
-  auto ids = db->insert_many({{"{\"a\":1}", 5, false, 1}, {"{\"a\":2}", 6, true, 2}}, 42);
+  auto ids = db->insert_many({{"{\"a\":1}", 5, false, 1, ""}, {"{\"a\":2}", 6, true, 2, ""}}, 42);
   ASSERT_EQ(ids.size(), 2u);
   EXPECT_EQ(ids[1], ids[0] + 1);
   EXPECT_EQ(db->get(ids[1])->request_json, "{\"a\":2}");

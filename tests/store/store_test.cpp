@@ -499,7 +499,9 @@ TEST(Store, ImportAndVerifyReportProgressAndCanBeCancelled) {
   const int64_t all = static_cast<int64_t>(fs::file_size(kBin)) + tok;
   for (size_t i = 0; i < seen.size(); ++i) {
     EXPECT_EQ(seen[i].second, all);
-    if (i) EXPECT_GE(seen[i].first, seen[i - 1].first);
+    if (i) {
+      EXPECT_GE(seen[i].first, seen[i - 1].first);
+    }
   }
   EXPECT_EQ(seen.back().first, all);
 
