@@ -89,6 +89,22 @@ TEST(Cli, SameSeedSameText) {
   EXPECT_NE(a, gen("124"));
 }
 
+// A text run maps neither OpenCV nor libcurl (and what they bring): both are
+// opened at run time, by the first image resize and the first download. The
+// dynamic loader lists what the binary needs at start (LD_TRACE_LOADED_OBJECTS,
+// what ldd reads).
+TEST(Cli, StartsWithoutOpenCvOrCurl) {
+  atelier::test::ScratchDir d("startlibs");
+  const std::string out = (d.dir / "libs").string();
+  const int status = std::system(("LD_TRACE_LOADED_OBJECTS=1 " + atelier::test::shell_quote(atelier::test::atelier_binary()) +
+                                  " >" + out + " 2>&1").c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(out);
+  const std::string libs = slurp(out);
+  EXPECT_NE(libs.find("libsqlite3"), std::string::npos) << "the trace lists no libraries:\n" << libs;
+  for (const char* lib : {"libopencv", "libcurl", "libgnutls", "libX11", "liblapack", "libtbb"})
+    EXPECT_EQ(libs.find(lib), std::string::npos) << lib << " is loaded at start:\n" << libs;
+}
+
 TEST(Cli, Tokenize) {
   CliRun r = run({"tokenize", "-m", kGguf, "Once upon a time"});
   ASSERT_EQ(r.code, 0) << r.err;

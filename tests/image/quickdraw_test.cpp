@@ -139,9 +139,3 @@ TEST(Png, MissingFolderIsAClearError) {
   }
 }
 
-TEST(Png, Sha256OfFile) {
-  const std::string path = (std::filesystem::temp_directory_path() / ("atelier_sha_" + std::to_string(::getpid()))).string();
-  { std::ofstream(path, std::ios::binary) << "abc"; }
-  EXPECT_EQ(atelier::image::sha256_file_hex(path), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  std::filesystem::remove(path);
-}

@@ -117,6 +117,30 @@ std::string error_of(F&& f) {
 
 }  // namespace
 
+// The file hasher against FIPS 180-2's SHA-256 examples ("abc", a million
+// 'a's) and a file of several of its 1 MiB read chunks.
+TEST(Store, Sha256OfFilesIsTheStandardDigest) {
+  TempDir t;
+  const auto hash_of = [&](const std::string& bytes) {
+    const std::string p = t.dir() + "/f";
+    { std::ofstream(p, std::ios::binary) << bytes; }
+    int64_t size = -1;
+    const std::string d = atelier::store::sha256_file(p, &size);
+    EXPECT_EQ(size, static_cast<int64_t>(bytes.size()));
+    return d;
+  };
+  EXPECT_EQ(hash_of("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hash_of(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hash_of(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // Across a chunk boundary (1.1 MiB): the fixture's digest as SHA256SUMS lists it.
+  std::ifstream sums(kFixtures + "/SHA256SUMS");
+  std::string listed;
+  for (std::string digest, name; sums >> digest >> name;)
+    if (name == "text/stories260K.gguf" || name == "./text/stories260K.gguf") listed = digest;
+  ASSERT_EQ(listed.size(), 64u) << "text/stories260K.gguf is not in SHA256SUMS";
+  EXPECT_EQ(file_sha(kGguf), listed);
+}
+
 TEST(Store, ImportVerifyRoundTripWithGguf) {
   TempDir t;
   std::string digest;

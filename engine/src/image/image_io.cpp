@@ -6,9 +6,6 @@
 #include <png.h>
 #include <webp/decode.h>
 
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <csetjmp>
@@ -19,6 +16,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "image/cv_ops.h"
 
 namespace atelier::image {
 
@@ -175,19 +173,7 @@ RgbImage decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes)
     return out;
   }
   // Upright as the camera meant it (OpenCV's imread applies EXIF orientation too).
-  cv::Mat m(h, w, CV_8UC3, rgb.data()), t;
-  switch (orientation) {
-    case 2: cv::flip(m, t, 1); break;
-    case 3: cv::rotate(m, t, cv::ROTATE_180); break;
-    case 4: cv::flip(m, t, 0); break;
-    case 5: cv::transpose(m, t); break;
-    case 6: cv::rotate(m, t, cv::ROTATE_90_CLOCKWISE); break;
-    case 7: cv::rotate(m, t, cv::ROTATE_90_COUNTERCLOCKWISE), cv::flip(t, t, 1); break;
-    default: cv::rotate(m, t, cv::ROTATE_90_COUNTERCLOCKWISE); break;  // 8
-  }
-  out.width = t.cols;
-  out.height = t.rows;
-  out.pixels.assign(t.datastart, t.dataend);  // a fresh, continuous matrix
+  out.pixels = cv::orient(rgb.data(), w, h, orientation, out.width, out.height);
   return out;
 }
 
@@ -217,23 +203,20 @@ RgbImage resize_rgb(const RgbImage& image, int width, int height, ResizeFilter f
   if (width <= 0 || height <= 0 || image.width <= 0 || image.height <= 0 ||
       image.pixels.size() != size_t(image.width) * image.height * 3)
     throw Error("resize: bad image dimensions");
-  const cv::Mat in(image.height, image.width, CV_8UC3, const_cast<uint8_t*>(image.pixels.data()));
-  cv::Mat out;
   const bool shrink = width < image.width || height < image.height;
-  int mode = shrink ? cv::INTER_AREA : cv::INTER_CUBIC;
+  cv::Interp mode = shrink ? cv::Interp::area : cv::Interp::cubic;
   switch (filter) {
     case ResizeFilter::automatic: break;
-    case ResizeFilter::area: mode = cv::INTER_AREA; break;
-    case ResizeFilter::linear: mode = cv::INTER_LINEAR; break;
-    case ResizeFilter::cubic: mode = cv::INTER_CUBIC; break;
-    case ResizeFilter::lanczos: mode = cv::INTER_LANCZOS4; break;
+    case ResizeFilter::area: mode = cv::Interp::area; break;
+    case ResizeFilter::linear: mode = cv::Interp::linear; break;
+    case ResizeFilter::cubic: mode = cv::Interp::cubic; break;
+    case ResizeFilter::lanczos: mode = cv::Interp::lanczos4; break;
   }
-  cv::resize(in, out, cv::Size(width, height), 0, 0, mode);
   RgbImage r;
   r.width = width;
   r.height = height;
   r.pixels.resize(size_t(width) * height * 3);
-  for (int y = 0; y < height; ++y) std::copy_n(out.ptr<uint8_t>(y), size_t(width) * 3, r.pixels.data() + size_t(y) * width * 3);
+  cv::resize(image.pixels.data(), image.width, image.height, 3, false, r.pixels.data(), width, height, mode);
   return r;
 }
 

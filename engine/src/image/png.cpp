@@ -1,7 +1,6 @@
 #include "image/png.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <png.h>
 #include <unistd.h>
 
@@ -181,30 +180,6 @@ PngInfo read_png_info_file(const std::string& path) {
   if (!in) throw Error(errno_code(errno), "cannot read " + path + ": " + errno_text(errno));
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return read_png_info(bytes);
-}
-
-std::string sha256_file_hex(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(errno_code(errno), "cannot read " + path + ": " + errno_text(errno));
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw Error("sha256: OpenSSL init failed");
-  std::vector<char> buf(1 << 16);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize n = in.gcount();
-    if (n > 0 && EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n)) != 1) throw Error("sha256: OpenSSL update failed");
-  }
-  if (in.bad()) throw IoError("cannot read " + path + ": I/O error");
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int md_len = 0;
-  if (EVP_DigestFinal_ex(ctx.get(), md, &md_len) != 1) throw Error("sha256: OpenSSL final failed");
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned i = 0; i < md_len; ++i) {
-    s += hex[md[i] >> 4];
-    s += hex[md[i] & 15];
-  }
-  return s;
 }
 
 }  // namespace atelier::image

@@ -41,7 +41,4 @@ struct PngInfo {
 PngInfo read_png_info(const std::vector<uint8_t>& bytes);
 PngInfo read_png_info_file(const std::string& path);
 
-// The lowercase hex sha256 of a file (streamed). Throws Error on I/O failure.
-std::string sha256_file_hex(const std::string& path);
-
 }  // namespace atelier::image

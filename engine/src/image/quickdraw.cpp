@@ -1,8 +1,6 @@
 #include "image/quickdraw.h"
 
 #include <nlohmann/json.hpp>
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -10,6 +8,7 @@
 #include <cstring>
 
 #include "formats/safetensors.h"
+#include "image/cv_ops.h"
 #include "image/rng.h"
 
 namespace atelier::image {
@@ -202,13 +201,12 @@ std::vector<float> QuickDrawModel::decode(int label, const std::array<float, kLa
 std::vector<uint8_t> resize_grey_to_u8(const std::vector<float>& src, int src_w, int src_h, int width, int height) {
   if (static_cast<size_t>(src_w) * src_h != src.size() || width <= 0 || height <= 0)
     throw Error("resize: bad image dimensions");
-  cv::Mat in(src_h, src_w, CV_32FC1, const_cast<float*>(src.data()));
-  cv::Mat out;
+  std::vector<float> out(static_cast<size_t>(width) * height);
   const bool shrink = width < src_w || height < src_h;
-  cv::resize(in, out, cv::Size(width, height), 0, 0, shrink ? cv::INTER_AREA : cv::INTER_CUBIC);
+  cv::resize(src.data(), src_w, src_h, 1, true, out.data(), width, height, shrink ? cv::Interp::area : cv::Interp::cubic);
   std::vector<uint8_t> pixels(static_cast<size_t>(width) * height);
   for (int y = 0; y < height; ++y) {
-    const float* row = out.ptr<float>(y);
+    const float* row = out.data() + static_cast<size_t>(y) * width;
     for (int x = 0; x < width; ++x) {
       const float v = std::clamp(row[x], 0.0f, 1.0f);  // bicubic overshoots at edges
       pixels[static_cast<size_t>(y) * width + x] = static_cast<uint8_t>(std::lround(v * 255.0f));

@@ -1,6 +1,7 @@
 #include "store/download.h"
 
 #include <curl/curl.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -10,7 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <mutex>
+#include <type_traits>
 #include <thread>
 
 namespace atelier::store {
@@ -19,9 +20,49 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void global_init() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+// libcurl is opened on the first download, not linked: a text or image run
+// then never maps it and the TLS, Kerberos, LDAP and SSH libraries it brings
+// (about 3 MB resident). libcurl.so.4 is the soname of every libcurl 7 and 8.
+struct CurlApi {
+  CURLcode (*global_init)(long flags);
+  CURL* (*easy_init)();
+  void (*easy_cleanup)(CURL*);
+  void (*easy_reset)(CURL*);
+  CURLcode (*easy_setopt)(CURL*, CURLoption, ...);
+  CURLcode (*easy_perform)(CURL*);
+  CURLcode (*easy_getinfo)(CURL*, CURLINFO, ...);
+  const char* (*easy_strerror)(CURLcode);
+};
+
+const CurlApi& curl_api() {
+  static std::string error;
+  static const CurlApi* api = []() -> const CurlApi* {
+    void* lib = ::dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);  // kept open for the process
+    if (!lib) {
+      const char* why = ::dlerror();
+      error = std::string("cannot load libcurl for downloads (") + (why ? why : "libcurl.so.4 not found") +
+              "); install it (Debian: apt-get install libcurl4), or download the file yourself and use `atelier models import`";
+      return nullptr;
+    }
+    static CurlApi a;
+    const auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      if (!fn && error.empty()) error = std::string("the libcurl found lacks ") + name + "; install a current libcurl4";
+    };
+    sym(a.global_init, "curl_global_init");
+    sym(a.easy_init, "curl_easy_init");
+    sym(a.easy_cleanup, "curl_easy_cleanup");
+    sym(a.easy_reset, "curl_easy_reset");
+    sym(a.easy_setopt, "curl_easy_setopt");
+    sym(a.easy_perform, "curl_easy_perform");
+    sym(a.easy_getinfo, "curl_easy_getinfo");
+    sym(a.easy_strerror, "curl_easy_strerror");
+    if (!error.empty()) return nullptr;
+    a.global_init(CURL_GLOBAL_DEFAULT);
+    return &a;
+  }();
+  if (!api) throw IoError(error);
+  return *api;
 }
 
 struct Transfer {
@@ -80,7 +121,7 @@ std::string short_url(const std::string& url) {
 }  // namespace
 
 int64_t download(const std::string& url, const std::string& part, int64_t expected_size, const DownloadOptions& options) {
-  global_init();
+  const CurlApi& api = curl_api();
   const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError("cannot open the partial download " + part + ": " + std::strerror(errno));
   struct Closer {
@@ -98,7 +139,7 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
   }
   if (expected_size > 0 && have == expected_size) return 0;
 
-  std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), curl_easy_cleanup);
+  std::unique_ptr<CURL, void (*)(CURL*)> curl(api.easy_init(), api.easy_cleanup);
   if (!curl) throw IoError("cannot start libcurl");
   int64_t received_total = 0;
   int delay_ms = options.retry_delay_ms;
@@ -118,29 +159,29 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
     t.t0 = t.last_report = Clock::now();
     char errbuf[CURL_ERROR_SIZE] = {};
     CURL* c = curl.get();
-    curl_easy_reset(c);
-    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https,file");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);  // Hugging Face answers with a redirect to its CDN
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "atelier/0.1");
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);        // no SIGALRM in a threaded program
-    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);     // an HTTP error page is not the file
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, options.connect_timeout_s);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, options.stall_timeout_s);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &t);
-    if (t.start > 0) curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start));  // Range: bytes=START-
-    const CURLcode rc = curl_easy_perform(c);
+    api.easy_reset(c);
+    api.easy_setopt(c, CURLOPT_URL, url.c_str());
+    api.easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https,file");
+    api.easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    api.easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);  // Hugging Face answers with a redirect to its CDN
+    api.easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+    api.easy_setopt(c, CURLOPT_USERAGENT, "atelier/0.1");
+    api.easy_setopt(c, CURLOPT_NOSIGNAL, 1L);        // no SIGALRM in a threaded program
+    api.easy_setopt(c, CURLOPT_FAILONERROR, 1L);     // an HTTP error page is not the file
+    api.easy_setopt(c, CURLOPT_CONNECTTIMEOUT, options.connect_timeout_s);
+    api.easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    api.easy_setopt(c, CURLOPT_LOW_SPEED_TIME, options.stall_timeout_s);
+    api.easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    api.easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
+    api.easy_setopt(c, CURLOPT_WRITEDATA, &t);
+    api.easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    api.easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    api.easy_setopt(c, CURLOPT_XFERINFODATA, &t);
+    if (t.start > 0) api.easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start));  // Range: bytes=START-
+    const CURLcode rc = api.easy_perform(c);
     received_total += t.received;
     long http = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
+    api.easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
     if (rc == CURLE_OK) {
       if (::fsync(fd) != 0) throw IoError("cannot sync " + part + ": " + std::strerror(errno) + " (is the disk full?)");
       if (options.progress) {
@@ -149,7 +190,7 @@ int64_t download(const std::string& url, const std::string& part, int64_t expect
       }
       return received_total;
     }
-    const std::string what = errbuf[0] ? std::string(errbuf) : std::string(curl_easy_strerror(rc));
+    const std::string what = errbuf[0] ? std::string(errbuf) : std::string(api.easy_strerror(rc));
     last_error = what;
     switch (rc) {
       case CURLE_ABORTED_BY_CALLBACK:
