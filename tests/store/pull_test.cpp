@@ -15,6 +15,7 @@
 #include "store/blob_store.h"
 #include "store/catalog.h"
 #include "store/download.h"
+#include "store/fixture_sums.h"
 #include "store/http_server.h"
 #include "store/pull.h"
 #include "store/store.h"
@@ -239,9 +240,7 @@ TEST(Pull, NoNetworkAndNoMirrorSaysSoAndNamesMirror) {
 
 TEST(Catalog, TheRepositoryCatalogParsesAndItsFixturesMatchTheirSums) {
   const auto catalog = atelier::store::read_catalog(ATELIER_CATALOG_FILE);
-  std::map<std::string, std::string> sums;  // fixture path -> sha256
-  std::ifstream in(kFixtures + "/SHA256SUMS");
-  for (std::string sha, path; in >> sha >> path;) sums[path.substr(2)] = sha;
+  std::map<std::string, std::string> sums = atelier::test::fixture_sums(kFixtures);  // fixture path -> sha256
   int fixtures = 0;
   for (const auto& e : catalog) {
     for (const auto& f : e.files) {

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "store/blob_store.h"
+#include "store/fixture_sums.h"
 #include "store/store.h"
 
 using atelier::store::BlobStore;
@@ -133,10 +134,7 @@ TEST(Store, Sha256OfFilesIsTheStandardDigest) {
   EXPECT_EQ(hash_of(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(hash_of(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   // Across a chunk boundary (1.1 MiB): the fixture's digest as SHA256SUMS lists it.
-  std::ifstream sums(kFixtures + "/SHA256SUMS");
-  std::string listed;
-  for (std::string digest, name; sums >> digest >> name;)
-    if (name == "text/stories260K.gguf" || name == "./text/stories260K.gguf") listed = digest;
+  const std::string listed = atelier::test::fixture_sums(kFixtures)["text/stories260K.gguf"];
   ASSERT_EQ(listed.size(), 64u) << "text/stories260K.gguf is not in SHA256SUMS";
   EXPECT_EQ(file_sha(kGguf), listed);
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <stdexcept>
+#include <type_traits>
 
 #include "image/cv_ops.h"
 
@@ -68,3 +69,8 @@ extern "C" __attribute__((visibility("default"))) int atelier_cv_orient(const ui
       },
       err, err_bytes);
 }
+
+// The definitions above are what cv_ops.cpp looks up by name: their types
+// must be the ones it casts to.
+static_assert(std::is_same_v<decltype(&atelier_cv_resize), atelier_cv_resize_fn>);
+static_assert(std::is_same_v<decltype(&atelier_cv_orient), atelier_cv_orient_fn>);
