@@ -9,6 +9,8 @@
 // device backend runs the same suite unchanged: add it to backends().
 #include <atelier/backend.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -815,6 +817,36 @@ TEST_P(BackendOps, UpsampleNearest2x) {
   float* dy = dev.zeros<float>(ref.size());
   dev.be().upsample_nearest2x(dev.put(x), dy, planes, h, w);
   EXPECT_EQ(dev.get(dy, ref.size()), ref);
+}
+
+// commit(): the bytes stay as they were, out-of-range requests are refused,
+// and on a host-memory device the committed pages are resident (mincore)
+// while pages past them, never touched, are not.
+TEST_P(BackendOps, CommitKeepsBytesAndMakesPagesResident) {
+  Dev dev(GetParam());
+  const int64_t bytes = int64_t{16} << 20;
+  auto buf = dev.be().alloc(bytes);
+  std::vector<uint8_t> a(5000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 13 + 1);
+  dev.be().upload(*buf, 4000, a.data(), static_cast<int64_t>(a.size()));
+  EXPECT_FALSE(dev.be().commit(*buf, bytes - 10, 11));
+  EXPECT_FALSE(dev.be().commit(*buf, -1, 10));
+  const int64_t committed = int64_t{6} << 20;
+  const bool ok = dev.be().commit(*buf, 0, committed);
+  std::vector<uint8_t> b(a.size());
+  dev.be().download(*buf, 4000, b.data(), static_cast<int64_t>(b.size()));
+  EXPECT_EQ(a, b);
+  if (!ok || !dev.be().device().host_memory) return;  // a kernel before 5.14: nothing to check
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto resident = [&](int64_t off) {
+    unsigned char v = 0;
+    const auto addr = reinterpret_cast<uintptr_t>(buf->data()) + static_cast<uintptr_t>(off);
+    EXPECT_EQ(::mincore(reinterpret_cast<void*>(addr / page * page), 1, &v), 0);
+    return (v & 1) != 0;
+  };
+  for (const int64_t off : {int64_t{0}, committed / 2, committed - 1}) EXPECT_TRUE(resident(off)) << off;
+  // 4 MiB past the committed bytes (beyond any 2 MiB page they share).
+  for (const int64_t off : {committed + (int64_t{4} << 20), bytes - 1}) EXPECT_FALSE(resident(off)) << off;
 }
 
 TEST_P(BackendOps, BuffersRoundTrip) {

@@ -7,8 +7,13 @@
 // sharing (shared blocks, outputs unchanged).
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <memory>
 #include <vector>
 
@@ -284,6 +289,53 @@ TEST(KvPool, SizedByBudgetAndAccounted) {
   for (int b : got) pool.release(b);
   EXPECT_EQ(pool.free_blocks(), 5);
   EXPECT_THROW(pool.release(0), Error);  // no reference left
+}
+
+// The pool commits its first blocks' pages at construction and, once no
+// sequence holds a block, the margin after the highest block allocated
+// (kv_cache.cpp: the steps must not fault fresh blocks in). Observed from
+// outside with mincore on the pool's memory.
+TEST(KvPool, CommitsItsFirstBlocksAtOnceAndTopsUpWhileIdle) {
+  text::LlamaHparams hp;
+  hp.n_layer = 4;
+  hp.n_head = hp.n_head_kv = 2;
+  hp.head_dim = 64;
+  const int64_t block = KvPool::block_bytes_for(hp, 16, false);
+  ASSERT_EQ(block, int64_t{64} << 10);  // 4 layers * (K+V) * 16 tokens * 128 floats
+  KvPool pool(hp, 16, int64_t{256} << 20, false);
+  ASSERT_EQ(pool.total_blocks(), 4096);
+  const int ahead = pool.commit_ahead_blocks();
+  ASSERT_EQ(ahead, 512);  // 32 MiB of 64 KiB blocks
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto resident = [&](int b) {
+    unsigned char v = 0;
+    const auto addr = reinterpret_cast<uintptr_t>(pool.layout().k) + static_cast<uintptr_t>(b) * static_cast<uintptr_t>(block);
+    EXPECT_EQ(::mincore(reinterpret_cast<void*>(addr / page * page), 1, &v), 0);
+    return (v & 1) != 0;
+  };
+  {  // Committing ahead needs MADV_POPULATE_WRITE (Linux 5.14).
+    void* probe = ::mmap(nullptr, static_cast<size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(probe, MAP_FAILED);
+    const bool can = ::madvise(probe, static_cast<size_t>(page), MADV_POPULATE_WRITE) == 0;
+    ::munmap(probe, static_cast<size_t>(page));
+    if (!can) GTEST_SKIP() << "this kernel cannot commit pages ahead";
+  }
+  EXPECT_TRUE(resident(0));
+  EXPECT_TRUE(resident(ahead - 1));
+  EXPECT_FALSE(resident(ahead + 64));  // 4 MiB past the margin
+  std::vector<int> held;
+  for (int i = 0; i < 300; ++i) held.push_back(pool.allocate());
+  ASSERT_EQ(held.back(), 299);
+  // Block 256 took the highest block past half the margin: blocks up to
+  // 257 + 512 are due, but not while blocks are held.
+  const int due = 257 + ahead;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(resident(due - 64));
+  for (int b : held) pool.release(b);
+  bool topped = false;
+  for (int i = 0; i < 200 && !(topped = resident(due - 1)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(topped) << "the margin after block 256 was not committed within 10 s of the pool going idle";
+  EXPECT_FALSE(resident(due + 64));
 }
 
 TEST(KvPool, PrefixBlocksAreCachedAndEvictedLeastRecentlyUsedFirst) {

@@ -15,7 +15,8 @@
 // (kernels::KvLayout says where), written by the backend's store_kv and read
 // by its paged_attention, so the decoder never touches a row itself.
 // None of these classes is thread-safe: the executor thread that runs the
-// forward pass owns the pool, its sequences and their block tables.
+// forward pass owns the pool, its sequences and their block tables. (A
+// pool's one helper thread only commits pages ahead of the blocks in use.)
 #pragma once
 
 #include <atelier/backend.h>
@@ -85,6 +86,7 @@ class KvPool {
          kernels::Backend& backend = kernels::default_cpu_backend());
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
+  ~KvPool();
 
   // Bytes of one block for these hyperparameters (for admission and sizing).
   static int64_t block_bytes_for(const LlamaHparams& hp, int block_tokens, bool f16);
@@ -126,6 +128,9 @@ class KvPool {
 
   // Where the blocks' rows live: block b, layer l, K or V, block_tokens slots.
   const kernels::KvLayout& layout() const { return layout_; }
+  // Blocks a helper thread keeps committed (resident) ahead of the highest
+  // block allocated so far, so that no step faults a fresh block's pages in.
+  int commit_ahead_blocks() const { return commit_ahead_; }
   int row_elems() const { return row_; }
 
  private:
@@ -133,6 +138,9 @@ class KvPool {
   void lru_unlink(int block);
   void lru_push_back(int block);
   void unpublish(int block);
+
+  class Committer;
+  void note_in_use(int delta);  // blocks held by some sequence: the committer works only at 0
 
   int block_tokens_, n_layer_, row_;
   bool f16_;
@@ -151,6 +159,9 @@ class KvPool {
   std::vector<int> prev_, next_;
   int head_ = -1, tail_ = -1, cached_ = 0;
   int64_t lookups_ = 0, hits_ = 0;
+  // high_: 1 + the highest block ever allocated; wanted_: blocks [0, wanted_) committed or asked for
+  int commit_ahead_ = 0, high_ = 0, wanted_ = 0, in_use_ = 0;
+  std::unique_ptr<Committer> committer_;  // after data_: stopped before the buffer goes
 };
 
 // One sequence's block table over a pool. Position p lives in

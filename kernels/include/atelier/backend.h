@@ -119,6 +119,16 @@ class Backend {
   // Every byte of b set to value (ggml_backend_buffer_clear). A cache cleared
   // at creation commits its pages there, not in the first forward pass.
   virtual void clear(Buffer& b, uint8_t value = 0) = 0;
+  // Makes bytes [offset, offset + bytes) of b resident now without changing
+  // them, so that a lazily committed buffer (a KV pool: a GiB costs nothing
+  // until used) does not fault its pages in inside a step. Safe to call from
+  // another thread while ops read and write b, those bytes included. False
+  // where it cannot (the pages are then committed on first touch, as before);
+  // a device whose buffers are committed at alloc has nothing to do.
+  virtual bool commit(Buffer& b, int64_t offset, int64_t bytes) {
+    (void)b, (void)offset, (void)bytes;
+    return true;
+  }
 
   // ---- weights
   // The view of w this device's matmul is fastest with. On the CPU:
