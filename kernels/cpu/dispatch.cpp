@@ -54,6 +54,18 @@ Simd active_simd() {
   return static_cast<Simd>(level);
 }
 
+FloatPrefetch float_prefetch() {
+  static const FloatPrefetch style = [] {
+    const char* env = std::getenv("ATELIER_PREFETCH");
+    const std::string_view v = env ? env : "";
+    if (v == "near") return FloatPrefetch::near;
+    if (v == "next_tile") return FloatPrefetch::next_tile;
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") ? FloatPrefetch::next_tile : FloatPrefetch::near;
+  }();
+  return style;
+}
+
 std::string_view simd_name(Simd s) {
   switch (s) {
     case Simd::avx512: return "avx512";

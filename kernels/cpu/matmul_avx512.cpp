@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "matmul_internal.h"
+#include "simd.h"
 #include "quants.h"
 
 namespace atelier::kernels::cpu {
@@ -912,16 +913,17 @@ void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
 // Packed float weights: tiles of 8 activation rows x 3 groups of 16 weight
 // rows (6 x 4 and 12 x 2 measured slower or the same); 1-4 rows take 6
 // groups, more independent FMA chains for the memory-bound case.
-void f32x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
+template <class Load>
+void float_x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx512;
-  using Driver = TileDriver<KernelFloatPacked<PackedF32>, 8, 3, 6, 6, 6, 6, 3, 3, 3>;
-  Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
+  const int64_t g0 = r0 / kPackRows, g1 = (r1 + kPackRows - 1) / kPackRows;
+  if (float_prefetch() == FloatPrefetch::near)
+    TileDriver<KernelFloatPacked<Load, FloatPrefetch::near>, 8, 3, 6, 6, 6, 6, 3, 3, 3>::run(a, g0, g1);
+  else
+    TileDriver<KernelFloatPacked<Load, FloatPrefetch::next_tile>, 8, 3, 6, 6, 6, 6, 3, 3, 3>::run(a, g0, g1);
 }
-void f16x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  using namespace avx512;
-  using Driver = TileDriver<KernelFloatPacked<PackedF16>, 8, 3, 6, 6, 6, 6, 3, 3, 3>;
-  Driver::run(a, r0 / kPackRows, (r1 + kPackRows - 1) / kPackRows);
-}
+void f32x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) { float_x16_rows_avx512<avx512::PackedF32>(a, r0, r1); }
+void f16x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1) { float_x16_rows_avx512<avx512::PackedF16>(a, r0, r1); }
 
 // Tile shapes: activation rows x weight rows, sized to the 32 zmm registers.
 RowsFn rows_fn_avx512(DType t) {

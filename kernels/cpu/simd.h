@@ -15,6 +15,13 @@ Simd active_simd();
 Simd detected_simd();
 std::string_view simd_name(Simd s);
 
+// Where the packed float tile prefetches its weights (matmul_float_packed_x86.inc):
+// 16 lines ahead in the same group into L1 (faster on a Granite Rapids), or
+// the next tile's lines into L2 (faster on a Zen 4). Picked by CPU vendor,
+// AMD -> next_tile; ATELIER_PREFETCH=near|next_tile overrides (read once).
+enum class FloatPrefetch : int { near = 0, next_tile = 1 };
+FloatPrefetch float_prefetch();
+
 // Test hook: "scalar", "avx2" or "avx512" caps the level (never above what the
 // CPU supports); "" restores the default. Returns the level now active.
 Simd set_simd_level_for_testing(std::string_view level);
