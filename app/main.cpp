@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   atelier::app::add_image_commands(app, exit_code);
   atelier::app::add_queue_commands(app, exit_code);
   atelier::app::add_template_commands(app, exit_code);
-  atelier::app::add_serve_commands(app, exit_code);
+  atelier::app::add_serve_commands(app, exit_code, argv);
   refuse_empty_numbers(app);
   try {
     app.parse(argc, argv);

@@ -15,6 +15,12 @@ void add_models_commands(CLI::App& root, int& exit_code);  // models synth, mode
 void add_queue_commands(CLI::App& root, int& exit_code);   // batch, queue ..., metrics, --headless
 void add_image_commands(CLI::App& root, int& exit_code);   // image
 void add_template_commands(CLI::App& root, int& exit_code);  // template render
-void add_serve_commands(CLI::App& root, int& exit_code);     // serve (the HTTP API, app/server)
+// serve (the HTTP API, app/server). With RUN_HERE null the flags are
+// checked, then ARGV is handed unchanged to the atelier-serve program beside
+// this one (execv: the same process id and stdio). Only atelier-serve links
+// the server, so no other command loads cpp-httplib, OpenSSL's TLS or brotli
+// (~4 MB resident in every process).
+struct ServeOptions;
+void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_here)(const ServeOptions&) = nullptr);
 
 }  // namespace atelier::app

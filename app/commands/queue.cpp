@@ -4,11 +4,11 @@
 // process at a time executes its queue, the others read and write it.
 #include <atelier/engine.h>
 #include <atelier/models.h>
+#include <atelier/store.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -156,15 +156,10 @@ struct BatchOptions {
 // What identifies a batch line's job across reruns: its text, its number and
 // the output folder (sha256 of the three), so a rerun after a kill finds the
 // job it queued before instead of adding another.
-std::string line_key(const std::string& out_dir_abs, int number, const std::string& text) {
-  const std::string material = out_dir_abs + '\n' + std::to_string(number) + '\n' + text;
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(material.data(), material.size(), md, &len, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string key = "batch:";
-  for (unsigned i = 0; i < len; ++i) key.append(1, hex[md[i] >> 4]).append(1, hex[md[i] & 15]);
-  return key;
+Result<std::string> line_key(const std::string& out_dir_abs, int number, const std::string& text) {
+  auto digest = sha256_hex(out_dir_abs + '\n' + std::to_string(number) + '\n' + text);
+  if (!digest.ok()) return digest.status();
+  return "batch:" + digest.value();
 }
 
 // Writes TEXT to PATH atomically: a temporary file beside it, every write
@@ -266,7 +261,12 @@ int run_batch(const BatchOptions& o) {
     const std::string where = o.file + ":" + std::to_string(number) + ": ";
     Line l;
     l.number = number;
-    l.key = line_key(out_abs, number, text);
+    auto key = line_key(out_abs, number, text);
+    if (!key.ok()) {
+      errors.push_back(where + key.status().message);
+      continue;
+    }
+    l.key = key.value();
     if (is_image_request_json(text)) {
       auto req = image_request_from_json(text);
       if (!req.ok()) {

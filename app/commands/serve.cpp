@@ -1,59 +1,47 @@
-// `atelier serve`: the local HTTP API (app/server) over the queue of a data dir.
-#include <CLI/CLI.hpp>
+// `atelier serve`'s flags. The server itself runs in atelier-serve
+// (app/serve_main.cpp): atelier checks the flags, then executes that program
+// with the same arguments (commands.h says why).
+#include "commands/serve.h"
 
-#include <atomic>
-#include <chrono>
-#include <csignal>
+#include <CLI/CLI.hpp>
+#include <limits.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
-#include <thread>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
 
 #include "commands/commands.h"
-#include "commands/output.h"
-#include "server/api_server.h"
 
 namespace atelier::app {
 
 namespace {
 
-std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int) { g_stop = true; }
-
-struct ServeOptions {
-  server::ApiServerOptions server;
-  std::string data_dir = default_data_dir();
-  int threads = 0;
-  int max_batch = 32;
-  int64_t kv_mib = 1024;
-};
-
-int run_serve(ServeOptions o) {
-  if (!o.server.default_model.empty())  // a typo in -m is told now, not at the first request
-    if (auto r = resolve_model(o.server.default_model, o.server.store_dir); !r.ok()) return fail(r.status());
-  EngineConfig c;
-  c.data_dir = o.data_dir;
-  c.store_dir = o.server.store_dir;
-  c.threads = o.threads;
-  c.max_batch = o.max_batch;
-  c.kv_memory_bytes = o.kv_mib << 20;
-  auto engine = Engine::open(c);
-  if (!engine.ok()) return fail(engine.status());
-  server::ApiServer api(*engine.value(), o.server);
-  if (Status s = api.start(); !s.ok()) return fail(s);
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-  // One line on stdout (scripts read the port from it when --port 0).
-  write_stdout("atelier serve: listening on " + api.address() + "\n");
-  if (o.server.host != "127.0.0.1" && o.server.host != "localhost" && o.server.host != "::1")
-    std::fprintf(stderr, "atelier serve: warning: listening on %s, not only this machine%s\n", o.server.host.c_str(),
-                 o.server.api_key.empty() ? ", and without --api-key" : "");
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  api.stop();
-  return 0;
+// atelier-serve beside this program: the build tree's app/, or the bin/ it
+// was installed to.
+int exec_serve_program(char** argv) {
+  char self[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "atelier serve: cannot find this program's folder (/proc/self/exe: %s)\n", std::strerror(errno));
+    return 1;
+  }
+  self[n] = '\0';
+  const std::string program = (std::filesystem::path(self).parent_path() / "atelier-serve").string();
+  ::execv(program.c_str(), argv);
+  std::fprintf(stderr,
+               "atelier serve: cannot run %s (%s); it is built and installed beside atelier "
+               "(cmake --build build --target atelier-serve)\n",
+               program.c_str(), std::strerror(errno));
+  return 1;
 }
 
 }  // namespace
 
-void add_serve_commands(CLI::App& root, int& exit_code) {
+void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_here)(const ServeOptions&)) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = root.add_subcommand("serve", "Serve the OpenAI-, llama-server- and AUTOMATIC1111-compatible HTTP API over the queue");
   auto& s = o->server;
@@ -74,7 +62,7 @@ void add_serve_commands(CLI::App& root, int& exit_code) {
   cmd->add_option("--threads", o->threads, "Engine threads (default: one per core)")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-batch", o->max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--kv-mib", o->kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->callback([o, &exit_code] { exit_code = run_serve(*o); });
+  cmd->callback([o, &exit_code, argv, run_here] { exit_code = run_here ? run_here(*o) : exec_serve_program(argv); });
 }
 
 }  // namespace atelier::app

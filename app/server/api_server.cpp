@@ -3,6 +3,7 @@
 #include "server/api_server.h"
 
 #include <atelier/models.h>
+#include <atelier/store.h>
 
 #include <openssl/evp.h>
 #include <poll.h>
@@ -158,19 +159,6 @@ bool ClientWatch::gone() const {
 
 // ---------------------------------------------------------------- models
 
-static std::string sha256_hex(const std::string& data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
-}
-
 ModelEntry Context::model(const std::string& requested) {
   std::string ref = requested.empty() ? options.default_model : requested;
   if (ref.empty())
@@ -195,7 +183,10 @@ ModelEntry Context::model(const std::string& requested) {
     auto info = read_model_info(e.resolved.path, e.resolved.file("tokenizer"));
     if (info.ok()) e.info = info.value();
   }
-  e.fingerprint = "fp_" + sha256_hex(e.resolved.digest + "|atelier 0.1.0").substr(0, 12);
+  // OpenAI's system_fingerprint: what model and build answered.
+  auto fingerprint = sha256_hex(e.resolved.digest + "|atelier 0.1.0");
+  if (!fingerprint.ok()) throw from_status(fingerprint.status(), "model");
+  e.fingerprint = "fp_" + fingerprint.value().substr(0, 12);
   std::lock_guard lock(mu);
   models[ref] = e;
   return e;

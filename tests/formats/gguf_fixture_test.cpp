@@ -5,6 +5,7 @@
 #include "formats/formats_test_util.h"
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
+#include "resident_pages.h"
 
 #include <gtest/gtest.h>
 
@@ -69,6 +70,31 @@ TEST(GgufFixture, Stories260KHeaderAndMetadata) {
   EXPECT_THROW(f->get_int_array("tokenizer.ggml.scores"), Error);  // float array is not an integer array
   EXPECT_THROW(f->tensor("no.such.tensor"), Error);
   EXPECT_EQ(f->find_tensor("no.such.tensor"), nullptr);
+}
+
+// Once parsed, the header's pages leave this process (the metadata lives on
+// in the parsed values), and a loader can drop those too; the tensors stay
+// readable in place.
+TEST(GgufFixture, HeaderPagesAndDroppedMetadataAreLetGo) {
+  auto f = open_stories();
+  const GgufTensor& t = f->tensors().front();
+  const uint8_t* base = t.data - f->data_offset() - t.offset;  // the mapping's start
+  ASSERT_GT(f->data_offset(), 4096u) << "the fixture's header should span more than a page";
+  EXPECT_FALSE(atelier::test::page_mapped(base));
+  EXPECT_EQ(f->get_string("tokenizer.ggml.model"), "llama");  // parsed: no page needed
+  volatile uint8_t first_byte = base[0];                      // the probe sees a page once it is read
+  (void)first_byte;
+  EXPECT_TRUE(atelier::test::page_mapped(base));
+  f->drop_metadata();
+  try {
+    f->get_string("tokenizer.ggml.model");
+    FAIL() << "expected Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), atelier::StatusCode::Internal) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.model"), std::string::npos) << e.what();
+  }
+  const GgufTensor& again = f->tensor(t.name);  // tensors are not metadata
+  EXPECT_EQ(again.data, t.data);
 }
 
 TEST(GgufFixture, Stories260KTensors) {

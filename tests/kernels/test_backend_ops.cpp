@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "resident_pages.h"
+
 #include "kernels/test_util.h"
 
 namespace atelier::kernels {
@@ -837,13 +839,7 @@ TEST_P(BackendOps, CommitKeepsBytesAndMakesPagesResident) {
   dev.be().download(*buf, 4000, b.data(), static_cast<int64_t>(b.size()));
   EXPECT_EQ(a, b);
   if (!ok || !dev.be().device().host_memory) return;  // a kernel before 5.14: nothing to check
-  const long page = ::sysconf(_SC_PAGESIZE);
-  auto resident = [&](int64_t off) {
-    unsigned char v = 0;
-    const auto addr = reinterpret_cast<uintptr_t>(buf->data()) + static_cast<uintptr_t>(off);
-    EXPECT_EQ(::mincore(reinterpret_cast<void*>(addr / page * page), 1, &v), 0);
-    return (v & 1) != 0;
-  };
+  auto resident = [&](int64_t off) { return atelier::test::page_mapped(buf->at<uint8_t>(off)); };
   for (const int64_t off : {int64_t{0}, committed / 2, committed - 1}) EXPECT_TRUE(resident(off)) << off;
   // 4 MiB past the committed bytes (beyond any 2 MiB page they share).
   for (const int64_t off : {committed + (int64_t{4} << 20), bytes - 1}) EXPECT_FALSE(resident(off)) << off;

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <atelier/store.h>
+
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "store/blob_store.h"
@@ -137,6 +139,20 @@ TEST(Store, Sha256OfFilesIsTheStandardDigest) {
   const std::string listed = atelier::test::fixture_sums(kFixtures)["text/stories260K.gguf"];
   ASSERT_EQ(listed.size(), 64u) << "text/stories260K.gguf is not in SHA256SUMS";
   EXPECT_EQ(file_sha(kGguf), listed);
+}
+
+// The public digest of bytes (queue keys, the API's fingerprint): the same
+// standard vectors, through the same libcrypto opened on first use.
+TEST(Store, Sha256OfBytesIsTheStandardDigest) {
+  const auto hex = [](const std::string& bytes) {
+    auto r = atelier::sha256_hex(bytes);
+    EXPECT_TRUE(r.ok()) << r.status().message;
+    return r.ok() ? r.value() : std::string();
+  };
+  EXPECT_EQ(hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 }
 
 TEST(Store, ImportVerifyRoundTripWithGguf) {

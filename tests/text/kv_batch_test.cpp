@@ -22,6 +22,7 @@
 #include "formats/gguf.h"
 #include "text/kv_cache.h"
 #include "text/llama.h"
+#include "resident_pages.h"
 
 using namespace atelier;
 using text::KvCache;
@@ -306,14 +307,11 @@ TEST(KvPool, CommitsItsFirstBlocksAtOnceAndTopsUpWhileIdle) {
   ASSERT_EQ(pool.total_blocks(), 4096);
   const int ahead = pool.commit_ahead_blocks();
   ASSERT_EQ(ahead, 512);  // 32 MiB of 64 KiB blocks
-  const long page = ::sysconf(_SC_PAGESIZE);
   auto resident = [&](int b) {
-    unsigned char v = 0;
-    const auto addr = reinterpret_cast<uintptr_t>(pool.layout().k) + static_cast<uintptr_t>(b) * static_cast<uintptr_t>(block);
-    EXPECT_EQ(::mincore(reinterpret_cast<void*>(addr / page * page), 1, &v), 0);
-    return (v & 1) != 0;
+    return test::page_mapped(static_cast<const uint8_t*>(pool.layout().k) + static_cast<int64_t>(b) * block);
   };
   {  // Committing ahead needs MADV_POPULATE_WRITE (Linux 5.14).
+    const long page = ::sysconf(_SC_PAGESIZE);
     void* probe = ::mmap(nullptr, static_cast<size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(probe, MAP_FAILED);
     const bool can = ::madvise(probe, static_cast<size_t>(page), MADV_POPULATE_WRITE) == 0;

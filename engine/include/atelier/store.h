@@ -16,9 +16,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace atelier {
+
+// SHA-256 of BYTES as 64 lower-case hex digits (OpenSSL's libcrypto, opened
+// on first use; Io when it cannot be loaded).
+Result<std::string> sha256_hex(std::string_view bytes);
 
 struct StoreFile {
   std::string role;    // "model", "tokenizer", "encoder", "decoder", ...

@@ -129,6 +129,7 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
       impl->tokenizer = tok::Tokenizer::from_gguf(*file);
       impl->info.chat_template = file->get_string("tokenizer.chat_template", "");
       impl->weights = text::load_llama_gguf(file);
+      file->drop_metadata();  // everything is read: the vocabulary lives on in the tokenizer
     } else {  // a llama2.c checkpoint: its header's dimensions match its size, whatever its name
       impl->weights = text::load_llama2c(path);
       const std::string tok_path = find_llama2c_tokenizer(path, options.tokenizer_path);

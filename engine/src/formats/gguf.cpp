@@ -365,10 +365,21 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     t.data = base + data_start + t.offset;
   }
+  // The metadata and tensor table are parsed into kv_ and tensors_: the
+  // header's pages (a 32k vocabulary is ~1 MB) leave this process's mapping,
+  // as the weights' do once prepared (they stay in the page cache).
+  f->map_->release(base, data_start);
   return f;
 }
 
+void GgufFile::drop_metadata() {
+  std::map<std::string, GgufValue>().swap(kv_);
+  metadata_dropped_ = true;
+}
+
 const GgufValue* GgufFile::find(const std::string& key) const {
+  if (metadata_dropped_)
+    throw Error(StatusCode::Internal, path_ + ": metadata key " + key + " read after the loader dropped the metadata");
   auto it = kv_.find(key);
   return it == kv_.end() ? nullptr : &it->second;
 }

@@ -79,6 +79,12 @@ class GgufFile {
   std::vector<double> get_float_array(const std::string& key) const;   // from any numeric array
   std::vector<int64_t> get_int_array(const std::string& key) const;    // from any integer array
 
+  // Frees the parsed metadata once a loader has read all it needs (a 32k
+  // vocabulary's strings, scores and types are ~2 MB of heap, duplicated by
+  // the tokenizer built from them). The tensors stay; a later metadata read
+  // throws Error(Internal).
+  void drop_metadata();
+
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(const std::string& name) const;
   // Throws Error("FILE: tensor NAME is missing") when absent.
@@ -92,6 +98,7 @@ class GgufFile {
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
   std::map<std::string, GgufValue> kv_;
+  bool metadata_dropped_ = false;
   std::vector<GgufTensor> tensors_;
   std::map<std::string, size_t> tensor_index_;
 };

@@ -4,12 +4,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-// OpenSSL's one-algorithm SHA-256 API (deprecated in 3.0, kept through 3.x):
-// the same SHA-NI/AVX2 code as EVP without starting OpenSSL's provider
-// machinery, which leaves ~2 MB resident in every process that hashes a
-// model (every job records its model's digest).
-#define OPENSSL_SUPPRESS_DEPRECATED
-#include <openssl/sha.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +15,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/sha256.h"
 
 namespace atelier::store {
 
@@ -33,32 +28,6 @@ std::string sys_error(const std::string& what, const std::string& path, int err)
 }
 
 using Fd = UniqueFd;
-
-// A SHA-256 digest in progress.
-class Sha256 {
- public:
-  Sha256() {
-    if (SHA256_Init(&ctx_) != 1) throw IoError("cannot start a SHA-256 digest (OpenSSL)");
-  }
-  void update(const void* data, size_t n) {
-    if (SHA256_Update(&ctx_, data, n) != 1) throw IoError("SHA-256 update failed (OpenSSL)");
-  }
-  std::string hex() {
-    unsigned char md[SHA256_DIGEST_LENGTH];
-    if (SHA256_Final(md, &ctx_) != 1) throw IoError("SHA-256 final failed (OpenSSL)");
-    static const char* kHex = "0123456789abcdef";
-    std::string out;
-    out.reserve(2 * SHA256_DIGEST_LENGTH);
-    for (unsigned char b : md) {
-      out.push_back(kHex[b >> 4]);
-      out.push_back(kHex[b & 15]);
-    }
-    return out;
-  }
-
- private:
-  SHA256_CTX ctx_;
-};
 
 constexpr size_t kChunk = 1u << 20;
 

@@ -1,0 +1,23 @@
+// `atelier serve`'s options, shared by atelier (which checks them) and
+// atelier-serve (serve_main.cpp, which runs the server).
+#pragma once
+
+#include <atelier/engine.h>
+
+#include <cstdint>
+#include <string>
+
+#include "commands/output.h"
+#include "server/api_server.h"  // ApiServerOptions only: a plain struct, nothing to link
+
+namespace atelier::app {
+
+struct ServeOptions {
+  server::ApiServerOptions server;
+  std::string data_dir = default_data_dir();
+  int threads = 0;
+  int max_batch = 32;
+  int64_t kv_mib = 1024;
+};
+
+}  // namespace atelier::app

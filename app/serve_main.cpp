@@ -1,0 +1,64 @@
+// atelier-serve: the HTTP API (app/server) over the queue of a data dir.
+// `atelier serve` executes this program with its own, already checked,
+// arguments ("atelier-serve serve ..."; commands.h says why it is apart).
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "commands/commands.h"
+#include "commands/serve.h"
+
+namespace atelier::app {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int) { g_stop = true; }
+
+int run_serve(const ServeOptions& o) {
+  if (!o.server.default_model.empty())  // a typo in -m is told now, not at the first request
+    if (auto r = resolve_model(o.server.default_model, o.server.store_dir); !r.ok()) return fail(r.status());
+  EngineConfig c;
+  c.data_dir = o.data_dir;
+  c.store_dir = o.server.store_dir;
+  c.threads = o.threads;
+  c.max_batch = o.max_batch;
+  c.kv_memory_bytes = o.kv_mib << 20;
+  auto engine = Engine::open(c);
+  if (!engine.ok()) return fail(engine.status());
+  server::ApiServer api(*engine.value(), o.server);
+  if (Status s = api.start(); !s.ok()) return fail(s);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  // One line on stdout (scripts read the port from it when --port 0).
+  write_stdout("atelier serve: listening on " + api.address() + "\n");
+  if (o.server.host != "127.0.0.1" && o.server.host != "localhost" && o.server.host != "::1")
+    std::fprintf(stderr, "atelier serve: warning: listening on %s, not only this machine%s\n", o.server.host.c_str(),
+                 o.server.api_key.empty() ? ", and without --api-key" : "");
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  api.stop();
+  return 0;
+}
+
+}  // namespace
+
+}  // namespace atelier::app
+
+int main(int argc, char** argv) {
+  CLI::App app{"The Atelier HTTP API (run it as `atelier serve`)", "atelier-serve"};
+  app.require_subcommand(1, 1);
+  int exit_code = 0;
+  atelier::app::add_serve_commands(app, exit_code, argv, atelier::app::run_serve);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "atelier serve: error: %s (see atelier serve --help)\n", e.what());
+    return 2;
+  }
+  return exit_code;
+}
