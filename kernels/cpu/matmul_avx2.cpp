@@ -386,11 +386,13 @@ void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
 
 // Packed F16: tiles of 6 activation rows x 2 groups of 8 (12 of the 16 ymm
 // registers accumulate); 4, 4, 3, 3, 2 groups for 1-5 rows.
-template <FloatPrefetch kPrefetch>
-using F16x8Driver = TileDriver<avx2::KernelFloatPacked<avx2::PackedF16, kPrefetch>, 6, 2, 4, 4, 3, 3, 2>;
 void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  if (float_prefetch() == FloatPrefetch::near) F16x8Driver<FloatPrefetch::near>::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
-  else F16x8Driver<FloatPrefetch::next_tile>::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
+  using namespace avx2;
+  const int64_t g0 = r0 / kPackRowsX8, g1 = (r1 + kPackRowsX8 - 1) / kPackRowsX8;
+  if (float_prefetch() == FloatPrefetch::near)
+    TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>::run(a, g0, g1);
+  else
+    TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>::run(a, g0, g1);
 }
 
 // Tile shapes: activation rows x weight rows, sized to the 16 ymm registers.

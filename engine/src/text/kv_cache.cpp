@@ -49,8 +49,8 @@ KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16, kernels::Backend& 
 class KvPool::Committer {
  public:
   // Blocks [0, committed) are resident already.
-  Committer(kernels::Backend& backend, kernels::Buffer& buffer, int64_t block_bytes, int total, int committed)
-      : backend_(backend), buffer_(buffer), block_bytes_(block_bytes), total_(total), wanted_(committed), done_(committed * block_bytes) {
+  Committer(kernels::Backend& backend, kernels::Buffer& buffer, int64_t block_bytes, int committed)
+      : backend_(backend), buffer_(buffer), block_bytes_(block_bytes), wanted_(committed), done_(committed * block_bytes) {
     thread_ = std::thread([this] { run(); });
   }
   ~Committer() {
@@ -74,9 +74,8 @@ class KvPool::Committer {
     if (!busy) cv_.notify_one();
   }
 
-  // Blocks [0, blocks) committed, once the pool is idle.
+  // Blocks [0, blocks) committed, once the pool is idle (BLOCKS <= the pool's total).
   void want(int blocks) {
-    blocks = std::min(blocks, total_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (blocks <= wanted_) return;
@@ -118,7 +117,6 @@ class KvPool::Committer {
   kernels::Backend& backend_;
   kernels::Buffer& buffer_;
   const int64_t block_bytes_;
-  const int total_;
   std::mutex mu_;
   std::condition_variable cv_;
   int wanted_;
@@ -174,7 +172,7 @@ KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, b
     // The first margin now, at load: the first requests never fault.
     wanted_ = commit_ahead_;
     backend.commit(*data_, 0, int64_t{wanted_} * block_bytes_);
-    committer_ = std::make_unique<Committer>(backend, *data_, block_bytes_, total_, wanted_);
+    committer_ = std::make_unique<Committer>(backend, *data_, block_bytes_, wanted_);
   }
 }
 
@@ -236,7 +234,7 @@ int KvPool::allocate() {
     return -1;
   }
   ref_[static_cast<size_t>(b)] = 1;
-  note_in_use(+1);
+  note_use();
   if (b >= high_) {
     high_ = b + 1;
     // Topped up in one go once half the margin is used, not block by block.
@@ -254,7 +252,7 @@ void KvPool::retain(int block) {
   if (r == 0) {
     if (!has_hash_[static_cast<size_t>(block)]) throw Error("retain of free KV block " + std::to_string(block));
     lru_unlink(block);  // a cached block is in use again
-    note_in_use(+1);
+    note_use();
   }
   ++r;
 }
@@ -266,12 +264,11 @@ void KvPool::release(int block) {
   if (--r > 0) return;
   if (has_hash_[static_cast<size_t>(block)]) lru_push_back(block);
   else free_.push_back(block);
-  note_in_use(-1);
+  note_use();
 }
 
-void KvPool::note_in_use(int delta) {
-  in_use_ += delta;
-  if (committer_ && (in_use_ == 0 || (delta > 0 && in_use_ == 1))) committer_->set_busy(in_use_ > 0);
+void KvPool::note_use() {
+  if (committer_) committer_->set_busy(used_blocks() > 0);
 }
 
 uint64_t KvPool::chain_hash(uint64_t previous, const int32_t* tokens, int n) {

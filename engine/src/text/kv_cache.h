@@ -140,7 +140,7 @@ class KvPool {
   void unpublish(int block);
 
   class Committer;
-  void note_in_use(int delta);  // blocks held by some sequence: the committer works only at 0
+  void note_use();  // after a block's references changed: the committer works only while no block is used
 
   int block_tokens_, n_layer_, row_;
   bool f16_;
@@ -160,7 +160,7 @@ class KvPool {
   int head_ = -1, tail_ = -1, cached_ = 0;
   int64_t lookups_ = 0, hits_ = 0;
   // high_: 1 + the highest block ever allocated; wanted_: blocks [0, wanted_) committed or asked for
-  int commit_ahead_ = 0, high_ = 0, wanted_ = 0, in_use_ = 0;
+  int commit_ahead_ = 0, high_ = 0, wanted_ = 0;
   std::unique_ptr<Committer> committer_;  // after data_: stopped before the buffer goes
 };
 
