@@ -79,13 +79,21 @@ struct KernelFloat {
     for (auto& row : acc)
       for (auto& v : row) v = _mm256_setzero_ps();
     const int64_t ahead = 4 * NR * a.w->row_stride_bytes;
+    // A prompt's first tile of activation rows also brings the next weight
+    // tile into L2: the others find this one in cache, and without it each
+    // weight tile's first pass waited on memory (768 x 2048 at 32 rows ran
+    // at 52 % of the FMA peak against 74 % for an L3-resident 768 x 768).
+    const int64_t next_tile = m0 == 0 && r0 + 2 * NR <= a.w->rows ? NR * a.w->row_stride_bytes : 0;
     constexpr int64_t kLine = 64 / Load::kBytes;  // elements per cache line: whole 8-element steps
     int64_t k = 0;
     for (; k + kLine <= K; k += kLine) {
       // Only where the products are memory-bound: a prompt's tiles find the
       // weights in cache from its first activation rows on.
-      if constexpr (NM <= 2)
+      if constexpr (NM <= 2) {
         for (int r = 0; r < NR; ++r) prefetch_w<64>(w[r] + k * Load::kBytes, ahead);
+      } else if (next_tile) {
+        for (int r = 0; r < NR; ++r) prefetch_w<64>(w[r] + k * Load::kBytes, next_tile);
+      }
       for (int64_t s = 0; s < kLine; s += 8) step<NM, NR>(w, x, k + s, acc);
     }
     for (; k + 8 <= K; k += 8) step<NM, NR>(w, x, k, acc);

@@ -94,7 +94,7 @@ void args(benchmark::internal::Benchmark* b) {
 void llama_args(benchmark::internal::Benchmark* b) {
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (auto [rows, cols] : {std::pair{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}})
-    for (int m : {1, 16, 32})
+    for (int m : {1, 16, 32, 128})  // 128: a prompt's rows
       for (int th : {1, hw}) b->Args({m, th, rows, cols});
   b->ArgNames({"rows", "threads", "out", "in"})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
