@@ -2,6 +2,9 @@
 // reached only when dispatch finds those features.
 #include <immintrin.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "matmul_internal.h"
@@ -108,6 +111,34 @@ struct KernelFloat {
       }
     }
     store_tile<NM, NR>(a, m0, r0, acc);
+  }
+};
+
+// Row-dot tiles over many activation rows. The driver runs every activation
+// tile against one weight tile, so all the rows' activations stream through
+// L2 once per weight tile; past L2 they came from L3 (768 x 2048 at 128
+// rows, 1 MB of activations: 33 G MAC/s on one Zen 4 core against 45 for
+// 2048 x 768, whose 393 KB fit). Rows go in chunks whose activations fill
+// half of L2, each a whole TileDriver run: the weights are read once per
+// chunk instead, and each (row, weight row) product is the same chain.
+template <class Kernel, int RM, int RN>
+struct RowChunkedDriver {
+  using Base = TileDriver<Kernel, RM, RN>;
+  static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    static const int64_t budget = [] {
+      const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+      return std::max<int64_t>(l2 > 0 ? l2 / 2 : 0, int64_t{128} << 10);
+    }();
+    const int64_t K = a.w->cols;
+    const int64_t chunk = std::max<int64_t>(RM, budget / (K * int64_t{sizeof(float)}) / RM * RM);
+    if (a.m_rows <= chunk) return Base::run(a, r0, r1);
+    for (int64_t m = 0; m < a.m_rows; m += chunk) {
+      MatmulArgs e = a;
+      e.x = a.x + m * K;
+      e.y = a.y + m * a.w->rows;
+      e.m_rows = std::min(chunk, a.m_rows - m);
+      Base::run(e, r0, r1);
+    }
   }
 };
 
@@ -407,9 +438,9 @@ void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
 RowsFn rows_fn_avx2(DType t) {
   using namespace avx2;
   switch (t) {
-    case DType::F32: return &TileDriver<KernelFloat<LoadF32>, 4, 3>::run;
-    case DType::F16: return &TileDriver<KernelFloat<LoadF16>, 4, 3>::run;
-    case DType::BF16: return &TileDriver<KernelFloat<LoadBF16>, 4, 3>::run;
+    case DType::F32: return &RowChunkedDriver<KernelFloat<LoadF32>, 4, 3>::run;
+    case DType::F16: return &RowChunkedDriver<KernelFloat<LoadF16>, 4, 3>::run;
+    case DType::BF16: return &RowChunkedDriver<KernelFloat<LoadBF16>, 4, 3>::run;
     case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 4, 2, 2>::run;

@@ -190,6 +190,30 @@ TEST(Matmul, TileShapesInvariant) {
   }
 }
 
+// Batches whose activations outgrow half of L2 run in row chunks on the
+// float row-dot tiles (matmul_avx2.cpp's RowChunkedDriver): long, odd rows
+// (a tail in every row) and more rows than several chunks, against the
+// single-row products bit for bit.
+TEST(Matmul, LongRowsInRowChunksInvariant) {
+  const int64_t rows = 7, cols = 4099, total = 150;  // 150 rows of 16 KB: past 1 MB on any machine
+  const auto x = random_floats(total * cols, 53);
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    const Weights w = make_weights(t, rows, cols, 61 + static_cast<uint32_t>(t));
+    for (const auto& level : available_levels()) {
+      ScopedSimd simd(level);
+      std::vector<float> single(static_cast<size_t>(total * rows));
+      for (int64_t m = 0; m < total; ++m) matmul(w.view(), x.data() + m * cols, single.data() + m * rows, 1);
+      for (int threads : {1, 2}) {
+        std::vector<float> y(static_cast<size_t>(total * rows));
+        TestExecutor ex(threads);
+        matmul(w.view(), x.data(), y.data(), total, &ex);
+        ASSERT_EQ(0, std::memcmp(y.data(), single.data(), y.size() * sizeof(float)))
+            << level << " " << dtype_name(t) << " threads " << threads;
+      }
+    }
+  }
+}
+
 TEST(Matmul, HonoursRowStride) {
   for (DType t : kTypes) {
     const int64_t cols = 256, rows = 29, m_rows = 5;
