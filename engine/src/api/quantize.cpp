@@ -29,9 +29,7 @@
 #ifndef ATELIER_VERSION
 #define ATELIER_VERSION "unknown"
 #endif
-#ifndef ATELIER_GIT_DESCRIBE
-#define ATELIER_GIT_DESCRIBE "unknown"
-#endif
+#include "atelier_build_id.h"  // ATELIER_GIT_DESCRIBE, written at build time (engine/build_id.cmake)
 
 namespace atelier {
 
