@@ -114,16 +114,16 @@ struct KernelFloat {
   }
 };
 
-// Row-dot tiles over many activation rows. The driver runs every activation
-// tile against one weight tile, so all the rows' activations stream through
-// L2 once per weight tile; past L2 they came from L3 (768 x 2048 at 128
-// rows, 1 MB of activations: 33 G MAC/s on one Zen 4 core against 45 for
-// 2048 x 768, whose 393 KB fit). Rows go in chunks whose activations fill
-// half of L2, each a whole TileDriver run: the weights are read once per
-// chunk instead, and each (row, weight row) product is the same chain.
-template <class Kernel, int RM, int RN>
+// Float tiles over many activation rows. A driver runs every activation tile
+// against one weight tile, so all the rows' activations stream through L2
+// once per weight tile; past L2 they came from L3 (768 x 2048 at 128 rows, 1
+// MB of activations: 33-35 G MAC/s on one Zen 4 core against 42-45 for 2048
+// x 768, whose 393 KB fit; the same for F32 rows and packed F16). Rows go in
+// chunks whose activations fill half of L2, each a whole run of BASE (tiles
+// of RM rows): the weights are read once per chunk instead, and each (row,
+// weight row) product is the same chain. R0, R1: BASE's range (rows or groups).
+template <class Base, int RM>
 struct RowChunkedDriver {
-  using Base = TileDriver<Kernel, RM, RN>;
   static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
     static const int64_t budget = [] {
       const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -429,18 +429,18 @@ void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx2;
   const int64_t g0 = r0 / kPackRowsX8, g1 = (r1 + kPackRowsX8 - 1) / kPackRowsX8;
   if (float_prefetch() == FloatPrefetch::near)
-    TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>::run(a, g0, g1);
+    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>, 6>::run(a, g0, g1);
   else
-    TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>::run(a, g0, g1);
+    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>, 6>::run(a, g0, g1);
 }
 
 // Tile shapes: activation rows x weight rows, sized to the 16 ymm registers.
 RowsFn rows_fn_avx2(DType t) {
   using namespace avx2;
   switch (t) {
-    case DType::F32: return &RowChunkedDriver<KernelFloat<LoadF32>, 4, 3>::run;
-    case DType::F16: return &RowChunkedDriver<KernelFloat<LoadF16>, 4, 3>::run;
-    case DType::BF16: return &RowChunkedDriver<KernelFloat<LoadBF16>, 4, 3>::run;
+    case DType::F32: return &RowChunkedDriver<TileDriver<KernelFloat<LoadF32>, 4, 3>, 4>::run;
+    case DType::F16: return &RowChunkedDriver<TileDriver<KernelFloat<LoadF16>, 4, 3>, 4>::run;
+    case DType::BF16: return &RowChunkedDriver<TileDriver<KernelFloat<LoadBF16>, 4, 3>, 4>::run;
     case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 4, 2, 2>::run;

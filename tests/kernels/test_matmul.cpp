@@ -190,30 +190,6 @@ TEST(Matmul, TileShapesInvariant) {
   }
 }
 
-// Batches whose activations outgrow half of L2 run in row chunks on the
-// float row-dot tiles (matmul_avx2.cpp's RowChunkedDriver): long, odd rows
-// (a tail in every row) and more rows than several chunks, against the
-// single-row products bit for bit.
-TEST(Matmul, LongRowsInRowChunksInvariant) {
-  const int64_t rows = 7, cols = 4099, total = 150;  // 150 rows of 16 KB: past 1 MB on any machine
-  const auto x = random_floats(total * cols, 53);
-  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
-    const Weights w = make_weights(t, rows, cols, 61 + static_cast<uint32_t>(t));
-    for (const auto& level : available_levels()) {
-      ScopedSimd simd(level);
-      std::vector<float> single(static_cast<size_t>(total * rows));
-      for (int64_t m = 0; m < total; ++m) matmul(w.view(), x.data() + m * cols, single.data() + m * rows, 1);
-      for (int threads : {1, 2}) {
-        std::vector<float> y(static_cast<size_t>(total * rows));
-        TestExecutor ex(threads);
-        matmul(w.view(), x.data(), y.data(), total, &ex);
-        ASSERT_EQ(0, std::memcmp(y.data(), single.data(), y.size() * sizeof(float)))
-            << level << " " << dtype_name(t) << " threads " << threads;
-      }
-    }
-  }
-}
-
 TEST(Matmul, HonoursRowStride) {
   for (DType t : kTypes) {
     const int64_t cols = 256, rows = 29, m_rows = 5;
@@ -325,6 +301,46 @@ TEST(Matmul, PackedMatchesReference) {
           }
         }
       }
+    }
+  }
+}
+
+// Batches whose activations outgrow half of L2 run in row chunks on the
+// float tiles (matmul_avx2.cpp's RowChunkedDriver): long, odd rows (a tail
+// in every row) and more rows than several chunks, against the single-row
+// products bit for bit, unpacked and packed.
+TEST(Matmul, LongRowsInRowChunksInvariant) {
+  const int64_t rows = 7, cols = 4099, total = 150;  // 150 rows of 16 KB: past 1 MB on any machine
+  const auto x = random_floats(total * cols, 53);
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    const Weights w = make_weights(t, rows, cols, 61 + static_cast<uint32_t>(t));
+    for (const auto& level : available_levels()) {
+      ScopedSimd simd(level);
+      std::vector<float> single(static_cast<size_t>(total * rows));
+      for (int64_t m = 0; m < total; ++m) matmul(w.view(), x.data() + m * cols, single.data() + m * rows, 1);
+      for (int threads : {1, 2}) {
+        std::vector<float> y(static_cast<size_t>(total * rows));
+        TestExecutor ex(threads);
+        matmul(w.view(), x.data(), y.data(), total, &ex);
+        ASSERT_EQ(0, std::memcmp(y.data(), single.data(), y.size() * sizeof(float)))
+            << level << " " << dtype_name(t) << " threads " << threads;
+      }
+    }
+  }
+  // The packed float tiles chunk their rows too (avx2's f16x8): 19 rows, three groups.
+  for (const auto& pack_level : packing_levels()) {
+    for (DType t : {DType::F32, DType::F16}) {
+      if (layout_at(pack_level, t) == WeightLayout::rows) continue;
+      ScopedSimd simd(pack_level);
+      const Weights w = make_weights(t, 19, cols, 71 + static_cast<uint32_t>(t));
+      const Packed p = pack(w);
+      std::vector<float> single(static_cast<size_t>(total * 19));
+      for (int64_t m = 0; m < total; ++m) matmul(p.view, x.data() + m * cols, single.data() + m * 19, 1);
+      std::vector<float> y(single.size());
+      TestExecutor ex(2);
+      matmul(p.view, x.data(), y.data(), total, &ex);
+      ASSERT_EQ(0, std::memcmp(y.data(), single.data(), y.size() * sizeof(float)))
+          << pack_level << " packed " << dtype_name(t);
     }
   }
 }
