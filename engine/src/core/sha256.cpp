@@ -5,11 +5,11 @@
 // machinery, which leaves ~2 MB more resident. The header gives the types;
 // the functions come from dlsym.
 #define OPENSSL_SUPPRESS_DEPRECATED
-#include <dlfcn.h>
 #include <openssl/sha.h>
 
 #include <atelier/store.h>
 
+#include "core/dynamic_library.h"
 #include "core/error.h"
 
 namespace atelier {
@@ -27,19 +27,16 @@ struct CryptoApi {
 const CryptoApi& crypto() {
   static std::string error;
   static const CryptoApi* api = []() -> const CryptoApi* {
-    void* lib = nullptr;
-    for (const char* name : {"libcrypto.so.3", "libcrypto.so"})  // kept open for the process
-      if ((lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    std::string why;
+    void* lib = open_system_library({"libcrypto.so.3", "libcrypto.so"}, &why);
     if (!lib) {
-      const char* why = ::dlerror();
-      error = std::string("cannot load OpenSSL's libcrypto to compute SHA-256 digests (") +
-              (why ? why : "libcrypto.so.3 not found") + "); install it (Debian: apt-get install libssl3)";
+      error = "cannot load OpenSSL's libcrypto to compute SHA-256 digests (" + why +
+              "); install it (Debian: apt-get install libssl3)";
       return nullptr;
     }
     static CryptoApi a;
     const auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
-      if (!fn && error.empty()) error = std::string("the libcrypto found lacks ") + name + "; install OpenSSL 3 (libssl3)";
+      if (!bind_symbol(lib, fn, name) && error.empty()) error = std::string("the libcrypto found lacks ") + name + "; install OpenSSL 3 (libssl3)";
     };
     sym(a.init, "SHA256_Init");
     sym(a.update, "SHA256_Update");

@@ -1,7 +1,6 @@
 #include "store/download.h"
 
 #include <curl/curl.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -13,6 +12,8 @@
 #include <memory>
 #include <type_traits>
 #include <thread>
+
+#include "core/dynamic_library.h"
 
 namespace atelier::store {
 
@@ -37,17 +38,16 @@ struct CurlApi {
 const CurlApi& curl_api() {
   static std::string error;
   static const CurlApi* api = []() -> const CurlApi* {
-    void* lib = ::dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);  // kept open for the process
+    std::string why;
+    void* lib = open_system_library({"libcurl.so.4"}, &why);
     if (!lib) {
-      const char* why = ::dlerror();
-      error = std::string("cannot load libcurl for downloads (") + (why ? why : "libcurl.so.4 not found") +
+      error = "cannot load libcurl for downloads (" + why +
               "); install it (Debian: apt-get install libcurl4), or download the file yourself and use `atelier models import`";
       return nullptr;
     }
     static CurlApi a;
     const auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
-      if (!fn && error.empty()) error = std::string("the libcurl found lacks ") + name + "; install a current libcurl4";
+      if (!bind_symbol(lib, fn, name) && error.empty()) error = std::string("the libcurl found lacks ") + name + "; install a current libcurl4";
     };
     sym(a.global_init, "curl_global_init");
     sym(a.easy_init, "curl_easy_init");
