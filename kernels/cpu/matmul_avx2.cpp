@@ -81,22 +81,18 @@ struct KernelFloat {
     __m256 acc[NM][NR];
     for (auto& row : acc)
       for (auto& v : row) v = _mm256_setzero_ps();
-    const int64_t ahead = 4 * NR * a.w->row_stride_bytes;
-    // A prompt's first tile of activation rows also brings the next weight
-    // tile into L2: the others find this one in cache, and without it each
-    // weight tile's first pass waited on memory (768 x 2048 at 32 rows ran
-    // at 52 % of the FMA peak against 74 % for an L3-resident 768 x 768).
-    const int64_t next_tile = m0 == 0 && r0 + 2 * NR <= a.w->rows ? NR * a.w->row_stride_bytes : 0;
+    // Generation (1-2 rows, memory-bound) prefetches 4 tiles ahead. A
+    // prompt's first tile of activation rows brings the next weight tile into
+    // L2 and its other tiles find this one in cache (without it each weight
+    // tile's first pass waited on memory: 768 x 2048 at 32 rows ran at 52 %
+    // of the FMA peak against 74 % for an L3-resident 768 x 768).
+    const int64_t stride = a.w->row_stride_bytes;
+    const int64_t ahead = NM <= 2 ? 4 * NR * stride : m0 == 0 && r0 + 2 * NR <= a.w->rows ? NR * stride : 0;
     constexpr int64_t kLine = 64 / Load::kBytes;  // elements per cache line: whole 8-element steps
     int64_t k = 0;
     for (; k + kLine <= K; k += kLine) {
-      // Only where the products are memory-bound: a prompt's tiles find the
-      // weights in cache from its first activation rows on.
-      if constexpr (NM <= 2) {
+      if (ahead)
         for (int r = 0; r < NR; ++r) prefetch_w<64>(w[r] + k * Load::kBytes, ahead);
-      } else if (next_tile) {
-        for (int r = 0; r < NR; ++r) prefetch_w<64>(w[r] + k * Load::kBytes, next_tile);
-      }
       for (int64_t s = 0; s < kLine; s += 8) step<NM, NR>(w, x, k + s, acc);
     }
     for (; k + 8 <= K; k += 8) step<NM, NR>(w, x, k, acc);
@@ -119,12 +115,14 @@ struct KernelFloat {
 // once per weight tile; past L2 they came from L3 (768 x 2048 at 128 rows, 1
 // MB of activations: 33-35 G MAC/s on one Zen 4 core against 42-45 for 2048
 // x 768, whose 393 KB fit; the same for F32 rows and packed F16). Rows go in
-// chunks whose activations fill half of L2, each a whole run of BASE (tiles
-// of RM rows): the weights are read once per chunk instead, and each (row,
-// weight row) product is the same chain. R0, R1: BASE's range (rows or groups).
-template <class Base, int RM>
+// chunks whose activations fill half of L2, each a whole run of BASE (a
+// TileDriver; chunks of whole tiles): the weights are read once per chunk
+// instead, and each (row, weight row) product is the same chain. R0, R1:
+// BASE's range (rows or groups).
+template <class Base>
 struct RowChunkedDriver {
   static void run(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    constexpr int RM = Base::kRows;
     static const int64_t budget = [] {
       const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
       return std::max<int64_t>(l2 > 0 ? l2 / 2 : 0, int64_t{128} << 10);
@@ -429,18 +427,18 @@ void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx2;
   const int64_t g0 = r0 / kPackRowsX8, g1 = (r1 + kPackRowsX8 - 1) / kPackRowsX8;
   if (float_prefetch() == FloatPrefetch::near)
-    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>, 6>::run(a, g0, g1);
+    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>>::run(a, g0, g1);
   else
-    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>, 6>::run(a, g0, g1);
+    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>>::run(a, g0, g1);
 }
 
 // Tile shapes: activation rows x weight rows, sized to the 16 ymm registers.
 RowsFn rows_fn_avx2(DType t) {
   using namespace avx2;
   switch (t) {
-    case DType::F32: return &RowChunkedDriver<TileDriver<KernelFloat<LoadF32>, 4, 3>, 4>::run;
-    case DType::F16: return &RowChunkedDriver<TileDriver<KernelFloat<LoadF16>, 4, 3>, 4>::run;
-    case DType::BF16: return &RowChunkedDriver<TileDriver<KernelFloat<LoadBF16>, 4, 3>, 4>::run;
+    case DType::F32: return &RowChunkedDriver<TileDriver<KernelFloat<LoadF32>, 4, 3>>::run;
+    case DType::F16: return &RowChunkedDriver<TileDriver<KernelFloat<LoadF16>, 4, 3>>::run;
+    case DType::BF16: return &RowChunkedDriver<TileDriver<KernelFloat<LoadBF16>, 4, 3>>::run;
     case DType::Q8_0: return &TileDriver<KernelQ8_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 4, 2, 2>::run;

@@ -100,6 +100,7 @@ inline void with_expanded(const MatmulArgs& a, Fn&& fn) {
 template <class Kernel, int RM, int RN, int... NarrowRN>
 struct TileDriver {
   static_assert(sizeof...(NarrowRN) == 0 || sizeof...(NarrowRN) == RM - 1);
+  static constexpr int kRows = RM;  // activation rows of a full tile
   using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
 
   static constexpr int max_rn() {
