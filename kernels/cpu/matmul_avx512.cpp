@@ -848,7 +848,9 @@ struct PackedF16 {
 };
 namespace packed_float {
 using V = FloatV;
+#define ATELIER_FLOAT_COLUMN_LOOP 0
 #include "matmul_float_packed_x86.inc"
+#undef ATELIER_FLOAT_COLUMN_LOOP
 }  // namespace packed_float
 using packed_float::KernelFloatPacked;
 

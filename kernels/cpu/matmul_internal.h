@@ -27,6 +27,18 @@ struct MatmulArgs {
   int64_t xe_row_bytes = 0;
 };
 
+// f(integral_constant<int, 0>) ... f(integral_constant<int, N - 1>): a loop
+// over a tile's register arrays with constant indices from the start. GCC 12
+// scalarizes an array of vectors only where every index is constant before
+// its loop unrolling runs; an array indexed by a plain loop counter stayed in
+// memory (a store, often a reload, per accumulator and step).
+template <int N, class F>
+__attribute__((always_inline)) inline void unroll(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) __attribute__((always_inline)) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+
 // Computes y[m][r] for every m < m_rows and r in [r0, r1).
 using RowsFn = void (*)(const MatmulArgs&, int64_t r0, int64_t r1);
 
