@@ -60,6 +60,17 @@ struct LoadBF16 {
 // of the bandwidth of a one-row-at-a-time loop on a Zen 3).
 template <class Load>
 struct KernelFloat {
+  // Lanes below n set: the activations' zero-padded last partial step.
+  static __m256i tail_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  // How far ahead a tile of NM x NR prefetches its weight rows (0: none).
+  template <int NM, int NR>
+  static int64_t ahead_bytes(const MatmulArgs& a, int64_t m0, int64_t r0) {
+    const int64_t stride = a.w->row_stride_bytes;
+    return NM <= 2 ? 4 * NR * stride : m0 == 0 && r0 + 2 * NR <= a.w->rows ? NR * stride : 0;
+  }
+
   template <int NM, int NR>
   __attribute__((always_inline)) static inline void step(const char* const* w, const float* const* x, int64_t k,
                                                          __m256 (&acc)[NM][NR]) {
@@ -87,8 +98,7 @@ struct KernelFloat {
     // L2 and its other tiles find this one in cache (without it each weight
     // tile's first pass waited on memory: 768 x 2048 at 32 rows ran at 52 %
     // of the FMA peak against 74 % for an L3-resident 768 x 768).
-    const int64_t stride = a.w->row_stride_bytes;
-    const int64_t ahead = NM <= 2 ? 4 * NR * stride : m0 == 0 && r0 + 2 * NR <= a.w->rows ? NR * stride : 0;
+    const int64_t ahead = ahead_bytes<NM, NR>(a, m0, r0);
     constexpr int64_t kLine = 64 / Load::kBytes;  // elements per cache line: whole 8-element steps
     int64_t k = 0;
     for (; k + kLine <= K; k += kLine) {
@@ -99,7 +109,7 @@ struct KernelFloat {
     for (; k + 8 <= K; k += 8) step<NM, NR>(w, x, k, acc);
     if (k < K) {
       const int n = static_cast<int>(K - k);
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i mask = tail_mask(n);
       __m256 wv[NR];
       for (int r = 0; r < NR; ++r) wv[r] = Load::tail(w[r], k, n);
       for (int m = 0; m < NM; ++m) {
@@ -118,7 +128,7 @@ struct KernelFloat {
   // GCC folds the weight or activation loads into the FMAs, and the named
   // tile measured slower.)
   static void tile_4x3(const MatmulArgs& a, int64_t m0, int64_t r0) {
-    const int64_t K = a.w->cols, stride = a.w->row_stride_bytes;
+    const int64_t K = a.w->cols;
     const char* w0 = weight_row(a, r0);
     const char *w1 = weight_row(a, r0 + 1), *w2 = weight_row(a, r0 + 2);
     const float* x0 = a.x + m0 * K;
@@ -136,8 +146,7 @@ struct KernelFloat {
       fma3(_mm256_loadu_ps(x2 + k), v0, v1, v2, c20, c21, c22);
       fma3(_mm256_loadu_ps(x3 + k), v0, v1, v2, c30, c31, c32);
     };
-    // As tile<NM, NR>'s prefetch for a prompt tile.
-    const int64_t ahead = m0 == 0 && r0 + 6 <= a.w->rows ? 3 * stride : 0;
+    const int64_t ahead = ahead_bytes<4, 3>(a, m0, r0);
     constexpr int64_t kLine = 64 / Load::kBytes;
     int64_t k = 0;
     for (; k + kLine <= K; k += kLine) {
@@ -152,7 +161,7 @@ struct KernelFloat {
     for (; k + 8 <= K; k += 8) step(k);
     if (k < K) {
       const int n = static_cast<int>(K - k);
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i mask = tail_mask(n);
       const __m256 v0 = Load::tail(w0, k, n), v1 = Load::tail(w1, k, n), v2 = Load::tail(w2, k, n);
       fma3(_mm256_maskload_ps(x0 + k, mask), v0, v1, v2, c00, c01, c02);
       fma3(_mm256_maskload_ps(x1 + k, mask), v0, v1, v2, c10, c11, c12);
