@@ -28,6 +28,7 @@ int run_serve(const ServeOptions& o) {
   c.threads = o.threads;
   c.max_batch = o.max_batch;
   c.kv_memory_bytes = o.kv_mib << 20;
+  c.kv_type = o.kv_type;
   auto engine = Engine::open(c);
   if (!engine.ok()) return fail(engine.status());
   server::ApiServer api(*engine.value(), o.server);

@@ -88,7 +88,7 @@ void EngineBridge::start() {
     config.max_wait_ms = o.maxWaitMs;
     config.kv_memory_bytes = o.kvMemoryBytes;
     config.model_cache_bytes = o.modelCacheBytes;
-    config.kv_type = o.kvF32 ? KvType::F32 : KvType::F16;
+    config.kv_type = o.kvType;
     auto result = Engine::open(config);
     bool executes = true;
     QString message;

@@ -57,7 +57,7 @@ class EngineBridge : public QObject {
     int maxWaitMs = 100;
     int64_t kvMemoryBytes = int64_t{1} << 30;
     int64_t modelCacheBytes = int64_t{8} << 30;
-    bool kvF32 = false;
+    KvType kvType = KvType::F16;
   };
   explicit EngineBridge(Options options, QObject* parent = nullptr);
   ~EngineBridge() override;  // closes the engine on the worker thread and waits for it

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "commands/commands.h"
+#include "commands/request_options.h"
 #include "commands/output.h"
 
 namespace atelier::app {
@@ -264,6 +265,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   text->add_option("-d,--depth", o->bench.depth, "Tokens already in the context before the prompt and before generation")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   text->add_option("--threads", o->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--reps", o->bench.reps, "Measured repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
+  add_kv_type_option(*text, o->bench.kv_type);
   text->add_flag("--json", o->json, "Print one JSON object");
   text->callback([o, &exit_code] { exit_code = run_bench_text(*o); });
 
@@ -313,6 +315,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   serve->add_option("--prefill-tokens", so->bench.prefill_tokens_per_step, "Prompt tokens prefilled per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  add_kv_type_option(*serve, so->bench.kv_type);
   serve->add_option("--rounds", so->bench.rounds, "Runs of each level; figures are the medians over them")->check(CLI::Range(1, 1000))->capture_default_str();
   serve->add_flag("--json", so->json, "Print one JSON object");
   serve->callback([so, &exit_code] { exit_code = run_bench_serve(*so); });

@@ -48,6 +48,7 @@ struct RunnerOptions {
   int max_batch = 32;
   int max_wait_ms = 100;
   int64_t kv_mib = 1024;
+  KvType kv_type = KvType::F16;
   bool metrics = false;
 };
 
@@ -62,6 +63,7 @@ void add_runner_options(CLI::App& cmd, RunnerOptions& o) {
   cmd.add_option("--max-batch", o.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd.add_option("--max-wait-ms", o.max_wait_ms, "Dynamic batching window from idle")->check(CLI::Range(0, 60000))->capture_default_str();
   cmd.add_option("--kv-mib", o.kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  add_kv_type_option(cmd, o.kv_type);
   cmd.add_flag("--metrics", o.metrics, "Print the engine metrics as JSON on stdout at the end");
 }
 
@@ -73,6 +75,7 @@ EngineConfig engine_config(const RunnerOptions& o, bool execute) {
   c.max_batch = o.max_batch;
   c.max_wait_ms = o.max_wait_ms;
   c.kv_memory_bytes = o.kv_mib << 20;
+  c.kv_type = o.kv_type;
   c.execute = execute;
   return c;
 }
@@ -486,7 +489,7 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   CLI::Option* headless_flag = root.add_flag("--headless", h->headless, "Run the persistent queue until it is empty (no window)");
   root.add_flag("--watch", h->watch, "With --headless: keep running and wait for new jobs until stopped")->needs(headless_flag);
   add_runner_options(root, h->runner);
-  for (const char* name : {"--data-dir", "--store", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--metrics"})
+  for (const char* name : {"--data-dir", "--store", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--kv-type", "--metrics"})
     root.get_option(name)->needs(headless_flag);
   root.callback([&root, h, &exit_code] {
     if (h->headless && root.get_subcommands().empty()) exit_code = run_headless(h->runner, h->watch);

@@ -43,4 +43,16 @@ void add_seed_option(CLI::App& cmd, uint64_t& seed, const char* help) {
       ->type_name("UINT");
 }
 
+void add_kv_type_option(CLI::App& cmd, KvType& type) {
+  cmd.add_option_function<std::string>(
+         "--kv-type",
+         [&type](const std::string& v) {
+           if (!kv_type_from_name(v, &type))
+             throw CLI::ValidationError("--kv-type", "'" + v + "' is not a KV cache type; use f16, f32 or q8_0");
+         },
+         std::string("KV cache precision: f16, f32 (exact) or q8_0 (half of f16's memory) (default: ") +
+             kv_type_name(type) + ")")
+      ->type_name("TYPE");
+}
+
 }  // namespace atelier::app

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "commands/commands.h"
+#include "commands/request_options.h"
 
 namespace atelier::app {
 
@@ -62,6 +63,7 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("--threads", o->threads, "Engine threads (default: one per core)")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-batch", o->max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--kv-mib", o->kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  add_kv_type_option(*cmd, o->kv_type);
   cmd->callback([o, &exit_code, argv, run_here] { exit_code = run_here ? run_here(*o) : exec_serve_program(argv); });
 }
 

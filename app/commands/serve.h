@@ -18,6 +18,7 @@ struct ServeOptions {
   int threads = 0;
   int max_batch = 32;
   int64_t kv_mib = 1024;
+  KvType kv_type = KvType::F16;
 };
 
 }  // namespace atelier::app

@@ -19,7 +19,6 @@ namespace {
 struct TextOptions {
   TextRequest req;
   TextModelOptions model;
-  std::string kv_type = "f16";
   bool echo = false;
   bool json = false;
   bool no_bos = false;
@@ -36,7 +35,6 @@ void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer
 
 int run_text(const TextOptions& o) {
   TextModelOptions mo = o.model;
-  mo.kv_type = o.kv_type == "f32" ? KvType::F32 : KvType::F16;
   ResolveOptions ro;
   ro.check_digest = true;  // refuse a damaged store blob before loading it
   auto resolved = resolve_model(o.req.model, o.store, ro);
@@ -133,7 +131,7 @@ void add_text_commands(CLI::App& root, int& exit_code) {
   add_request_options(*text, o->req);
   text->add_option("--threads", o->model.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
-  text->add_option("--kv-type", o->kv_type, "KV cache precision")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
+  add_kv_type_option(*text, o->model.kv_type);
   text->add_flag("--echo", o->echo, "Print the prompt before the new text");
   text->add_flag("--json", o->json, "Print JSON Lines events (one per token, then the result) instead of text");
   text->add_flag("--no-bos", o->no_bos, "Do not prepend the BOS token");

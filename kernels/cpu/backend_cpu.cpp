@@ -65,6 +65,41 @@ T* kv_row(void* base, const KvLayout& kv, int layer, int64_t slot) {
          (slot % bt) * kv.row_elems;
 }
 
+// Q8_0 rows (KvLayout of type Q8_0): the same element offsets, GGML blocks
+// of 32 values in kQ8BlockBytes each.
+Q8Rows kv_q8(void* base, const KvLayout& kv, int layer, int64_t slot) {
+  const int64_t bt = kv.block_tokens;
+  const int64_t e = (slot / bt) * kv.block_stride_elems + layer * kv.layer_stride_elems + (slot % bt) * kv.row_elems;
+  return Q8Rows{static_cast<const uint8_t*>(base) + e / kQ8BlockElems * kQ8BlockBytes, 0};
+}
+
+// The run that starts at a slot, typed by the layout, handed to fn (one of
+// the overloads below).
+template <class Fn>
+void with_run(const KvLayout& kv, void* base, int layer, int64_t slot, Fn&& fn) {
+  if (kv.type == DType::F16) fn(kv_row<const uint16_t>(base, kv, layer, slot));
+  else if (kv.type == DType::Q8_0) fn(kv_q8(base, kv, layer, slot));
+  else fn(kv_row<const float>(base, kv, layer, slot));
+}
+template <class... A>
+void run_dot(const float* rows, A... a) { dot_f32_heads(rows, a...); }
+template <class... A>
+void run_dot(const uint16_t* rows, A... a) { dot_f16_heads(rows, a...); }
+template <class... A>
+void run_dot(Q8Rows rows, A... a) { dot_q8_0_heads(rows, a...); }
+template <class... A>
+void run_dot_queries(const float* rows, A... a) { dot_f32_heads_queries(rows, a...); }
+template <class... A>
+void run_dot_queries(const uint16_t* rows, A... a) { dot_f16_heads_queries(rows, a...); }
+template <class... A>
+void run_dot_queries(Q8Rows rows, A... a) { dot_q8_0_heads_queries(rows, a...); }
+template <class... A>
+void run_axpy(const float* w, int64_t w_stride, const float* rows, A... a) { axpy_f32_heads(w, w_stride, rows, a...); }
+template <class... A>
+void run_axpy(const float* w, int64_t w_stride, const uint16_t* rows, A... a) { axpy_f16_heads(w, w_stride, rows, a...); }
+template <class... A>
+void run_axpy(const float* w, int64_t w_stride, Q8Rows rows, A... a) { axpy_q8_0_heads(w, w_stride, rows, a...); }
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(Executor* ex) : ex_(ex) {}
@@ -284,6 +319,9 @@ class CpuBackend final : public Backend {
     if (kv.type == DType::F16) {
       f32_to_fp16_row(k, kv_row<uint16_t>(kv.k, kv, layer, s), n);
       f32_to_fp16_row(v, kv_row<uint16_t>(kv.v, kv, layer, s), n);
+    } else if (kv.type == DType::Q8_0) {  // GGML's rounding (quantize_row), as llama.cpp's -ctk q8_0
+      quantize_row(DType::Q8_0, k, const_cast<uint8_t*>(kv_q8(kv.k, kv, layer, s).blocks), n);
+      quantize_row(DType::Q8_0, v, const_cast<uint8_t*>(kv_q8(kv.v, kv, layer, s).blocks), n);
     } else {
       std::memcpy(kv_row<float>(kv.k, kv, layer, s), k, sizeof(float) * static_cast<size_t>(n));
       std::memcpy(kv_row<float>(kv.v, kv, layer, s), v, sizeof(float) * static_cast<size_t>(n));
@@ -296,7 +334,6 @@ class CpuBackend final : public Backend {
 void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {
   const int64_t hd = a.head_dim, qd = a.n_head * hd;
   const int group = a.n_head / a.n_head_kv;
-  const bool f16 = kv.type == DType::F16;
   // A task is a group of rows' heads h0..h1. A group is up to kRows
   // consecutive rows that share a block table (a prompt's rows of one
   // sequence; in generation every row is its own group): the task walks the
@@ -381,16 +418,17 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
         }
         if (nq > 0) {
           const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
-          if (f16) dot_f16_heads_queries(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, c - p, heads, nq, qs, scs, sss);
-          else dot_f32_heads_queries(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, c - p, heads, nq, qs, scs, sss);
+          with_run(kv, kv.k, a.layer, slot,
+                   [&](auto rows) { run_dot_queries(rows, kv.row_elems, int64_t{c - p}, heads, nq, qs, scs, sss); });
         }
         each_row_in_run(p, n, [&](int64_t i, int64_t r, int b, int m) {
           if (shared[r]) m -= c - b, b = c;
           if (m <= 0) return;
           const int64_t slot = int64_t{table[b / bt]} * bt + b % bt;
           float* sc = scores.data() + base[r] + (b - first[r]);
-          if (f16) dot_f16_heads(kv_row<const uint16_t>(kv.k, kv, a.layer, slot), kv.row_elems, m, heads, q + i * qd, sc, n_att[r]);
-          else dot_f32_heads(kv_row<const float>(kv.k, kv, a.layer, slot), kv.row_elems, m, heads, q + i * qd, sc, n_att[r]);
+          with_run(kv, kv.k, a.layer, slot, [&](auto rows) {
+            run_dot(rows, kv.row_elems, int64_t{m}, heads, q + i * qd, sc, int64_t{n_att[r]});
+          });
         });
         each_row_in_run(p, n, [&](int64_t, int64_t r, int b, int m) {
           float* sc = scores.data() + base[r] + (b - first[r]);
@@ -413,8 +451,9 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
         each_row_in_run(p, n, [&](int64_t i, int64_t r, int b, int m) {
           const int64_t slot = int64_t{table[b / bt]} * bt + b % bt;
           const float* w = scores.data() + base[r] + (b - first[r]);
-          if (f16) axpy_f16_heads(w, n_att[r], kv_row<const uint16_t>(kv.v, kv, a.layer, slot), kv.row_elems, m, heads, out + i * qd);
-          else axpy_f32_heads(w, n_att[r], kv_row<const float>(kv.v, kv, a.layer, slot), kv.row_elems, m, heads, out + i * qd);
+          with_run(kv, kv.v, a.layer, slot, [&](auto rows) {
+            run_axpy(w, int64_t{n_att[r]}, rows, kv.row_elems, int64_t{m}, heads, out + i * qd);
+          });
         });
         p += n;
       }
@@ -485,6 +524,15 @@ void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v,
   const int64_t n = kv.row_elems;
   for (int64_t r = 0; r < rows; ++r) {
     if (slots[r] < 0) continue;
+    if (kv.type == DType::Q8_0) {  // GGML's Q8_0 blocks, quantized block by block
+      for (int64_t b = 0; b < n / kQ8BlockElems; ++b) {
+        quantize_row(DType::Q8_0, k + r * n + b * kQ8BlockElems,
+                     const_cast<uint8_t*>(kv_q8(kv.k, kv, layer, slots[r]).blocks) + b * kQ8BlockBytes, kQ8BlockElems);
+        quantize_row(DType::Q8_0, v + r * n + b * kQ8BlockElems,
+                     const_cast<uint8_t*>(kv_q8(kv.v, kv, layer, slots[r]).blocks) + b * kQ8BlockBytes, kQ8BlockElems);
+      }
+      continue;
+    }
     for (int64_t j = 0; j < n; ++j) {
       if (kv.type == DType::F16) {
         kv_row<uint16_t>(kv.k, kv, layer, slots[r])[j] = f32_to_fp16(k[r * n + j]);
@@ -528,6 +576,12 @@ void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const floa
   const int bt = kv.block_tokens;
   auto elem = [&](void* base, int64_t slot, int64_t j) -> double {
     if (kv.type == DType::F16) return fp16_to_f32(kv_row<const uint16_t>(base, kv, a.layer, slot)[j]);
+    if (kv.type == DType::Q8_0) {  // dequantize_row of the value's block
+      float block[kQ8BlockElems];
+      const Q8Rows row = kv_q8(base, kv, a.layer, slot);
+      dequantize_row(DType::Q8_0, row.blocks + j / kQ8BlockElems * kQ8BlockBytes, block, kQ8BlockElems);
+      return block[j % kQ8BlockElems];
+    }
     return kv_row<const float>(base, kv, a.layer, slot)[j];
   };
   for (int64_t i = 0; i < a.rows; ++i) {

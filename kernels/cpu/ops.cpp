@@ -186,8 +186,8 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) {
 namespace {
 // One head at a time through a one-head run-of-rows op (the scalar and AVX2
 // levels): scores or sums of head h from KV head h / group.
-template <class T, class Fn>
-void dots_per_head(const T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q, float* scores,
+template <class P, class Fn>
+void dots_per_head(P rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q, float* scores,
                    int64_t scores_stride, Fn rows_dot) {
   for (int h = hs.h0; h < hs.h1; ++h)
     rows_dot(rows + (h / hs.group) * hs.head_dim, stride, n_rows, q + h * hs.head_dim, hs.head_dim,
@@ -198,8 +198,8 @@ void dots_per_head(const T* rows, int64_t stride, int64_t n_rows, const AttnHead
 // strided pass per head (at depth 8192, 12 passes over the whole V cache).
 // Each element still sees one FMA per position in position order, as in one
 // call per head: the result is that call's to the bit.
-template <class T, class Fn>
-void axpys_by_position_block(const float* a, int64_t a_stride, const T* rows, int64_t stride, int64_t n_rows,
+template <class P, class Fn>
+void axpys_by_position_block(const float* a, int64_t a_stride, P rows, int64_t stride, int64_t n_rows,
                              const AttnHeads& hs, float* y, Fn rows_axpy) {
   constexpr int64_t kBlockRows = 16;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kBlockRows) {
@@ -209,8 +209,8 @@ void axpys_by_position_block(const float* a, int64_t a_stride, const T* rows, in
                 y + h * hs.head_dim, hs.head_dim);
   }
 }
-template <class T, class Fn>
-void axpys_per_head(const float* a, int64_t a_stride, const T* rows, int64_t stride, int64_t n_rows,
+template <class P, class Fn>
+void axpys_per_head(const float* a, int64_t a_stride, P rows, int64_t stride, int64_t n_rows,
                     const AttnHeads& hs, float* y, Fn rows_axpy) {
   for (int h = hs.h0; h < hs.h1; ++h)
     rows_axpy(a + (h - hs.h0) * a_stride, rows + (h / hs.group) * hs.head_dim, stride, n_rows, y + h * hs.head_dim,
@@ -241,7 +241,42 @@ void axpy_f16_rows_ref(const float* a, const uint16_t* rows, int64_t stride, int
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t i = 0; i < n; ++i) y[i] += a[r] * fp16_to_f32(rows[r * stride + i]);
 }
+// Value e of a Q8_0 run, dequantized as GGML does (fp16 scale times int8).
+float q8_value(Q8Rows p) { return fp16_to_f32(cpu::q8_scale_bits(p)) * static_cast<float>(*cpu::q8_values(p)); }
+void dot_q8_0_rows_ref(Q8Rows rows, int64_t stride, int64_t n_rows, const float* x, int64_t n, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const Q8Rows a = rows + r * stride;
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += q8_value(a + i) * x[i];
+    out[r] = s;
+  }
+}
+void axpy_q8_0_rows_ref(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[i] += a[r] * q8_value(rows + r * stride + i);
+}
 }  // namespace
+
+void dot_q8_0_heads_ref(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
+                        float* scores, int64_t scores_stride) {
+  dots_per_head(rows, stride, n_rows, hs, q, scores, scores_stride, dot_q8_0_rows_ref);
+}
+void axpy_q8_0_heads_ref(const float* a, int64_t a_stride, Q8Rows rows, int64_t stride, int64_t n_rows,
+                         const AttnHeads& hs, float* y) {
+  axpys_per_head(a, a_stride, rows, stride, n_rows, hs, y, axpy_q8_0_rows_ref);
+}
+void dot_q8_0_heads(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q, float* scores,
+                    int64_t scores_stride) {
+  if (use_avx512()) return cpu::avx512::dot_q8_0_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
+  if (use_avx2()) return cpu::avx2::dot_q8_0_heads(rows, stride, n_rows, hs, q, scores, scores_stride);
+  dot_q8_0_heads_ref(rows, stride, n_rows, hs, q, scores, scores_stride);
+}
+void axpy_q8_0_heads(const float* a, int64_t a_stride, Q8Rows rows, int64_t stride, int64_t n_rows,
+                     const AttnHeads& hs, float* y) {
+  if (use_avx512()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx512::axpy_q8_0_rows);
+  if (use_avx2()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_q8_0_rows);
+  axpy_q8_0_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
+}
 
 void dot_f32_heads_ref(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,
                        float* scores, int64_t scores_stride) {
@@ -277,8 +312,8 @@ void dot_f16_heads(const uint16_t* rows, int64_t stride, int64_t n_rows, const A
 namespace {
 // In groups of kAttnQueries through the level's several-query dots; the
 // scalar level (and a lone query): one call per query.
-template <class T, class Many, class One>
-void heads_queries(const T* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq, const float* const* q,
+template <class P, class Many, class One>
+void heads_queries(P rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq, const float* const* q,
                    float* const* scores, const int64_t* scores_stride, Many avx512, Many avx2, One one) {
   for (int j0 = 0; j0 < nq; j0 += kAttnQueries) {
     const int m = std::min(kAttnQueries, nq - j0);
@@ -299,6 +334,12 @@ void dot_f16_heads_queries(const uint16_t* rows, int64_t stride, int64_t n_rows,
                            const float* const* q, float* const* scores, const int64_t* scores_stride) {
   heads_queries(rows, stride, n_rows, hs, nq, q, scores, scores_stride, &cpu::avx512::dot_f16_heads_queries,
                 &cpu::avx2::dot_f16_heads_queries, &dot_f16_heads);
+}
+
+void dot_q8_0_heads_queries(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                            const float* const* q, float* const* scores, const int64_t* scores_stride) {
+  heads_queries(rows, stride, n_rows, hs, nq, q, scores, scores_stride, &cpu::avx512::dot_q8_0_heads_queries,
+                &cpu::avx2::dot_q8_0_heads_queries, &dot_q8_0_heads);
 }
 
 void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride, int64_t n_rows,

@@ -22,14 +22,27 @@ namespace {
 AI __mmask16 tail16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
 struct F32 {
-  using T = float;
+  using T = const float*;
   AI static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
   AI static __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 };
 struct F16 {
-  using T = uint16_t;
+  using T = const uint16_t*;
   AI static __m512 load(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   AI static __m512 load(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+// 16 values of a Q8_0 run, within one block: fp16(d) * q, exact in f32.
+struct Q8 {
+  using T = Q8Rows;
+  AI static __m512 load(Q8Rows p) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8_values(p)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(q8_scale_bits(p))));
+  }
+  AI static __m512 load(Q8Rows p, __mmask16 m) {
+    const __m128i q = _mm_maskz_loadu_epi8(m, q8_values(p));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(q8_scale_bits(p))));
+  }
 };
 
 // Lane sums of 8 accumulators: out[i] = sum of v[i]'s 16 lanes. Every
@@ -61,6 +74,8 @@ struct V {
   AI static reg load(const float* p, Tail m) { return F32::load(p, m); }
   AI static reg load(const uint16_t* p) { return F16::load(p); }
   AI static reg load(const uint16_t* p, Tail m) { return F16::load(p, m); }
+  AI static reg load(Q8Rows p) { return Q8::load(p); }
+  AI static reg load(Q8Rows p, Tail m) { return Q8::load(p, m); }
   AI static __m256 reduce8(const reg (&v)[8]) { return lane_sums8(v); }
   AI static void store8(float* out, __m256 s, int nr) {
     if (nr == 8) _mm256_storeu_ps(out, s);
@@ -75,7 +90,7 @@ struct V {
 namespace {
 
 template <class L>
-AI void axpy_rows(const float* a, const typename L::T* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+AI void axpy_rows(const float* a, typename L::T rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
   constexpr int kV = 4;  // 64 elements of y in registers
   int64_t i = 0;
   for (; i + 16 * kV <= n; i += 16 * kV) {
@@ -83,7 +98,7 @@ AI void axpy_rows(const float* a, const typename L::T* rows, int64_t stride, int
     for (int j = 0; j < kV; ++j) acc[j] = _mm512_loadu_ps(y + i + 16 * j);
     for (int64_t r = 0; r < n_rows; ++r) {
       const __m512 va = _mm512_set1_ps(a[r]);
-      const typename L::T* p = rows + r * stride + i;
+      const typename L::T p = rows + r * stride + i;
       for (int j = 0; j < kV; ++j) acc[j] = _mm512_fmadd_ps(va, L::load(p + 16 * j), acc[j]);
     }
     for (int j = 0; j < kV; ++j) _mm512_storeu_ps(y + i + 16 * j, acc[j]);
@@ -126,6 +141,9 @@ void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_
 }
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
   axpy_rows<F16>(a, rows, stride, n_rows, y, n);
+}
+void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
+  axpy_rows<Q8>(a, rows, stride, n_rows, y, n);
 }
 
 }  // namespace atelier::kernels::cpu::avx512

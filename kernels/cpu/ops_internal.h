@@ -1,11 +1,33 @@
 // AVX2 variants of the element-wise ops (ops_avx2.cpp). Private to kernels/cpu.
 #pragma once
 
-#include <cstdint>
+#include <atelier/kernels.h>
 
-namespace atelier::kernels {
-struct AttnHeads;
+#include <cstdint>
+#include <type_traits>
+
+namespace atelier::kernels::cpu {
+// Where a run's element lies (for prefetches) and the bytes of n elements,
+// for the three kinds of cached rows (kernels.h's Q8Rows for Q8_0).
+inline const char* run_bytes_at(const float* p) { return reinterpret_cast<const char*>(p); }
+inline const char* run_bytes_at(const uint16_t* p) { return reinterpret_cast<const char*>(p); }
+inline const char* run_bytes_at(Q8Rows p) {
+  return reinterpret_cast<const char*>(p.blocks) + p.elem / kQ8BlockElems * kQ8BlockBytes;
 }
+template <class P>
+constexpr int64_t run_slice_bytes(int64_t n) {
+  if constexpr (std::is_same_v<P, Q8Rows>) return (n + kQ8BlockElems - 1) / kQ8BlockElems * kQ8BlockBytes;
+  else return n * static_cast<int64_t>(sizeof(*P{}));
+}
+// Element p of a Q8_0 run: its block's fp16 scale and int8 value.
+inline uint16_t q8_scale_bits(Q8Rows p) {
+  const char* b = run_bytes_at(p);
+  return static_cast<uint16_t>(static_cast<uint8_t>(b[0]) | static_cast<uint8_t>(b[1]) << 8);
+}
+inline const int8_t* q8_values(Q8Rows p) {
+  return reinterpret_cast<const int8_t*>(run_bytes_at(p)) + 2 + p.elem % kQ8BlockElems;
+}
+}  // namespace atelier::kernels::cpu
 
 namespace atelier::kernels::cpu::avx2 {
 
@@ -27,6 +49,11 @@ void dot_f16_heads_queries(const uint16_t* rows, int64_t stride, int64_t n_rows,
                            const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+void dot_q8_0_heads(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q, float* scores,
+                    int64_t scores_stride);
+void dot_q8_0_heads_queries(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                            const float* const* q, float* const* scores, const int64_t* scores_stride);
+void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 // Bit-identical to cpu::quantize_act_q8_0 / quantize_act_q8_K (quants.cpp);
 // the block types are quants.h's ActQ8_0 / BlockQ8_K.
 void quantize_act_q8_0(const float* x, void* y, int64_t n, int group);
@@ -51,4 +78,9 @@ void dot_f16_heads_queries(const uint16_t* rows, int64_t stride, int64_t n_rows,
                            const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+void dot_q8_0_heads(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q, float* scores,
+                    int64_t scores_stride);
+void dot_q8_0_heads_queries(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
+                            const float* const* q, float* const* scores, const int64_t* scores_stride);
+void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
 }  // namespace atelier::kernels::cpu::avx512

@@ -126,6 +126,10 @@ TEST(Cli, BadUsageIsOneLineWithExit2) {
   CliRun kv = run({"text", "-m", kGguf, "-p", "x", "--kv-type", "q4"});
   EXPECT_EQ(kv.code, 2);
   EXPECT_NE(kv.err.find("f16"), std::string::npos) << kv.err;  // says what is allowed
+  // q8_0 is a type, but stories260K's 8-wide heads cannot hold its 32-value blocks: a model error, exit 1.
+  CliRun q8 = run({"text", "-m", kGguf, "-p", "x", "--kv-type", "q8_0"});
+  EXPECT_EQ(q8.code, 1);
+  EXPECT_NE(q8.err.find("multiple of 32"), std::string::npos) << q8.err;
   EXPECT_EQ(run({"text", "--help"}).code, 0);
   EXPECT_EQ(run({"bench", "text", "--help"}).code, 0);
   EXPECT_EQ(run({"models", "synth", "--help"}).code, 0);

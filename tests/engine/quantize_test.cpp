@@ -35,7 +35,7 @@ double reference_perplexity(const std::string& path, const std::string& text, in
   text::LoadedTextModel& M = *m.value();
   const std::vector<int32_t> toks = M.tokenizer->encode(text, true, false);
   *n_tokens = static_cast<int>(toks.size());
-  text::KvCache cache(M.weights.hp, static_cast<int>(toks.size()), false);
+  text::KvCache cache(M.weights.hp, static_cast<int>(toks.size()), KvType::F32);
   text::LlamaRunner runner(M.weights, M.pool.get());
   std::vector<float> logits(static_cast<size_t>(M.weights.hp.n_vocab));
   double nll = 0;

@@ -520,11 +520,15 @@ Cache paged_layout(DType t, int n_layer, int block_tokens, int n_blocks, int64_t
   return c;
 }
 
+// Bytes of n cached values of type t (Q8_0: GGML blocks of 32).
+int64_t kv_bytes_of(DType t, int64_t n) {
+  return t == DType::Q8_0 ? n / kQ8BlockElems * kQ8BlockBytes : n * (t == DType::F16 ? 2 : 4);
+}
+
 // K of block 0 at base, V block_tokens rows after it.
 void place(Cache& c, void* base) {
-  const int64_t esize = c.layout.type == DType::F16 ? 2 : 4;
   c.layout.k = base;
-  c.layout.v = static_cast<uint8_t*>(base) + int64_t{c.layout.block_tokens} * c.layout.row_elems * esize;
+  c.layout.v = static_cast<uint8_t*>(base) + kv_bytes_of(c.layout.type, int64_t{c.layout.block_tokens} * c.layout.row_elems);
 }
 
 TEST_P(BackendOps, StoreKvBySlotMapping) {
@@ -663,6 +667,95 @@ TEST_P(BackendOps, PagedAttentionOverBlockTables) {
                             t == DType::F16 ? 2e-3 : 1e-6);
           }
         }
+        }
+      }
+    }
+  }
+}
+
+// A Q8_0 cache: store_kv writes each row as GGML's Q8_0 blocks
+// (quantize_row), and paged attention over it is, bit for bit, paged
+// attention over an F32 cache holding the dequantized rows (dequantize_row);
+// the plain reference agrees.
+TEST_P(BackendOps, PagedAttentionOverAQ8_0CacheReadsItsDequantizedRows) {
+  for (int bt : {1, 16}) {
+    for (int n_head_kv : {1, 2}) {
+      for (int64_t hd : {32, 64}) {
+        const std::string what = "block " + std::to_string(bt) + ", kv heads " + std::to_string(n_head_kv) + ", hd " +
+                                 std::to_string(hd);
+        Dev dev(GetParam());
+        const int n_head = 4, n_layer = 2, layer = 1, len = 45;
+        const int64_t row = n_head_kv * hd, qd = n_head * hd;
+        const int n_blocks = (len + bt - 1) / bt + 2;
+        Cache c8 = paged_layout(DType::Q8_0, n_layer, bt, n_blocks, row), c32 = paged_layout(DType::F32, n_layer, bt, n_blocks, row);
+        place(c8, dev.zeros<uint8_t>(static_cast<size_t>(kv_bytes_of(DType::Q8_0, c8.elems))));
+        place(c32, dev.zeros<float>(static_cast<size_t>(c32.elems)));
+        std::vector<int32_t> table, slots;
+        for (int b = 0; b < (len + bt - 1) / bt; ++b) table.push_back(n_blocks - 1 - b);  // scrambled
+        for (int p = 0; p < len; ++p) slots.push_back(table[static_cast<size_t>(p / bt)] * bt + p % bt);
+        const auto k = random_floats(len * row, 40, 2.0f), v = random_floats(len * row, 41, 2.0f);
+        std::vector<uint8_t> k8(static_cast<size_t>(kv_bytes_of(DType::Q8_0, len * row))), v8 = k8;
+        ASSERT_TRUE(quantize_row(DType::Q8_0, k.data(), k8.data(), len * row));
+        ASSERT_TRUE(quantize_row(DType::Q8_0, v.data(), v8.data(), len * row));
+        std::vector<float> kd(k.size()), vd(v.size());
+        dequantize_row(DType::Q8_0, k8.data(), kd.data(), len * row);
+        dequantize_row(DType::Q8_0, v8.data(), vd.data(), len * row);
+        const int32_t* ds = dev.put(slots);
+        dev.be().store_kv(c8.layout, layer, dev.put(k), dev.put(v), ds, len);
+        dev.be().store_kv(c32.layout, layer, dev.put(kd), dev.put(vd), ds, len);
+        // Each stored row is that row's quantize_row bytes, at its slot.
+        auto kbytes = dev.get(static_cast<uint8_t*>(c8.layout.k), static_cast<size_t>(kv_bytes_of(DType::Q8_0, c8.elems)));
+        const int64_t row_bytes = kv_bytes_of(DType::Q8_0, row);
+        for (int p = 0; p < len; ++p) {
+          const int64_t sl = slots[static_cast<size_t>(p)];
+          const int64_t e = (sl / bt) * c8.layout.block_stride_elems + layer * c8.layout.layer_stride_elems + (sl % bt) * row;
+          ASSERT_EQ(0, std::memcmp(kbytes.data() + kv_bytes_of(DType::Q8_0, e), k8.data() + p * row_bytes, static_cast<size_t>(row_bytes)))
+              << what << " position " << p;
+        }
+        std::vector<int32_t> row_len, row_table;
+        for (int n : {1, 2, 31, 32, 33, 45}) row_len.push_back(n), row_table.push_back(0);
+        for (int n = 36; n <= 45; ++n) row_len.push_back(n), row_table.push_back(0);  // a prompt chunk
+        const int64_t rows = static_cast<int64_t>(row_len.size());
+        const auto q = random_floats(rows * qd, 42);
+        for (int window : {0, 17}) {
+          PagedAttention a;
+          a.window = window;
+          a.rows = rows;
+          a.n_head = n_head;
+          a.n_head_kv = n_head_kv;
+          a.head_dim = hd;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          a.layer = layer;
+          a.max_len = len;
+          a.row_len = dev.put(row_len);
+          a.row_table = dev.put(row_table);
+          a.block_tables = dev.put(table);
+          float *dq = dev.put(q), *o8 = dev.zeros<float>(static_cast<size_t>(rows * qd)), *o32 = dev.zeros<float>(static_cast<size_t>(rows * qd));
+          dev.be().paged_attention(c8.layout, a, dq, o8);
+          dev.be().paged_attention(c32.layout, a, dq, o32);
+          const auto y8 = dev.get(o8, static_cast<size_t>(rows * qd)), y32 = dev.get(o32, static_cast<size_t>(rows * qd));
+          ASSERT_EQ(0, std::memcmp(y8.data(), y32.data(), y8.size() * 4)) << what << " window " << window;
+          expect_batch_invariant(
+              y8, rows, qd,
+              [&](int64_t r0, int64_t n) {
+                PagedAttention b = a;
+                b.rows = n;
+                b.row_len = a.row_len + r0;
+                b.row_table = a.row_table + r0;
+                float* p = dev.zeros<float>(static_cast<size_t>(n * qd));
+                dev.be().paged_attention(c8.layout, b, dq + r0 * qd, p);
+                return dev.get(p, static_cast<size_t>(n * qd));
+              },
+              what);
+          Cache h = c8;  // the reference reads the host copy
+          place(h, kbytes.data());
+          PagedAttention ha = a;
+          ha.row_len = row_len.data();
+          ha.row_table = row_table.data();
+          ha.block_tables = table.data();
+          std::vector<float> ref(static_cast<size_t>(rows * qd));
+          paged_attention_ref(h.layout, ha, q.data(), ref.data());
+          EXPECT_REL(y8, ref, 1e-5);
         }
       }
     }

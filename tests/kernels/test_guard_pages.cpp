@@ -86,7 +86,7 @@ TEST(GuardPages, MatmulStaysInsideItsBuffers) {
 TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);
-    for (int64_t n : {1, 7, 8, 15, 16, 17, 40, 64, 65}) {
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 32, 40, 64, 65}) {
       // One head, and three query heads over one KV head (the last head's
       // reads end at the guard page).
       for (int n_head : {1, 3}) {
@@ -111,6 +111,14 @@ TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
           std::memset(y.data(), 0, static_cast<size_t>(n_head * n) * sizeof(float));
           axpy_f32_heads(a.data(), rows, f.data(), n, rows, hs, y.data());
           axpy_f16_heads(a.data(), rows, h.data(), n, rows, hs, y.data());
+          if (n % kQ8BlockElems == 0) {  // Q8_0 rows (whole blocks only): the last block's values end at the guard
+            Guarded<uint8_t> q8(static_cast<size_t>(rows * n / kQ8BlockElems * kQ8BlockBytes));
+            ASSERT_TRUE(quantize_row(DType::Q8_0, f.data(), q8.data(), rows * n));
+            const Q8Rows r8{q8.data(), 0};
+            dot_q8_0_heads(r8, n, rows, hs, x.data(), out.data(), rows);
+            dot_q8_0_heads_queries(r8, n, rows, hs, 3, qs, outs, strides);
+            axpy_q8_0_heads(a.data(), rows, r8, n, rows, hs, y.data());
+          }
         }
       }
       {

@@ -325,6 +325,65 @@ TEST(Ops, AttentionRunsMatchOneRowOneHeadCalls) {
   }
 }
 
+// A Q8_0 run (GGML blocks, the q8_0 KV cache) reads as the F32 run holding
+// its dequantized values (dequantize_row, GGML's decoding): scores, several
+// queries' scores and value sums are the F32 ops' on that run, bit for bit,
+// at every level, and the plain references agree with the scalar level.
+TEST(Ops, Q8_0RunsReadAsTheirDequantizedValues) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t hd : {32, 64, 128}) {
+      for (const HeadShape& sh : {HeadShape{1, 1, 0, 1}, HeadShape{12, 12, 5, 11}, HeadShape{8, 2, 0, 8},
+                                  HeadShape{9, 3, 1, 9}}) {
+        const AttnHeads hs = heads_of(sh, hd);
+        const int nh = sh.h1 - sh.h0;
+        const int64_t stride = sh.n_head_kv * hd + 32, n_rows = 37;  // rows 32 values apart beyond their heads
+        const auto f = random_floats(stride * n_rows, 11, 3.0f);
+        std::vector<uint8_t> q8(static_cast<size_t>(stride * n_rows / kQ8BlockElems * kQ8BlockBytes));
+        ASSERT_TRUE(quantize_row(DType::Q8_0, f.data(), q8.data(), stride * n_rows));
+        std::vector<float> deq(f.size());
+        dequantize_row(DType::Q8_0, q8.data(), deq.data(), stride * n_rows);
+        const Q8Rows rows{q8.data(), 0};
+        const auto q = random_floats(sh.n_head * hd, 12);
+        const int64_t a_stride = n_rows + 3;
+        const auto a = random_floats(nh * a_stride, 13);
+        for (int64_t len : {int64_t{1}, int64_t{9}, n_rows}) {
+          const std::string what = level + " hd " + std::to_string(hd) + " heads " + std::to_string(sh.h0) + ".." +
+                                   std::to_string(sh.h1) + " len " + std::to_string(len);
+          const int64_t ss = len + 2;
+          std::vector<float> d8(nh * ss, -1.0f), d32 = d8;
+          dot_q8_0_heads(rows, stride, len, hs, q.data(), d8.data(), ss);
+          dot_f32_heads(deq.data(), stride, len, hs, q.data(), d32.data(), ss);
+          ASSERT_EQ(0, std::memcmp(d8.data(), d32.data(), d8.size() * 4)) << what;
+          std::vector<float> y8 = random_floats(sh.n_head * hd, 14), y32 = y8;
+          axpy_q8_0_heads(a.data(), a_stride, rows, stride, len, hs, y8.data());
+          axpy_f32_heads(a.data(), a_stride, deq.data(), stride, len, hs, y32.data());
+          ASSERT_EQ(0, std::memcmp(y8.data(), y32.data(), y8.size() * 4)) << what;
+          for (int nq : {2, 5, 11}) {
+            const auto qv = random_floats(nq * sh.n_head * hd, 15 + nq);
+            std::vector<const float*> qs(nq);
+            std::vector<int64_t> sss(nq, ss);
+            std::vector<std::vector<float>> g8(nq, std::vector<float>(nh * ss, -1.0f)), g32 = g8;
+            std::vector<float*> p8(nq), p32(nq);
+            for (int j = 0; j < nq; ++j) qs[j] = qv.data() + j * sh.n_head * hd, p8[j] = g8[j].data(), p32[j] = g32[j].data();
+            dot_q8_0_heads_queries(rows, stride, len, hs, nq, qs.data(), p8.data(), sss.data());
+            dot_f32_heads_queries(deq.data(), stride, len, hs, nq, qs.data(), p32.data(), sss.data());
+            for (int j = 0; j < nq; ++j)
+              ASSERT_EQ(0, std::memcmp(g8[j].data(), g32[j].data(), g8[j].size() * 4)) << what << " queries " << nq;
+          }
+          if (level == "scalar") {
+            std::vector<float> r8(nh * ss, -1.0f), ry8 = random_floats(sh.n_head * hd, 14);
+            dot_q8_0_heads_ref(rows, stride, len, hs, q.data(), r8.data(), ss);
+            axpy_q8_0_heads_ref(a.data(), a_stride, rows, stride, len, hs, ry8.data());
+            ASSERT_EQ(0, std::memcmp(r8.data(), d8.data(), r8.size() * 4)) << what;
+            ASSERT_EQ(0, std::memcmp(ry8.data(), y8.data(), ry8.size() * 4)) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The candidate scan returns exactly the plain loop's indices at every level,
 // for any length (tails included) and bound, NaNs never selected.
 TEST(Ops, IndicesAtLeastMatchThePlainLoop) {

@@ -72,7 +72,7 @@ class FakeRunner final : public Runner {
     slot->tokenizer = slot->tok.get();
     slot->n_vocab = slot->tok->n_vocab();
     slot->n_ctx = 512;
-    slot->kv = std::make_unique<text::KvPool>(hparams(slot->n_vocab), config_.kv_block_tokens, config_.kv_memory_bytes, false);
+    slot->kv = std::make_unique<text::KvPool>(hparams(slot->n_vocab), config_.kv_block_tokens, config_.kv_memory_bytes, KvType::F32);
     slot->stored.assign(static_cast<size_t>(slot->kv->total_blocks()) * config_.kv_block_tokens, -1);
     slot->bytes = 1000;
     return std::unique_ptr<TextSlot>(std::move(slot));

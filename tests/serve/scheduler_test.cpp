@@ -169,7 +169,7 @@ TEST(Scheduler, AdmissionStopsAtTheFirstJobThatDoesNotFit) {
   ASSERT_GT((n_mid + bt - 1) / bt, 2) << "the middle prompt must need more blocks than are left beside the long job";
   ASSERT_LE((n_short + bt - 1) / bt, 1);
   const int long_new = total * bt - n_long;  // the long job may grow to the whole pool
-  c.kv_memory_bytes = text::KvPool::block_bytes_for(test::FakeRunner::hparams(tokenizer().n_vocab()), bt, false) * total;
+  c.kv_memory_bytes = text::KvPool::block_bytes_for(test::FakeRunner::hparams(tokenizer().n_vocab()), bt, KvType::F32) * total;
   Harness h("sched-admit", c, /*text_step_ms=*/25, /*image_step_ms=*/0);
 
   const JobId big = h.add(text_job(long_prompt, long_new, 10));
@@ -196,7 +196,7 @@ TEST(Scheduler, AdmissionStopsAtTheFirstJobThatDoesNotFit) {
 TEST(Scheduler, AJobLargerThanThePoolIsRefusedClearly) {
   EngineConfig c;
   c.kv_block_tokens = 4;
-  c.kv_memory_bytes = text::KvPool::block_bytes_for(test::FakeRunner::hparams(tokenizer().n_vocab()), 4, false) * 3;
+  c.kv_memory_bytes = text::KvPool::block_bytes_for(test::FakeRunner::hparams(tokenizer().n_vocab()), 4, KvType::F32) * 3;
   Harness h("sched-refuse", c, 1, 0);
   const JobId huge = h.add(text_job("Once upon a time", 40));
   const JobId small = h.add(text_job("Once", 3));
@@ -220,7 +220,7 @@ TEST(Scheduler, PreemptionRecomputesToTheSameTokens) {
   const int n = 24;
   const int need = (std::max(prompt_tokens(p1), prompt_tokens(p2)) + n + 3) / 4;
   // Room for one whole job and a little more: two cannot both finish side by side.
-  c.kv_memory_bytes = text::KvPool::block_bytes_for(test::FakeRunner::hparams(tokenizer().n_vocab()), 4, false) * (need + 2);
+  c.kv_memory_bytes = text::KvPool::block_bytes_for(test::FakeRunner::hparams(tokenizer().n_vocab()), 4, KvType::F32) * (need + 2);
   Harness h("sched-preempt", c, 2, 0, /*paused=*/true);
   const JobId low = h.add(text_job(p1, n, 0));
   const JobId high = h.add(text_job(p2, n, 3));

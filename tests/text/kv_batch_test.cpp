@@ -78,7 +78,7 @@ struct Stream {
 // The reference: alone, contiguous cache, one token per forward call.
 Stream run_alone(const std::vector<int32_t>& prompt, bool f16) {
   const auto& w = model();
-  KvCache cache(w.hp, static_cast<int>(prompt.size()) + kGen, f16);
+  KvCache cache(w.hp, static_cast<int>(prompt.size()) + kGen, (f16 ? KvType::F16 : KvType::F32));
   text::LlamaRunner runner(w, nullptr);
   std::vector<float> logits(static_cast<size_t>(w.hp.n_vocab));
   int pos = 0;
@@ -119,7 +119,7 @@ std::vector<Stream> run_batched(const std::vector<std::vector<int32_t>>& ps, int
   const auto& w = model();
   ThreadPool pool(threads);
   const int64_t blocks = static_cast<int64_t>(ps.size()) * (64 / block_tokens + 1);
-  KvPool kv(w.hp, block_tokens, KvPool::block_bytes_for(w.hp, block_tokens, f16) * blocks, f16);
+  KvPool kv(w.hp, block_tokens, KvPool::block_bytes_for(w.hp, block_tokens, (f16 ? KvType::F16 : KvType::F32)) * blocks, (f16 ? KvType::F16 : KvType::F32));
   text::LlamaRunner runner(w, &pool);
   std::vector<Running> seqs(ps.size());
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -226,8 +226,8 @@ TEST(KvBatch, ThirtyTwoSequencesBatchedMatchAloneF16) {
 TEST(KvBatch, SingleForwardEqualsBatchOfOne) {
   const auto& w = model();
   const auto p = prompts()[20];
-  KvCache a(w.hp, 64, false);
-  KvPool pool(w.hp, 4, KvPool::block_bytes_for(w.hp, 4, false) * 16, false);
+  KvCache a(w.hp, 64, KvType::F32);
+  KvPool pool(w.hp, 4, KvPool::block_bytes_for(w.hp, 4, KvType::F32) * 16, KvType::F32);
   PagedSeq b(pool);
   ASSERT_TRUE(b.reserve(static_cast<int>(p.size())));
   text::LlamaRunner runner(w, nullptr);
@@ -240,7 +240,7 @@ TEST(KvBatch, SingleForwardEqualsBatchOfOne) {
 TEST(KvBatch, BadStepsAreRefusedBeforeComputing) {
   const auto& w = model();
   const std::vector<int32_t> toks = {1, 403, 407};
-  KvPool pool(w.hp, 4, KvPool::block_bytes_for(w.hp, 4, false) * 4, false);
+  KvPool pool(w.hp, 4, KvPool::block_bytes_for(w.hp, 4, KvType::F32) * 4, KvType::F32);
   PagedSeq s(pool);
   text::LlamaRunner runner(w, nullptr);
   // No blocks reserved: capacity 0.
@@ -259,16 +259,16 @@ TEST(KvBatch, BadStepsAreRefusedBeforeComputing) {
 TEST(KvPool, SizedByBudgetAndAccounted) {
   const auto hp = tiny_hp();
   // 2 layers * (K+V) * 4 tokens * 8 values.
-  EXPECT_EQ(KvPool::block_bytes_for(hp, 4, false), 2 * 2 * 4 * 8 * 4);
-  EXPECT_EQ(KvPool::block_bytes_for(hp, 4, true), 2 * 2 * 4 * 8 * 2);
-  KvPool pool(hp, 4, 5 * 512 + 511, false);
+  EXPECT_EQ(KvPool::block_bytes_for(hp, 4, KvType::F32), 2 * 2 * 4 * 8 * 4);
+  EXPECT_EQ(KvPool::block_bytes_for(hp, 4, KvType::F16), 2 * 2 * 4 * 8 * 2);
+  KvPool pool(hp, 4, 5 * 512 + 511, KvType::F32);
   EXPECT_EQ(pool.block_tokens(), 4);
   EXPECT_EQ(pool.block_bytes(), 512);
   EXPECT_EQ(pool.total_blocks(), 5);
   EXPECT_EQ(pool.free_blocks(), 5);
-  EXPECT_EQ(KvPool(hp, 4, 5 * 256, true).total_blocks(), 5);
-  EXPECT_EQ(KvPool(hp, 4, 100, false).total_blocks(), 0);
-  EXPECT_THROW(KvPool(hp, 0, 4096, false), Error);
+  EXPECT_EQ(KvPool(hp, 4, 5 * 256, KvType::F16).total_blocks(), 5);
+  EXPECT_EQ(KvPool(hp, 4, 100, KvType::F32).total_blocks(), 0);
+  EXPECT_THROW(KvPool(hp, 0, 4096, KvType::F32), Error);
 
   std::vector<int> got;
   for (int i = 0; i < 5; ++i) got.push_back(pool.allocate());
@@ -301,9 +301,9 @@ TEST(KvPool, CommitsItsFirstBlocksAtOnceAndTopsUpWhileIdle) {
   hp.n_layer = 4;
   hp.n_head = hp.n_head_kv = 2;
   hp.head_dim = 64;
-  const int64_t block = KvPool::block_bytes_for(hp, 16, false);
+  const int64_t block = KvPool::block_bytes_for(hp, 16, KvType::F32);
   ASSERT_EQ(block, int64_t{64} << 10);  // 4 layers * (K+V) * 16 tokens * 128 floats
-  KvPool pool(hp, 16, int64_t{256} << 20, false);
+  KvPool pool(hp, 16, int64_t{256} << 20, KvType::F32);
   ASSERT_EQ(pool.total_blocks(), 4096);
   const int ahead = pool.commit_ahead_blocks();
   ASSERT_EQ(ahead, 512);  // 32 MiB of 64 KiB blocks
@@ -339,7 +339,7 @@ TEST(KvPool, CommitsItsFirstBlocksAtOnceAndTopsUpWhileIdle) {
 
 TEST(KvPool, PrefixBlocksAreCachedAndEvictedLeastRecentlyUsedFirst) {
   const auto hp = tiny_hp();
-  KvPool pool(hp, 4, 3 * 512, false);
+  KvPool pool(hp, 4, 3 * 512, KvType::F32);
   const int32_t ta[4] = {1, 2, 3, 4}, tb[4] = {5, 6, 7, 8}, tc[4] = {9, 10, 11, 12};
   const uint64_t ha = KvPool::chain_hash(0, ta, 4), hb = KvPool::chain_hash(ha, tb, 4), hc = KvPool::chain_hash(0, tc, 4);
   EXPECT_NE(ha, hb);
@@ -386,7 +386,7 @@ TEST(KvPool, PrefixBlocksAreCachedAndEvictedLeastRecentlyUsedFirst) {
 
 TEST(KvPool, PagedSeqReserveRollsBackWhenExhausted) {
   const auto hp = tiny_hp();
-  KvPool pool(hp, 4, 3 * 512, false);
+  KvPool pool(hp, 4, 3 * 512, KvType::F32);
   {
     PagedSeq s(pool), t(pool);
     ASSERT_TRUE(s.reserve(5));
@@ -408,7 +408,7 @@ TEST(KvPool, PagedSeqReserveRollsBackWhenExhausted) {
 // back twice.
 TEST(KvPool, ReleaseBeforeGivesBackOnlyWholeBlocksBehindThePosition) {
   const auto hp = tiny_hp();
-  KvPool pool(hp, 4, 3 * 512, false);
+  KvPool pool(hp, 4, 3 * 512, KvType::F32);
   const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   {
     PagedSeq s(pool);
@@ -439,7 +439,7 @@ TEST(KvPool, ReleaseBeforeGivesBackOnlyWholeBlocksBehindThePosition) {
 
 TEST(KvPool, ReleasedPrefixIsEvictedFromItsTail) {
   const auto hp = tiny_hp();
-  KvPool pool(hp, 4, 3 * 512, false);
+  KvPool pool(hp, 4, 3 * 512, KvType::F32);
   const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   int first = -1, second = -1;
   {
@@ -474,7 +474,7 @@ TEST(KvBatch, PrefixSharingKeepsOutputs) {
     pa.insert(pa.end(), g.begin() + 50, g.begin() + 55);
     pb.insert(pb.end(), g.begin() + 55, g.begin() + 61);
     const int bt = 16;
-    KvPool pool(w.hp, bt, KvPool::block_bytes_for(w.hp, bt, f16) * 64, f16);
+    KvPool pool(w.hp, bt, KvPool::block_bytes_for(w.hp, bt, (f16 ? KvType::F16 : KvType::F32)) * 64, (f16 ? KvType::F16 : KvType::F32));
     ThreadPool threads(2);
     text::LlamaRunner runner(w, &threads);
 
@@ -550,7 +550,7 @@ TEST(KvPool, TheSameBlockAfterADifferentPrefixIsNotShared) {
     EXPECT_NE(KvPool::chain_hash(0, a, 4), KvPool::chain_hash(0, b, 4)) << "position " << i;
     EXPECT_NE(KvPool::chain_hash(7, a, 4), KvPool::chain_hash(7, b, 4)) << "position " << i;
   }
-  KvPool pool(hp, 4, 8 * 512, false);
+  KvPool pool(hp, 4, 8 * 512, KvType::F32);
   const std::vector<int32_t> first = {1, 2, 3, 4, 5, 6, 7, 8, 9}, second = {100, 2, 3, 4, 5, 6, 7, 8, 9};
   PagedSeq s1(pool);
   ASSERT_TRUE(s1.reserve(9));

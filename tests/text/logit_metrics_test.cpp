@@ -65,7 +65,7 @@ TEST(LogitMetrics, AllPositionsLogitsMatchDecodingOneTokenAtATime) {
   // All rows in two steps (a chunk of 11, then 7), through all_logits.
   std::vector<float> all(static_cast<size_t>(n * nv), NAN);
   {
-    text::KvCache cache(w.hp, n, false);
+    text::KvCache cache(w.hp, n, KvType::F32);
     text::LlamaRunner runner(w, &pool);
     for (int p = 0; p < n; p += 11) {
       text::SeqInput s;
@@ -78,7 +78,7 @@ TEST(LogitMetrics, AllPositionsLogitsMatchDecodingOneTokenAtATime) {
       runner.forward_batch(&s, 1);
     }
   }
-  text::KvCache cache(w.hp, n, false);
+  text::KvCache cache(w.hp, n, KvType::F32);
   text::LlamaRunner runner(w, &pool);
   std::vector<float> one(static_cast<size_t>(nv));
   for (int i = 0; i < n; ++i) {

@@ -349,7 +349,9 @@ void ModelsWindow::updateFit() {
     return;
   }
   const StudioSettings s = StudioSettings::load();
-  store_->fit(ref, qint64{s.kvMemoryMiB} << 20, s.kvType == QLatin1String("f32") ? KvType::F32 : KvType::F16,
+  KvType kv = KvType::F16;
+  kv_type_from_name(s.kvType.toStdString(), &kv);
+  store_->fit(ref, qint64{s.kvMemoryMiB} << 20, kv,
               bridge::while_alive(this, [this, ref](bridge::MemoryFit f) {
                 if (selectedReference() != ref) return;
                 fit_->setText(f.text);

@@ -1,5 +1,6 @@
 #include "settings/settings_dialog.h"
 
+#include <algorithm>
 #include <QCheckBox>
 #include <QComboBox>
 #include <QDialogButtonBox>
@@ -66,7 +67,8 @@ SettingsDialog::SettingsDialog(const StudioSettings& c, bool apiServerAvailable,
   kvType_->setObjectName(QStringLiteral("kvTypeBox"));
   kvType_->addItem(tr("F16 (half the memory)"), QStringLiteral("f16"));
   kvType_->addItem(tr("F32 (exact)"), QStringLiteral("f32"));
-  kvType_->setCurrentIndex(c.kvType == QLatin1String("f32") ? 1 : 0);
+  kvType_->addItem(tr("Q8_0 (a quarter of the memory)"), QStringLiteral("q8_0"));
+  kvType_->setCurrentIndex(std::max(0, kvType_->findData(c.kvType)));
   kvType_->setToolTip(tr("The precision the KV cache is kept in"));
   QWidget* storeRow = nullptr;
   store_ = fileField(QStringLiteral("storeEdit"), c.storeDir, tr("The model store folder (empty: the data folder)"), true, &storeRow);

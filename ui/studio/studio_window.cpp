@@ -241,7 +241,7 @@ bridge::EngineBridge::Options StudioWindow::bridgeOptions() const {
   bo.maxWaitMs = settings_.maxWaitMs;
   bo.kvMemoryBytes = int64_t{settings_.kvMemoryMiB} << 20;
   bo.modelCacheBytes = int64_t{settings_.modelMemoryMiB} << 20;
-  bo.kvF32 = settings_.kvType == QLatin1String("f32");
+  kv_type_from_name(settings_.kvType.toStdString(), &bo.kvType);  // an unknown name keeps F16
   return bo;
 }
 

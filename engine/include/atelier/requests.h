@@ -33,7 +33,13 @@ struct SamplingParams {
   uint64_t seed = kRandomSeed;  // kRandomSeed: pick one (reported in the stats)
 };
 
-enum class KvType { F32, F16 };
+// The precision keys and values are cached in. Q8_0 (GGML's blocks, as
+// llama.cpp's `-ctk q8_0 -ctv q8_0`) holds half of F16's bytes at a small
+// cost in accuracy; it needs a head size that is a multiple of 32.
+enum class KvType { F32, F16, Q8_0 };
+// "f32", "f16", "q8_0"; kv_type_from_name returns false for any other name.
+const char* kv_type_name(KvType t);
+bool kv_type_from_name(const std::string& name, KvType* t);
 
 struct TextRequest {
   std::string model;                // a store reference (NAME, NAME@V, NAME:CHANNEL, sha256:HEX) or a model file path; see resolve_model

@@ -32,6 +32,7 @@ struct TextBenchOptions {
   int depth = 0;  // tokens already in the context before the prompt and before generation (llama-bench -d)
   int reps = 3;
   int threads = 0;
+  KvType kv_type = KvType::F16;
 };
 
 struct MeanSd {
@@ -69,6 +70,7 @@ struct ServeBenchOptions {
   int gen_tokens = 64;     // per request (end-of-sequence ignored)
   int threads = 0;
   int max_batch = 32;
+  KvType kv_type = KvType::F16;
   // Each level is run this many times, its requests arriving together each
   // time; a level's figures are the medians over its rounds. One round of 64
   // tokens holds 63 inter-token gaps per stream, so its P99 is nearly its

@@ -53,6 +53,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
                          "bench needs prompt tokens >= 1, generated tokens >= 1, reps >= 1, threads >= 0 and depth >= 0");
   TextModelOptions mo;
   mo.threads = o.threads;
+  mo.kv_type = o.kv_type;
   mo.context_tokens = o.depth + o.prompt_tokens + o.gen_tokens;
   // The machine first, then the peak counted from the load on: the
   // bandwidth test's buffer is not the model's memory.
@@ -88,12 +89,12 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
         for (int p = 0; p < o.depth; p += 512)
           runner.forward(prompt.data() + p, std::min(512, o.depth - p), p, c, nullptr);
       };
-      text::KvCache cache(hp, o.depth + o.prompt_tokens, m.options.kv_type == KvType::F16);
+      text::KvCache cache(hp, o.depth + o.prompt_tokens, m.options.kv_type);
       fill_depth(cache);
       auto t0 = Clock::now();
       runner.forward(prompt.data(), o.prompt_tokens, o.depth, cache, logits.data());
       double s_pp = std::chrono::duration<double>(Clock::now() - t0).count();
-      text::KvCache gen_cache(hp, o.depth + o.gen_tokens, m.options.kv_type == KvType::F16);
+      text::KvCache gen_cache(hp, o.depth + o.gen_tokens, m.options.kv_type);
       fill_depth(gen_cache);
       auto t1 = Clock::now();
       int32_t tok = prompt[0];
@@ -185,6 +186,7 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   cfg.data_dir = dir;
   cfg.threads = o.threads;
   cfg.max_batch = o.max_batch;
+  cfg.kv_type = o.kv_type;
   cfg.prefill_tokens_per_step = o.prefill_tokens_per_step;
   auto opened = Engine::open(cfg);
   if (!opened.ok()) return opened.status();

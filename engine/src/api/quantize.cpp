@@ -209,7 +209,7 @@ std::vector<float> all_logits(text::LoadedTextModel& m, const std::vector<int32_
   const int n = static_cast<int>(tokens.size());
   const int64_t nv = m.weights.hp.n_vocab;
   std::vector<float> out(static_cast<size_t>(n) * nv);
-  text::KvCache cache(m.weights.hp, n, false);
+  text::KvCache cache(m.weights.hp, n, KvType::F32);
   text::LlamaRunner runner(m.weights, m.pool.get());
   constexpr int kChunk = 128;  // bounds the step's activations and logits
   for (int p = 0; p < n; p += kChunk) {

@@ -72,6 +72,16 @@ std::string find_llama2c_tokenizer(const std::string& model_path, const std::str
 
 }  // namespace
 
+const char* kv_type_name(KvType t) {
+  return t == KvType::F32 ? "f32" : t == KvType::F16 ? "f16" : "q8_0";
+}
+
+bool kv_type_from_name(const std::string& name, KvType* t) {
+  for (KvType k : {KvType::F32, KvType::F16, KvType::Q8_0})
+    if (name == kv_type_name(k)) return *t = k, true;
+  return false;
+}
+
 Status validate_request(const TextRequest& r, int n_ctx) {
   auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };
   const SamplingParams& s = r.sampling;
@@ -140,6 +150,7 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
     if (impl->tokenizer->n_vocab() != w.hp.n_vocab)
       throw Error(path + ": the vocabulary has " + std::to_string(impl->tokenizer->n_vocab()) +
                   " tokens but the embedding matrix has " + std::to_string(w.hp.n_vocab) + " rows");
+    text::check_kv_type(w.hp, options.kv_type);  // at load, not at the first request
     ModelInfo& info = impl->info;
     info.path = path;
     info.format = w.format;
@@ -200,7 +211,7 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
                            "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
                                std::to_string(m.n_ctx) + "; shorten the prompt or raise the context size");
     const int n_ctx = std::min(m.n_ctx, n_prompt + request.max_new_tokens);
-    text::KvCache cache(m.weights.hp, n_ctx, m.options.kv_type == KvType::F16);
+    text::KvCache cache(m.weights.hp, n_ctx, m.options.kv_type);
     text::LlamaRunner runner(m.weights, m.pool.get());
     // The last sampled token needs no KV slot: the sequence may hold n_ctx + 1 tokens.
     text::Generation gen(*m.tokenizer, request, std::move(prompt), m.n_ctx + 1);

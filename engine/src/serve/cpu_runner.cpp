@@ -39,7 +39,7 @@ class CpuRunner final : public Runner {
     text::LoadedTextModel& m = *slot->text;
     Status st = guarded([&]() -> Status {
       slot->kv = std::make_unique<text::KvPool>(m.weights.hp, config_.kv_block_tokens, config_.kv_memory_bytes,
-                                                config_.kv_type == KvType::F16);
+                                                config_.kv_type);
       slot->runner = std::make_unique<text::LlamaRunner>(m.weights, m.pool.get());
       return Status{};
     });

@@ -18,14 +18,35 @@ namespace atelier::text {
 
 // ---------------------------------------------------------------- contiguous cache
 
-KvCache::KvCache(const LlamaHparams& hp, int n_ctx, bool f16, kernels::Backend& backend) : n_ctx_(n_ctx) {
+int64_t kv_bytes(KvType type, int64_t n) {
+  switch (type) {
+    case KvType::F32: return 4 * n;
+    case KvType::F16: return 2 * n;
+    case KvType::Q8_0: return n / kernels::kQ8BlockElems * kernels::kQ8BlockBytes;
+  }
+  return 4 * n;
+}
+
+void check_kv_type(const LlamaHparams& hp, KvType type) {
+  if (type == KvType::Q8_0 && hp.head_dim % kernels::kQ8BlockElems != 0)
+    throw Error("the q8_0 KV cache needs a head size that is a multiple of 32, and this model's is " +
+                std::to_string(hp.head_dim) + "; use the f16 or f32 KV cache for it");
+}
+
+namespace {
+kernels::DType kv_dtype(KvType type) {
+  return type == KvType::F32 ? kernels::DType::F32 : type == KvType::F16 ? kernels::DType::F16 : kernels::DType::Q8_0;
+}
+}  // namespace
+
+KvCache::KvCache(const LlamaHparams& hp, int n_ctx, KvType type, kernels::Backend& backend) : n_ctx_(n_ctx) {
+  check_kv_type(hp, type);
   const int64_t row = int64_t{hp.n_head_kv} * hp.head_dim, per_kv = int64_t{hp.n_layer} * n_ctx_ * row;
-  const int64_t elem = f16 ? 2 : 4;
-  data_ = backend.alloc(2 * per_kv * elem);
+  data_ = backend.alloc(2 * kv_bytes(type, per_kv));
   backend.clear(*data_);  // a per-sequence cache is small: commit its pages now, not in the first step
-  layout_.type = f16 ? kernels::DType::F16 : kernels::DType::F32;
+  layout_.type = kv_dtype(type);
   layout_.k = data_->data();
-  layout_.v = data_->at<uint8_t>(per_kv * elem);
+  layout_.v = data_->at<uint8_t>(kv_bytes(type, per_kv));
   layout_.row_elems = row;
   layout_.block_tokens = std::max(n_ctx_, 1);  // one block holding the whole context
   layout_.block_stride_elems = 0;
@@ -125,18 +146,18 @@ class KvPool::Committer {
   std::thread thread_;
 };
 
-int64_t KvPool::block_bytes_for(const LlamaHparams& hp, int block_tokens, bool f16) {
-  return int64_t{hp.n_layer} * 2 * block_tokens * hp.n_head_kv * hp.head_dim *
-         static_cast<int64_t>(f16 ? sizeof(uint16_t) : sizeof(float));
+int64_t KvPool::block_bytes_for(const LlamaHparams& hp, int block_tokens, KvType type) {
+  return kv_bytes(type, int64_t{hp.n_layer} * 2 * block_tokens * hp.n_head_kv * hp.head_dim);
 }
 
-KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, bool f16, kernels::Backend& backend)
-    : block_tokens_(block_tokens), n_layer_(hp.n_layer), row_(hp.n_head_kv * hp.head_dim), f16_(f16) {
+KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, KvType type, kernels::Backend& backend)
+    : block_tokens_(block_tokens), n_layer_(hp.n_layer), row_(hp.n_head_kv * hp.head_dim), type_(type) {
   if (block_tokens < 1)
     throw Error("the KV block size must be at least 1 token (got " + std::to_string(block_tokens) + ")");
   if (budget_bytes < 0) throw Error("the KV memory budget must not be negative");
   if (n_layer_ < 1 || row_ < 1) throw Error("the model has no key/value rows to cache");
-  block_bytes_ = block_bytes_for(hp, block_tokens, f16);
+  check_kv_type(hp, type);
+  block_bytes_ = block_bytes_for(hp, block_tokens, type);
   // Slots (block * block_tokens + offset) are int32 on the device.
   total_ = static_cast<int>(std::min<int64_t>(budget_bytes / block_bytes_, INT_MAX / 2 / block_tokens));
   const size_t elems = static_cast<size_t>(total_) * static_cast<size_t>(n_layer_) * 2 *
@@ -144,12 +165,11 @@ KvPool::KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, b
   // Uninitialised on purpose: a pool of a GiB costs nothing until its blocks
   // are written (pages are committed on first touch), and every position is
   // stored before it is read.
-  const int64_t elem = f16_ ? 2 : 4;
-  data_ = backend.alloc(static_cast<int64_t>(elems) * elem);
+  data_ = backend.alloc(kv_bytes(type_, static_cast<int64_t>(elems)));
   // Per block, per layer: block_tokens K rows, then block_tokens V rows.
-  layout_.type = f16_ ? kernels::DType::F16 : kernels::DType::F32;
+  layout_.type = kv_dtype(type_);
   layout_.k = data_->data();
-  layout_.v = data_->at<uint8_t>(int64_t{block_tokens_} * row_ * elem);
+  layout_.v = data_->at<uint8_t>(kv_bytes(type_, int64_t{block_tokens_} * row_));
   layout_.row_elems = row_;
   layout_.block_tokens = block_tokens_;
   layout_.layer_stride_elems = 2 * int64_t{block_tokens_} * row_;

@@ -9,7 +9,8 @@
 //             sequence uses them.
 //   PagedSeq  one sequence's block table over a pool.
 //
-// Rows are n_head_kv*head_dim floats (F32 pool/cache) or fp16 values (F16).
+// Rows are n_head_kv*head_dim values: floats (F32), fp16 (F16) or GGML's
+// Q8_0 blocks (Q8_0, kernels::KvLayout says how they are addressed).
 // The bookkeeping (block ids, reference counts, prefix hashes, LRU) lives on
 // the host; the rows themselves live in one backend buffer per pool or cache
 // (kernels::KvLayout says where), written by the backend's store_kv and read
@@ -20,6 +21,7 @@
 #pragma once
 
 #include <atelier/backend.h>
+#include <atelier/requests.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -36,7 +38,6 @@ struct LlamaHparams;
 class KvSeq {
  public:
   virtual ~KvSeq() = default;
-  virtual bool f16() const = 0;
   virtual int capacity() const = 0;  // positions that can be stored now
   // The storage this sequence's rows live in (shared by the sequences of one pool).
   virtual const kernels::KvLayout& layout() const = 0;
@@ -53,9 +54,8 @@ class KvSeq {
 class KvCache final : public KvSeq {
  public:
   // The rows in one buffer of `backend` (K of every layer, then V).
-  KvCache(const LlamaHparams& hp, int n_ctx, bool f16, kernels::Backend& backend = kernels::default_cpu_backend());
+  KvCache(const LlamaHparams& hp, int n_ctx, KvType type, kernels::Backend& backend = kernels::default_cpu_backend());
   int n_ctx() const { return n_ctx_; }
-  bool f16() const override { return layout_.type == kernels::DType::F16; }
   int capacity() const override { return n_ctx_; }
   const kernels::KvLayout& layout() const override { return layout_; }
   int32_t store_slot(int pos) const override { return pos; }
@@ -82,16 +82,16 @@ class KvPool {
   // Throws atelier::Error for block_tokens < 1 or a negative budget. A budget
   // smaller than one block gives a pool of 0 blocks (every allocate() fails).
   // The rows in one buffer of `backend`.
-  KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, bool f16,
+  KvPool(const LlamaHparams& hp, int block_tokens, int64_t budget_bytes, KvType type,
          kernels::Backend& backend = kernels::default_cpu_backend());
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
   ~KvPool();
 
   // Bytes of one block for these hyperparameters (for admission and sizing).
-  static int64_t block_bytes_for(const LlamaHparams& hp, int block_tokens, bool f16);
+  static int64_t block_bytes_for(const LlamaHparams& hp, int block_tokens, KvType type);
 
-  bool f16() const { return f16_; }
+  KvType type() const { return type_; }
   int block_tokens() const { return block_tokens_; }
   int total_blocks() const { return total_; }
   // Free now, counting cached-but-unreferenced prefix blocks as free (they are evictable).
@@ -143,7 +143,7 @@ class KvPool {
   void note_use();  // after a block's references changed: the committer works only while no block is used
 
   int block_tokens_, n_layer_, row_;
-  bool f16_;
+  KvType type_;
   int64_t block_bytes_;
   int total_ = 0;
   std::unique_ptr<kernels::Buffer> data_;
@@ -179,7 +179,6 @@ class PagedSeq final : public KvSeq {
   std::vector<int>& blocks() { return blocks_; }
   const std::vector<int>& blocks() const { return blocks_; }
 
-  bool f16() const override { return pool_.f16(); }
   int capacity() const override { return static_cast<int>(blocks_.size()) * pool_.block_tokens(); }
   const kernels::KvLayout& layout() const override { return pool_.layout(); }
   // -1 for a position in a published (shared, immutable) block: such a
@@ -222,5 +221,10 @@ class PagedSeq final : public KvSeq {
   std::vector<uint64_t> hashes_;  // chain hashes of the first hashes_.size() blocks
   size_t released_ = 0;           // blocks_[0, released_) are kReleased
 };
+
+// Bytes of n values cached as `type` (n a multiple of 32 for Q8_0). Throws
+// atelier::Error when the model's head size does not suit the type.
+int64_t kv_bytes(KvType type, int64_t n);
+void check_kv_type(const LlamaHparams& hp, KvType type);
 
 }  // namespace atelier::text

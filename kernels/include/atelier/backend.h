@@ -53,6 +53,9 @@ struct DeviceInfo {
 // l * layer_stride_elems + (s % block_tokens) * row_elems, for K at `k` and V
 // at `v` (elements of `type`: F32 or F16). Within a block, consecutive slots
 // are row_elems apart. A contiguous cache is one block of n_ctx slots.
+// Q8_0 (half F16's bytes): the same element offsets, every one a multiple of
+// 32, each row GGML's Q8_0 blocks, so offset e is byte e / 32 * 34 (Q8Rows,
+// kernels.h); head_dim must be a multiple of 32.
 struct KvLayout {
   DType type = DType::F32;
   void* k = nullptr;

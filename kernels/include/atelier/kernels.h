@@ -193,6 +193,28 @@ void dot_f32_heads(const float* rows, int64_t stride_elems, int64_t n_rows, cons
                    float* scores, int64_t scores_stride);
 void dot_f16_heads(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
                    float* scores, int64_t scores_stride);
+// A run of Q8_0 cache rows (a KvLayout of type Q8_0): GGML's blocks of 32
+// values (an fp16 scale d, then 32 int8 q), element e of the run in block
+// e / 32 from `blocks`, worth fp16(d) * q (exact in f32: 11 x 8 bits). The
+// offsets the attention ops add (rows, heads) are multiples of 32, so a head
+// never straddles a block. Half the bytes of F16 rows, as llama.cpp's
+// `-ctk q8_0 -ctv q8_0`.
+struct Q8Rows {
+  const uint8_t* blocks = nullptr;
+  int64_t elem = 0;
+};
+constexpr int64_t kQ8BlockElems = 32, kQ8BlockBytes = 34;
+inline Q8Rows operator+(Q8Rows p, int64_t elems) { return {p.blocks, p.elem + elems}; }
+// The same ops over Q8_0 rows: each value read is the f32 dequantized value,
+// so every result is the F32 op's on a run holding those values, bit for bit.
+void dot_q8_0_heads(Q8Rows rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
+                    float* scores, int64_t scores_stride);
+void axpy_q8_0_heads(const float* a, int64_t a_stride, Q8Rows rows, int64_t stride_elems, int64_t n_rows,
+                     const AttnHeads& heads, float* y);
+void dot_q8_0_heads_ref(Q8Rows rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
+                        float* scores, int64_t scores_stride);
+void axpy_q8_0_heads_ref(const float* a, int64_t a_stride, Q8Rows rows, int64_t stride_elems, int64_t n_rows,
+                         const AttnHeads& heads, float* y);
 // Up to kAttnQueries queries against the same run (a prompt's rows that
 // attend the same positions): for each j < n_queries, exactly
 // dot_*_heads(rows, stride_elems, n_rows, heads, q[j], scores[j], scores_stride[j]),
@@ -202,6 +224,8 @@ void dot_f32_heads_queries(const float* rows, int64_t stride_elems, int64_t n_ro
                            int n_queries, const float* const* q, float* const* scores, const int64_t* scores_stride);
 void dot_f16_heads_queries(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads,
                            int n_queries, const float* const* q, float* const* scores, const int64_t* scores_stride);
+void dot_q8_0_heads_queries(Q8Rows rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, int n_queries,
+                            const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t stride_elems, int64_t n_rows,
                     const AttnHeads& heads, float* y);
 void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride_elems, int64_t n_rows,
