@@ -180,18 +180,6 @@ __attribute__((always_inline)) inline __m256 lane_sums8(const __m256 (&v)[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
-// 8 values of a Q8_0 run, within one block: fp16(d) * q, exact in f32.
-__attribute__((always_inline)) inline __m256 load_q8(Q8Rows p) {
-  const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q8_values(p)));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(_cvtsh_ss(q8_scale_bits(p))));
-}
-__attribute__((always_inline)) inline __m256 load_q8_tail(Q8Rows p, int64_t n) {
-  int64_t q = 0;
-  std::memcpy(&q, q8_values(p), static_cast<size_t>(n));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(q))),
-                       _mm256_set1_ps(_cvtsh_ss(q8_scale_bits(p))));
-}
-
 struct V {
   using reg = __m256;
   struct Tail {
@@ -208,8 +196,17 @@ struct V {
   static reg load(const float* p, const Tail& t) { return _mm256_maskload_ps(p, t.mask); }
   static reg load(const uint16_t* p) { return load_h(p); }
   static reg load(const uint16_t* p, const Tail& t) { return load_h_tail(p, t.n); }
-  static reg load(Q8Rows p) { return load_q8(p); }
-  static reg load(Q8Rows p, const Tail& t) { return load_q8_tail(p, t.n); }
+  // A Q8_0 block: its values, and its scale converted once; load_q8(b, k) is
+  // values 8k..8k+7 as fp16(d) * q (exact in f32).
+  struct Q8Block {
+    const int8_t* q;
+    float d;
+  };
+  static Q8Block q8_block(Q8Rows p) { return {q8_values(p), _cvtsh_ss(q8_scale_bits(p))}; }
+  static reg load_q8(const Q8Block& b, int k) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.q + 8 * k));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(b.d));
+  }
   static __m256 reduce8(const reg (&v)[8]) { return lane_sums8(v); }
   static void store8(float* out, __m256 s, int nr) {
     if (nr == 8) _mm256_storeu_ps(out, s);
@@ -228,10 +225,6 @@ struct RowsF32 {
 struct RowsF16 {
   static __m256 load(const uint16_t* p) { return load_h(p); }
   static __m256 tail(const uint16_t* p, int64_t n) { return load_h_tail(p, n); }
-};
-struct RowsQ8 {
-  static __m256 load(Q8Rows p) { return load_q8(p); }
-  static __m256 tail(Q8Rows p, int64_t n) { return load_q8_tail(p, n); }
 };
 
 template <class L, class P>
@@ -272,8 +265,20 @@ void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t
   axpy_rows<RowsF16>(a, rows, stride, n_rows, y, n);
 }
 
+// Whole blocks (a Q8_0 KvLayout's heads are): per row and block one scale,
+// then 4 registers of y. Each element still sees one FMA per row in row
+// order, of the value axpy_f32_rows would read from the dequantized row.
 void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
-  axpy_rows<RowsQ8>(a, rows, stride, n_rows, y, n);
+  for (int64_t i = 0; i < n; i += kQ8BlockElems) {
+    __m256 acc[4];
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_loadu_ps(y + i + 8 * k);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const V::Q8Block b = V::q8_block(rows + r * stride + i);
+      const __m256 va = _mm256_set1_ps(a[r]);
+      for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(va, V::load_q8(b, k), acc[k]);
+    }
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, acc[k]);
+  }
 }
 
 // ---- top-k candidate scan ---------------------------------------------------

@@ -32,19 +32,6 @@ struct F16 {
   AI static __m512 load(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 };
 
-// 16 values of a Q8_0 run, within one block: fp16(d) * q, exact in f32.
-struct Q8 {
-  using T = Q8Rows;
-  AI static __m512 load(Q8Rows p) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8_values(p)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(q8_scale_bits(p))));
-  }
-  AI static __m512 load(Q8Rows p, __mmask16 m) {
-    const __m128i q = _mm_maskz_loadu_epi8(m, q8_values(p));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(q8_scale_bits(p))));
-  }
-};
-
 // Lane sums of 8 accumulators: out[i] = sum of v[i]'s 16 lanes. Every
 // position goes through the same tree (halves of 256, then 128, then pairs),
 // whatever the other seven hold.
@@ -74,8 +61,17 @@ struct V {
   AI static reg load(const float* p, Tail m) { return F32::load(p, m); }
   AI static reg load(const uint16_t* p) { return F16::load(p); }
   AI static reg load(const uint16_t* p, Tail m) { return F16::load(p, m); }
-  AI static reg load(Q8Rows p) { return Q8::load(p); }
-  AI static reg load(Q8Rows p, Tail m) { return Q8::load(p, m); }
+  // A Q8_0 block: its values, and its scale converted once; load_q8(b, k) is
+  // values 16k..16k+15 as fp16(d) * q (exact in f32).
+  struct Q8Block {
+    const int8_t* q;
+    float d;
+  };
+  AI static Q8Block q8_block(Q8Rows p) { return {q8_values(p), _cvtsh_ss(q8_scale_bits(p))}; }
+  AI static reg load_q8(const Q8Block& b, int k) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.q + 16 * k));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(b.d));
+  }
   AI static __m256 reduce8(const reg (&v)[8]) { return lane_sums8(v); }
   AI static void store8(float* out, __m256 s, int nr) {
     if (nr == 8) _mm256_storeu_ps(out, s);
@@ -142,8 +138,18 @@ void axpy_f32_rows(const float* a, const float* rows, int64_t stride, int64_t n_
 void axpy_f16_rows(const float* a, const uint16_t* rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
   axpy_rows<F16>(a, rows, stride, n_rows, y, n);
 }
+// Whole blocks, as the AVX2 one: per row and block one scale, 2 registers of y.
 void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n) {
-  axpy_rows<Q8>(a, rows, stride, n_rows, y, n);
+  for (int64_t i = 0; i < n; i += kQ8BlockElems) {
+    __m512 acc[2] = {_mm512_loadu_ps(y + i), _mm512_loadu_ps(y + i + 16)};
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const V::Q8Block b = V::q8_block(rows + r * stride + i);
+      const __m512 va = _mm512_set1_ps(a[r]);
+      for (int k = 0; k < 2; ++k) acc[k] = _mm512_fmadd_ps(va, V::load_q8(b, k), acc[k]);
+    }
+    _mm512_storeu_ps(y + i, acc[0]);
+    _mm512_storeu_ps(y + i + 16, acc[1]);
+  }
 }
 
 }  // namespace atelier::kernels::cpu::avx512

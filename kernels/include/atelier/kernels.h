@@ -196,9 +196,9 @@ void dot_f16_heads(const uint16_t* rows, int64_t stride_elems, int64_t n_rows, c
 // A run of Q8_0 cache rows (a KvLayout of type Q8_0): GGML's blocks of 32
 // values (an fp16 scale d, then 32 int8 q), element e of the run in block
 // e / 32 from `blocks`, worth fp16(d) * q (exact in f32: 11 x 8 bits). The
-// offsets the attention ops add (rows, heads) are multiples of 32, so a head
-// never straddles a block. Half the bytes of F16 rows, as llama.cpp's
-// `-ctk q8_0 -ctv q8_0`.
+// q8_0 ops need stride_elems and head_dim to be multiples of 32 (a head is
+// whole blocks; KvLayout requires it). Half the bytes of F16 rows, as
+// llama.cpp's `-ctk q8_0 -ctv q8_0`.
 struct Q8Rows {
   const uint8_t* blocks = nullptr;
   int64_t elem = 0;
