@@ -531,6 +531,25 @@ void place(Cache& c, void* base) {
   c.layout.v = static_cast<uint8_t*>(base) + kv_bytes_of(c.layout.type, int64_t{c.layout.block_tokens} * c.layout.row_elems);
 }
 
+// Paged attention of a's rows alone and in sub-batches gives y (all rows
+// at once) bit for bit. a's arrays and dq are device arrays of dev.
+void expect_attention_batch_invariant(Dev& dev, const KvLayout& kv, const PagedAttention& a, const float* dq,
+                                      const std::vector<float>& y, const std::string& what) {
+  const int64_t qd = a.n_head * a.head_dim;
+  expect_batch_invariant(
+      y, a.rows, qd,
+      [&](int64_t r0, int64_t n) {
+        PagedAttention b = a;
+        b.rows = n;
+        b.row_len = a.row_len + r0;
+        b.row_table = a.row_table + r0;
+        float* p = dev.zeros<float>(static_cast<size_t>(n * qd));
+        dev.be().paged_attention(kv, b, dq + r0 * qd, p);
+        return dev.get(p, static_cast<size_t>(n * qd));
+      },
+      what);
+}
+
 TEST_P(BackendOps, StoreKvBySlotMapping) {
   for (DType t : {DType::F32, DType::F16}) {
     const std::string what = std::string(dtype_name(t));
@@ -643,18 +662,7 @@ TEST_P(BackendOps, PagedAttentionOverBlockTables) {
         dev.be().paged_attention(c.layout, a, dq, dout);
         const auto y = dev.get(dout, ref.size());
         EXPECT_REL(y, ref, 1e-5);
-        expect_batch_invariant(
-            y, rows, qd,
-            [&](int64_t r0, int64_t n) {
-              PagedAttention b = a;
-              b.rows = n;
-              b.row_len = a.row_len + r0;
-              b.row_table = a.row_table + r0;
-              float* p = dev.zeros<float>(static_cast<size_t>(n * qd));
-              dev.be().paged_attention(c.layout, b, dq + r0 * qd, p);
-              return dev.get(p, static_cast<size_t>(n * qd));
-            },
-            what);
+        expect_attention_batch_invariant(dev, c.layout, a, dq, y, what);
         if (window == 1) {
           // By hand: one attended position, so each head's output is that position's V row.
           for (int64_t r = 0; r < rows; ++r) {
@@ -735,18 +743,7 @@ TEST_P(BackendOps, PagedAttentionOverAQ8_0CacheReadsItsDequantizedRows) {
           dev.be().paged_attention(c32.layout, a, dq, o32);
           const auto y8 = dev.get(o8, static_cast<size_t>(rows * qd)), y32 = dev.get(o32, static_cast<size_t>(rows * qd));
           ASSERT_EQ(0, std::memcmp(y8.data(), y32.data(), y8.size() * 4)) << what << " window " << window;
-          expect_batch_invariant(
-              y8, rows, qd,
-              [&](int64_t r0, int64_t n) {
-                PagedAttention b = a;
-                b.rows = n;
-                b.row_len = a.row_len + r0;
-                b.row_table = a.row_table + r0;
-                float* p = dev.zeros<float>(static_cast<size_t>(n * qd));
-                dev.be().paged_attention(c8.layout, b, dq + r0 * qd, p);
-                return dev.get(p, static_cast<size_t>(n * qd));
-              },
-              what);
+          expect_attention_batch_invariant(dev, c8.layout, a, dq, y8, what);
           Cache h = c8;  // the reference reads the host copy
           place(h, kbytes.data());
           PagedAttention ha = a;
