@@ -524,13 +524,9 @@ void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v,
   const int64_t n = kv.row_elems;
   for (int64_t r = 0; r < rows; ++r) {
     if (slots[r] < 0) continue;
-    if (kv.type == DType::Q8_0) {  // GGML's Q8_0 blocks, quantized block by block
-      for (int64_t b = 0; b < n / kQ8BlockElems; ++b) {
-        quantize_row(DType::Q8_0, k + r * n + b * kQ8BlockElems,
-                     const_cast<uint8_t*>(kv_q8(kv.k, kv, layer, slots[r]).blocks) + b * kQ8BlockBytes, kQ8BlockElems);
-        quantize_row(DType::Q8_0, v + r * n + b * kQ8BlockElems,
-                     const_cast<uint8_t*>(kv_q8(kv.v, kv, layer, slots[r]).blocks) + b * kQ8BlockBytes, kQ8BlockElems);
-      }
+    if (kv.type == DType::Q8_0) {  // GGML's Q8_0 blocks of the row
+      quantize_row(DType::Q8_0, k + r * n, const_cast<uint8_t*>(kv_q8(kv.k, kv, layer, slots[r]).blocks), n);
+      quantize_row(DType::Q8_0, v + r * n, const_cast<uint8_t*>(kv_q8(kv.v, kv, layer, slots[r]).blocks), n);
       continue;
     }
     for (int64_t j = 0; j < n; ++j) {

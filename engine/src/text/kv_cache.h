@@ -222,9 +222,9 @@ class PagedSeq final : public KvSeq {
   size_t released_ = 0;           // blocks_[0, released_) are kReleased
 };
 
-// Bytes of n values cached as `type` (n a multiple of 32 for Q8_0). Throws
-// atelier::Error when the model's head size does not suit the type.
+// Bytes of n values cached as `type` (n a multiple of 32 for Q8_0).
 int64_t kv_bytes(KvType type, int64_t n);
+// Throws atelier::Error when the model's head size does not suit the type.
 void check_kv_type(const LlamaHparams& hp, KvType type);
 
 }  // namespace atelier::text
