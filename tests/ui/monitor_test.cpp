@@ -217,8 +217,9 @@ int main(int argc, char** argv) {
     xvfb = std::make_unique<QProcess>();
     xvfb->setProcessChannelMode(QProcess::SeparateChannels);
     // -displayfd 1: Xvfb picks a free display and prints its number once it accepts connections.
-    xvfb->start(QStringLiteral("Xvfb"), {QStringLiteral("-displayfd"), QStringLiteral("1"), QStringLiteral("-screen"), QStringLiteral("0"),
-                                          QStringLiteral("1280x1024x24"), QStringLiteral("-nolisten"), QStringLiteral("tcp")});
+    // -noreset: a client connecting while Xvfb resets (after its last client left) is dropped.
+    xvfb->start(QStringLiteral("Xvfb"), {QStringLiteral("-displayfd"), QStringLiteral("1"), QStringLiteral("-noreset"), QStringLiteral("-screen"),
+                                          QStringLiteral("0"), QStringLiteral("1280x1024x24"), QStringLiteral("-nolisten"), QStringLiteral("tcp")});
     QByteArray number;
     if (xvfb->waitForStarted(10000))
       for (int i = 0; i < 200 && !number.contains('\n') && xvfb->state() == QProcess::Running; ++i)
