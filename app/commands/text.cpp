@@ -130,7 +130,7 @@ void add_text_commands(CLI::App& root, int& exit_code) {
   add_model_options(*text, o->req.model, o->model.tokenizer_path, o->store);
   add_request_options(*text, o->req);
   text->add_option("--threads", o->model.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
-  text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's, at most 4096)")->check(CLI::Range(1, 1 << 20));
+  text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's training context)")->check(CLI::Range(1, 1 << 20));
   add_kv_type_option(*text, o->model.kv_type);
   text->add_flag("--echo", o->echo, "Print the prompt before the new text");
   text->add_flag("--json", o->json, "Print JSON Lines events (one per token, then the result) instead of text");

@@ -21,7 +21,7 @@ TextRequest text_request_from(const json& body, const ModelEntry& model, const A
   if (auto v = opt_bool(body, "ignore_eos")) r.ignore_eos = *v;  // llama-server's extension (benchmarks)
   if (auto v = opt_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = *v == -1 ? SamplingParams::kRandomSeed : static_cast<uint64_t>(*v);
 
-  const int n_ctx = model.info.n_ctx_train > 0 ? std::min(model.info.n_ctx_train, 4096) : 4096;
+  const int n_ctx = default_context_tokens(model.info.n_ctx_train);
   const int64_t cap = std::min(options.max_tokens, n_ctx);
   std::optional<int64_t> max_tokens = opt_int(body, "max_completion_tokens", 1, options.max_tokens);
   if (!max_tokens) max_tokens = opt_int(body, "max_tokens", 1, options.max_tokens);

@@ -10,6 +10,7 @@
 #include <QTextBrowser>
 #include <QtTest>
 
+#include <cstring>
 #include <memory>
 
 #include "common/model_picker.h"
@@ -299,6 +300,40 @@ class WriteTest : public QObject {
     const QByteArray expected = p.readAllStandardOutput();
     QVERIFY(expected.startsWith("<|im_start|>system\nYou are terse.<|im_end|>"));
     QCOMPARE(QByteArray::fromStdString(job.request.prompt), expected);
+  }
+
+  // The context meter counts against the model's training context, past the
+  // 4096 the tab used to cap it at: the engine gives a sequence all of it.
+  void contextMeterShowsTheTrainingContext() {
+    QFile in(uitest::fixtures() + QStringLiteral("/text/stories260K.gguf"));
+    QVERIFY(in.open(QIODevice::ReadOnly));
+    QByteArray bytes = in.readAll();
+    // llama.context_length is a GGUF UINT32 (type 4) after its key.
+    const QByteArray key("llama.context_length");
+    const qsizetype at = bytes.indexOf(key);
+    QVERIFY(at > 0);
+    quint32 type = 0;
+    std::memcpy(&type, bytes.constData() + at + key.size(), 4);
+    QCOMPARE(type, 4u);
+    const quint32 ctx = 8192;
+    std::memcpy(bytes.data() + at + key.size() + 4, &ctx, 4);
+    const QString model = home_->path(QStringLiteral("stories-ctx8192.gguf"));
+    QFile out(model);
+    QVERIFY(out.open(QIODevice::WriteOnly));
+    QCOMPARE(out.write(bytes), bytes.size());
+    out.close();
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(model);
+    child<QSpinBox>("maxTokens")->setValue(4);
+    QSignalSpy stats(tab_.get(), &WriteTab::statsChanged);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("Once upon a time"));
+    tab_->generate();
+    waitIdle();
+    QVERIFY(!stats.isEmpty());
+    const QString last = stats.back().at(0).toString();
+    QVERIFY2(last.endsWith(QStringLiteral("/8192")), qPrintable(last));
+    QCOMPARE(lastJob().state, JobState::Completed);
   }
 
   void cleanupTestCase() {

@@ -82,10 +82,6 @@ Spin* spin(QWidget* parent, const char* name, const QString& tip) {
   return s;
 }
 
-int contextOf(const ModelInfo& info) {
-  // What the engine gives a sequence: the training context, capped at 4096.
-  return std::min(info.n_ctx_train > 0 ? info.n_ctx_train : 4096, 4096);
-}
 }  // namespace
 
 // ---------------------------------------------------------------- the tab
@@ -385,7 +381,7 @@ void WriteTab::updateTemplateNote() {
     note = tr("This model has no chat template: the conversation is written as plain \"User:\" / \"Assistant:\" lines.");
   else note = tr("Chat template from the model (%1).").arg(QString::fromStdString(info_->architecture));
   templateNote_->setText(note);
-  if (info_) contextTokens_ = contextOf(*info_);
+  if (info_) contextTokens_ = default_context_tokens(info_->n_ctx_train);
 }
 
 // ---------------------------------------------------------------- rendering
@@ -614,7 +610,7 @@ void WriteTab::start(Action action, bool interactive) {
 void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& info) {
   if (stopWanted_) return finishJob(QString(), tr("stopped"));
   TextRequest r = baseRequest(interactive);
-  contextTokens_ = contextOf(info);
+  contextTokens_ = default_context_tokens(info.n_ctx_train);
   if (action == Action::Notebook) {
     r.prompt = conv().document.toStdString();
   } else {

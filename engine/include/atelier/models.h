@@ -105,6 +105,11 @@ class TextModel {
 // weight_bytes is not filled. TOKENIZER: a llama2.c model's tokenizer file.
 Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer = "");
 
+// The context a text model gets when TextModelOptions::context_tokens is 0:
+// its training context (N_CTX_TRAIN, ModelInfo::n_ctx_train), 4096 when the
+// file does not say. The KV budget and admission decide what fits of it.
+inline int default_context_tokens(int n_ctx_train) { return n_ctx_train > 0 ? n_ctx_train : 4096; }
+
 // A tokenizer on its own: from a GGUF (weights not needed, so vocabulary-only
 // files work), a Hugging Face tokenizer.json, or a llama2.c tokenizer.bin.
 class Vocabulary {

@@ -182,7 +182,7 @@ namespace {
 // The model reference stays as written; the runner resolves it when the job
 // starts and records the digest of what it loaded.
 // CHECKED remembers each model reference's outcome (a batch names few models).
-// The context a job of this model gets in the runner (text::default_context,
+// The context a job of this model gets in the runner (default_context_tokens,
 // as TextModel::open sets it). 1 << 20 when the header cannot be read (the
 // runner then reports what is wrong with the file).
 int runner_context(const ResolvedModel& m) {
@@ -190,7 +190,7 @@ int runner_context(const ResolvedModel& m) {
   if (formats::sniff_model_file(m.path).kind != formats::FileKind::gguf) return 1 << 20;
   auto info = read_model_info(m.path, m.file("tokenizer"));
   if (!info.ok()) return 1 << 20;
-  return text::default_context(info->n_ctx_train);
+  return default_context_tokens(info->n_ctx_train);
 }
 
 struct ModelCheck {

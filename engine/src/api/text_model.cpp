@@ -175,7 +175,7 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
         info.weight_bytes += kernels::weight_bytes(*m);
     // The model's own training length: the KV budget (the queue) or the
     // cache this request needs (generate) decide what fits, not a cap.
-    impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : text::default_context(w.hp.n_ctx_train);
+    impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : default_context_tokens(w.hp.n_ctx_train);
     impl->pool = std::make_unique<ThreadPool>(options.threads);
     return impl;
   });

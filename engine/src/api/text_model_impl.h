@@ -28,11 +28,6 @@ struct LoadedTextModel {
   int n_ctx = 0;
 };
 
-// The context a model gets when TextModelOptions::context_tokens is 0: its
-// training length, 4096 when the file does not say. One rule for TextModel,
-// the queue and the submit-time check.
-inline int default_context(int n_ctx_train) { return n_ctx_train > 0 ? n_ctx_train : 4096; }
-
 // Loads a GGUF or llama2.c model (what TextModel::open does, and its errors).
 Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path, const TextModelOptions& options);
 
