@@ -99,6 +99,18 @@ template <class... A>
 void run_axpy(const float* w, int64_t w_stride, const uint16_t* rows, A... a) { axpy_f16_heads(w, w_stride, rows, a...); }
 template <class... A>
 void run_axpy(const float* w, int64_t w_stride, Q8Rows rows, A... a) { axpy_q8_0_heads(w, w_stride, rows, a...); }
+template <class... A>
+void run_axpy_queries(int nq, const float* const* w, const int64_t* w_stride, const float* rows, A... a) {
+  axpy_f32_heads_queries(nq, w, w_stride, rows, a...);
+}
+template <class... A>
+void run_axpy_queries(int nq, const float* const* w, const int64_t* w_stride, const uint16_t* rows, A... a) {
+  axpy_f16_heads_queries(nq, w, w_stride, rows, a...);
+}
+template <class... A>
+void run_axpy_queries(int nq, const float* const* w, const int64_t* w_stride, Q8Rows rows, A... a) {
+  axpy_q8_0_heads_queries(nq, w, w_stride, rows, a...);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -395,26 +407,29 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
           if (b < e) fn(i, r, b, e - b);
         }
       };
-      for (int p = lo; p < hi;) {
-        const int n = std::min(bt - p % bt, hi - p);
-        // The rows whose part starts at p share [p, c), c their shortest
-        // end in the run (a prompt's rows differ only in how far they
-        // reach): its K rows are read once for all of them
-        // (dot_*_heads_queries: each row's scores as its own call's). Each
-        // row's rest of the run is its own call.
+      // The rows whose part of the run [p, p + n) starts at p share [p, c),
+      // c their shortest end in it (a prompt's rows differ only in how far
+      // they reach): its K and V rows are read once for all of them
+      // (dot_*_heads_queries, axpy_*_heads_queries: each row's result as its
+      // own call's). Each row's rest of the run is its own call. Returns c.
+      auto shared_rows = [&](int p, int n, bool (&shared)[kRows]) {
         int c = p + n;
         for (int64_t r = 0; r < g1 - g0; ++r)
           if (first[r] <= p && len[r] > p) c = std::min(c, len[r]);
+        for (int64_t r = 0; r < g1 - g0; ++r) shared[r] = first[r] <= p && len[r] >= c && c > p;
+        return c;
+      };
+      for (int p = lo; p < hi;) {
+        const int n = std::min(bt - p % bt, hi - p);
+        bool shared[kRows] = {};
+        const int c = shared_rows(p, n, shared);
         const float* qs[kRows];
         float* scs[kRows];
         int64_t sss[kRows];
-        bool shared[kRows] = {};
         int nq = 0;
         for (int64_t i = g0; i < g1; ++i) {
           const int64_t r = i - g0;
-          if (first[r] > p || len[r] < c || c <= p) continue;
-          shared[r] = true;
-          qs[nq] = q + i * qd, scs[nq] = scores.data() + base[r] + (p - first[r]), sss[nq] = n_att[r], ++nq;
+          if (shared[r]) qs[nq] = q + i * qd, scs[nq] = scores.data() + base[r] + (p - first[r]), sss[nq] = n_att[r], ++nq;
         }
         if (nq > 0) {
           const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
@@ -448,7 +463,24 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
       }
       for (int p = lo; p < hi;) {
         const int n = std::min(bt - p % bt, hi - p);
+        bool shared[kRows] = {};
+        const int c = shared_rows(p, n, shared);
+        const float* ws[kRows];
+        int64_t wss[kRows];
+        float* ys[kRows];
+        int nq = 0;
+        for (int64_t i = g0; i < g1; ++i) {
+          const int64_t r = i - g0;
+          if (shared[r]) ws[nq] = scores.data() + base[r] + (p - first[r]), wss[nq] = n_att[r], ys[nq] = out + i * qd, ++nq;
+        }
+        if (nq > 0) {
+          const int64_t slot = int64_t{table[p / bt]} * bt + p % bt;
+          with_run(kv, kv.v, a.layer, slot,
+                   [&](auto rows) { run_axpy_queries(nq, ws, wss, rows, kv.row_elems, int64_t{c - p}, heads, ys); });
+        }
         each_row_in_run(p, n, [&](int64_t i, int64_t r, int b, int m) {
+          if (shared[r]) m -= c - b, b = c;
+          if (m <= 0) return;
           const int64_t slot = int64_t{table[b / bt]} * bt + b % bt;
           const float* w = scores.data() + base[r] + (b - first[r]);
           with_run(kv, kv.v, a.layer, slot, [&](auto rows) {

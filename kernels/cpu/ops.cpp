@@ -209,6 +209,37 @@ void axpys_by_position_block(const float* a, int64_t a_stride, P rows, int64_t s
                 y + h * hs.head_dim, hs.head_dim);
   }
 }
+// The queries form: per block of positions and head, up to kAttnQueries rows
+// at once (rows_axpy: a level's *_rows_queries), each row's FMAs those of its
+// own axpys_by_position_block.
+template <class P, class Fn>
+void axpys_queries_by_position_block(int nq, const float* const* a, const int64_t* a_stride, P rows, int64_t stride,
+                                     int64_t n_rows, const AttnHeads& hs, float* const* y, Fn rows_axpy) {
+  constexpr int64_t kBlockRows = 16;
+  const float* ah[kAttnQueries];
+  float* yh[kAttnQueries];
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kBlockRows) {
+    const int64_t m = std::min(kBlockRows, n_rows - r0);
+    for (int h = hs.h0; h < hs.h1; ++h) {
+      for (int j = 0; j < nq; ++j) ah[j] = a[j] + (h - hs.h0) * a_stride[j] + r0, yh[j] = y[j] + h * hs.head_dim;
+      rows_axpy(nq, ah, rows + r0 * stride + (h / hs.group) * hs.head_dim, stride, m, yh, hs.head_dim);
+    }
+  }
+}
+// Grouped at AVX2 (its tiles share each converted register among the rows);
+// AVX-512 and the scalar level take the rows one by one (the grouped tile has
+// no AVX-512 form yet).
+template <class P, class One, class Many>
+void axpy_heads_queries(int nq, const float* const* a, const int64_t* a_stride, P rows, int64_t stride, int64_t n_rows,
+                        const AttnHeads& hs, float* const* y, One one, Many many) {
+  const bool grouped = !use_avx512() && use_avx2();
+  for (int j0 = 0; j0 < nq; j0 += kAttnQueries) {
+    const int n = std::min(kAttnQueries, nq - j0);
+    if (grouped) axpys_queries_by_position_block(n, a + j0, a_stride + j0, rows, stride, n_rows, hs, y + j0, many);
+    else
+      for (int j = j0; j < j0 + n; ++j) one(a[j], a_stride[j], rows, stride, n_rows, hs, y[j]);
+  }
+}
 template <class P, class Fn>
 void axpys_per_head(const float* a, int64_t a_stride, P rows, int64_t stride, int64_t n_rows,
                     const AttnHeads& hs, float* y, Fn rows_axpy) {
@@ -276,6 +307,19 @@ void axpy_q8_0_heads(const float* a, int64_t a_stride, Q8Rows rows, int64_t stri
   if (use_avx512()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx512::axpy_q8_0_rows);
   if (use_avx2()) return axpys_by_position_block(a, a_stride, rows, stride, n_rows, hs, y, cpu::avx2::axpy_q8_0_rows);
   axpy_q8_0_heads_ref(a, a_stride, rows, stride, n_rows, hs, y);
+}
+
+void axpy_q8_0_heads_queries(int nq, const float* const* a, const int64_t* a_stride, Q8Rows rows, int64_t stride,
+                             int64_t n_rows, const AttnHeads& hs, float* const* y) {
+  axpy_heads_queries(nq, a, a_stride, rows, stride, n_rows, hs, y, axpy_q8_0_heads, cpu::avx2::axpy_q8_0_rows_queries);
+}
+void axpy_f32_heads_queries(int nq, const float* const* a, const int64_t* a_stride, const float* rows, int64_t stride,
+                            int64_t n_rows, const AttnHeads& hs, float* const* y) {
+  axpy_heads_queries(nq, a, a_stride, rows, stride, n_rows, hs, y, axpy_f32_heads, cpu::avx2::axpy_f32_rows_queries);
+}
+void axpy_f16_heads_queries(int nq, const float* const* a, const int64_t* a_stride, const uint16_t* rows,
+                            int64_t stride, int64_t n_rows, const AttnHeads& hs, float* const* y) {
+  axpy_heads_queries(nq, a, a_stride, rows, stride, n_rows, hs, y, axpy_f16_heads, cpu::avx2::axpy_f16_rows_queries);
 }
 
 void dot_f32_heads_ref(const float* rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, const float* q,

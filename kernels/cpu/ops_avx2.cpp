@@ -281,6 +281,102 @@ void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows,
   }
 }
 
+// ---- value sums of several rows over one run --------------------------------
+
+// A tile of NQ rows x NC registers of y (at most 8 accumulators): each cached
+// register is loaded (and converted) once for the NQ rows, where one row at a
+// time converted it once per row. Per element of y: one FMA per position in
+// position order, from y's value, as axpy_rows and axpy_q8_0_rows.
+namespace {
+struct ChunksF32 {
+  template <int NC>
+  static void load(const float* p, __m256 (&v)[NC]) {
+    for (int c = 0; c < NC; ++c) v[c] = _mm256_loadu_ps(p + 8 * c);
+  }
+};
+struct ChunksF16 {
+  template <int NC>
+  static void load(const uint16_t* p, __m256 (&v)[NC]) {
+    for (int c = 0; c < NC; ++c) v[c] = load_h(p + 8 * c);
+  }
+};
+struct ChunksQ8 {  // the NC registers lie in one block (head sizes are whole blocks)
+  template <int NC>
+  static void load(Q8Rows p, __m256 (&v)[NC]) {
+    const V::Q8Block b = V::q8_block(p);
+    for (int c = 0; c < NC; ++c) v[c] = V::load_q8(b, c);
+  }
+};
+
+template <class L, class P, int NQ, int NC>
+__attribute__((always_inline)) inline void axpy_queries_tile(const float* const* a, P rows, int64_t stride,
+                                                             int64_t n_rows, float* const* y, int64_t i) {
+  __m256 acc[NQ][NC];
+#pragma GCC unroll 8
+  for (int q = 0; q < NQ; ++q)
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c) acc[q][c] = _mm256_loadu_ps(y[q] + i + 8 * c);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    __m256 v[NC];
+    L::template load<NC>(rows + r * stride + i, v);
+#pragma GCC unroll 8
+    for (int q = 0; q < NQ; ++q) {
+      const __m256 va = _mm256_set1_ps(a[q][r]);
+#pragma GCC unroll 2
+      for (int c = 0; c < NC; ++c) acc[q][c] = _mm256_fmadd_ps(va, v[c], acc[q][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < NQ; ++q)
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(y[q] + i + 8 * c, acc[q][c]);
+}
+
+// Elements [i, i + 8 NC) of every row, 4 rows a tile.
+template <class L, class P, int NC>
+void axpy_queries_cols(int nq, const float* const* a, P rows, int64_t stride, int64_t n_rows, float* const* y,
+                       int64_t i) {
+  for (int q0 = 0; q0 < nq; q0 += 4) {
+    const float* const* aq = a + q0;
+    float* const* yq = y + q0;
+    switch (nq - q0) {
+      case 1: axpy_queries_tile<L, P, 1, NC>(aq, rows, stride, n_rows, yq, i); break;
+      case 2: axpy_queries_tile<L, P, 2, NC>(aq, rows, stride, n_rows, yq, i); break;
+      case 3: axpy_queries_tile<L, P, 3, NC>(aq, rows, stride, n_rows, yq, i); break;
+      default: axpy_queries_tile<L, P, 4, NC>(aq, rows, stride, n_rows, yq, i); break;
+    }
+  }
+}
+
+// 16 elements a tile, then 8; a rest under 8 goes row by row through
+// axpy_rows' masked tail (the same per-element FMAs).
+template <class L, class R, class P>
+void axpy_rows_queries(int nq, const float* const* a, P rows, int64_t stride, int64_t n_rows, float* const* y,
+                       int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) axpy_queries_cols<L, P, 2>(nq, a, rows, stride, n_rows, y, i);
+  for (; i + 8 <= n; i += 8) axpy_queries_cols<L, P, 1>(nq, a, rows, stride, n_rows, y, i);
+  if (i < n)
+    for (int j = 0; j < nq; ++j) axpy_rows<R>(a[j], rows + i, stride, n_rows, y[j] + i, n - i);
+}
+}  // namespace
+
+void axpy_f32_rows_queries(int nq, const float* const* a, const float* rows, int64_t stride, int64_t n_rows,
+                           float* const* y, int64_t n) {
+  axpy_rows_queries<ChunksF32, RowsF32>(nq, a, rows, stride, n_rows, y, n);
+}
+
+void axpy_f16_rows_queries(int nq, const float* const* a, const uint16_t* rows, int64_t stride, int64_t n_rows,
+                           float* const* y, int64_t n) {
+  axpy_rows_queries<ChunksF16, RowsF16>(nq, a, rows, stride, n_rows, y, n);
+}
+
+// Whole blocks: every 16 elements lie in one block.
+void axpy_q8_0_rows_queries(int nq, const float* const* a, Q8Rows rows, int64_t stride, int64_t n_rows,
+                            float* const* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) axpy_queries_cols<ChunksQ8, Q8Rows, 2>(nq, a, rows, stride, n_rows, y, i);
+}
+
 // ---- top-k candidate scan ---------------------------------------------------
 
 // 8 compares a step; the indices of a step's hits come from its mask (rare

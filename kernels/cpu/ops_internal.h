@@ -11,8 +11,10 @@ namespace atelier::kernels::cpu {
 // for the three kinds of cached rows (kernels.h's Q8Rows for Q8_0).
 inline const char* run_bytes_at(const float* p) { return reinterpret_cast<const char*>(p); }
 inline const char* run_bytes_at(const uint16_t* p) { return reinterpret_cast<const char*>(p); }
+// Offsets are never negative: unsigned, the block and the value within it are
+// a shift and a mask (signed, GCC emits a rounding fix-up for each, per row).
 inline const char* run_bytes_at(Q8Rows p) {
-  return reinterpret_cast<const char*>(p.blocks) + p.elem / kQ8BlockElems * kQ8BlockBytes;
+  return reinterpret_cast<const char*>(p.blocks) + static_cast<uint64_t>(p.elem) / kQ8BlockElems * kQ8BlockBytes;
 }
 template <class P>
 constexpr int64_t run_slice_bytes(int64_t n) {
@@ -25,7 +27,7 @@ inline uint16_t q8_scale_bits(Q8Rows p) {
   return static_cast<uint16_t>(static_cast<uint8_t>(b[0]) | static_cast<uint8_t>(b[1]) << 8);
 }
 inline const int8_t* q8_values(Q8Rows p) {
-  return reinterpret_cast<const int8_t*>(run_bytes_at(p)) + 2 + p.elem % kQ8BlockElems;
+  return reinterpret_cast<const int8_t*>(run_bytes_at(p)) + 2 + static_cast<uint64_t>(p.elem) % kQ8BlockElems;
 }
 }  // namespace atelier::kernels::cpu
 
@@ -54,6 +56,13 @@ void dot_q8_0_heads(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads
 void dot_q8_0_heads_queries(Q8Rows rows, int64_t stride, int64_t n_rows, const AttnHeads& hs, int nq,
                             const float* const* q, float* const* scores, const int64_t* scores_stride);
 void axpy_q8_0_rows(const float* a, Q8Rows rows, int64_t stride, int64_t n_rows, float* y, int64_t n);
+// Up to kAttnQueries rows at once (a[j], y[j]), each exactly its own *_rows call.
+void axpy_f32_rows_queries(int nq, const float* const* a, const float* rows, int64_t stride, int64_t n_rows,
+                           float* const* y, int64_t n);
+void axpy_f16_rows_queries(int nq, const float* const* a, const uint16_t* rows, int64_t stride, int64_t n_rows,
+                           float* const* y, int64_t n);
+void axpy_q8_0_rows_queries(int nq, const float* const* a, Q8Rows rows, int64_t stride, int64_t n_rows,
+                            float* const* y, int64_t n);
 // Bit-identical to cpu::quantize_act_q8_0 / quantize_act_q8_K (quants.cpp);
 // the block types are quants.h's ActQ8_0 / BlockQ8_K.
 void quantize_act_q8_0(const float* x, void* y, int64_t n, int group);

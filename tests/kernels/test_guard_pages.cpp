@@ -111,6 +111,10 @@ TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
           std::memset(y.data(), 0, static_cast<size_t>(n_head * n) * sizeof(float));
           axpy_f32_heads(a.data(), rows, f.data(), n, rows, hs, y.data());
           axpy_f16_heads(a.data(), rows, h.data(), n, rows, hs, y.data());
+          const float* as[3] = {a.data(), a.data(), a.data()};
+          float* ys[3] = {y.data(), y.data(), y.data()};
+          axpy_f32_heads_queries(3, as, strides, f.data(), n, rows, hs, ys);
+          axpy_f16_heads_queries(3, as, strides, h.data(), n, rows, hs, ys);
           if (n % kQ8BlockElems == 0) {  // Q8_0 rows (whole blocks only): the last block's values end at the guard
             Guarded<uint8_t> q8(static_cast<size_t>(rows * n / kQ8BlockElems * kQ8BlockBytes));
             ASSERT_TRUE(quantize_row(DType::Q8_0, f.data(), q8.data(), rows * n));
@@ -118,6 +122,7 @@ TEST(GuardPages, RowOpsStayInsideTheirBuffers) {
             dot_q8_0_heads(r8, n, rows, hs, x.data(), out.data(), rows);
             dot_q8_0_heads_queries(r8, n, rows, hs, 3, qs, outs, strides);
             axpy_q8_0_heads(a.data(), rows, r8, n, rows, hs, y.data());
+            axpy_q8_0_heads_queries(3, as, strides, r8, n, rows, hs, ys);
           }
         }
       }

@@ -252,6 +252,67 @@ TEST(Ops, AttentionScoresOfSeveralQueriesMatchOneQueryCalls) {
   }
 }
 
+// Several rows' value sums over one run: each row's y is its own
+// axpy_*_heads call's, bit for bit, at every level (1..11 rows: tiles of 4,
+// a group of kAttnQueries and a rest; head sizes with 16-, 8- and masked
+// parts; runs across the 16-position blocks), F32, F16 and Q8_0 runs.
+TEST(Ops, ValueSumsOfSeveralRowsMatchOneRowCalls) {
+  for (const auto& level : available_levels()) {
+    ScopedSimd simd(level);
+    for (int64_t hd : {1, 7, 8, 24, 31, 32, 64, 65, 128}) {
+      for (const HeadShape& sh : {HeadShape{1, 1, 0, 1}, HeadShape{12, 12, 5, 11}, HeadShape{8, 2, 0, 8},
+                                  HeadShape{9, 3, 1, 9}}) {
+        const AttnHeads hs = heads_of(sh, hd);
+        const int nh = sh.h1 - sh.h0;
+        const int64_t stride = sh.n_head_kv * hd + 32, n_rows = 37;
+        const CachedRun run = cached_run(stride, n_rows, 21);
+        std::vector<uint8_t> q8;
+        if (hd % kQ8BlockElems == 0) {
+          q8.resize(static_cast<size_t>(stride * n_rows / kQ8BlockElems * kQ8BlockBytes));
+          ASSERT_TRUE(quantize_row(DType::Q8_0, run.f.data(), q8.data(), stride * n_rows));
+        }
+        for (int64_t len : {int64_t{1}, int64_t{16}, int64_t{17}, n_rows}) {
+          for (int nq : {1, 3, 4, 5, 8, 11}) {
+            std::vector<std::vector<float>> as(nq);
+            std::vector<const float*> a(nq);
+            std::vector<int64_t> a_stride(nq);
+            for (int j = 0; j < nq; ++j) {
+              a_stride[j] = len + j;  // each row's own score stride
+              as[j] = random_floats(nh * a_stride[j], 22 + j);
+              a[j] = as[j].data();
+            }
+            const std::string what = level + " hd " + std::to_string(hd) + " heads " + std::to_string(sh.h0) + ".." +
+                                     std::to_string(sh.h1) + " len " + std::to_string(len) + " rows " + std::to_string(nq);
+            auto check = [&](const char* type, auto&& many, auto&& one) {
+              std::vector<std::vector<float>> got(nq), want(nq);
+              std::vector<float*> y(nq);
+              for (int j = 0; j < nq; ++j) {
+                got[j] = random_floats(sh.n_head * hd, 40 + j);
+                want[j] = got[j];
+                y[j] = got[j].data();
+              }
+              many(y.data());
+              for (int j = 0; j < nq; ++j) {
+                one(j, want[j].data());
+                ASSERT_EQ(0, std::memcmp(want[j].data(), got[j].data(), want[j].size() * 4)) << type << " " << what << " row " << j;
+              }
+            };
+            check("f32", [&](float* const* y) { axpy_f32_heads_queries(nq, a.data(), a_stride.data(), run.f.data(), stride, len, hs, y); },
+                  [&](int j, float* y) { axpy_f32_heads(a[j], a_stride[j], run.f.data(), stride, len, hs, y); });
+            check("f16", [&](float* const* y) { axpy_f16_heads_queries(nq, a.data(), a_stride.data(), run.h.data(), stride, len, hs, y); },
+                  [&](int j, float* y) { axpy_f16_heads(a[j], a_stride[j], run.h.data(), stride, len, hs, y); });
+            if (!q8.empty()) {
+              const Q8Rows rows{q8.data(), 0};
+              check("q8_0", [&](float* const* y) { axpy_q8_0_heads_queries(nq, a.data(), a_stride.data(), rows, stride, len, hs, y); },
+                    [&](int j, float* y) { axpy_q8_0_heads(a[j], a_stride[j], rows, stride, len, hs, y); });
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Ops, AttentionRunsMatchOneRowOneHeadCalls) {
   for (const auto& level : available_levels()) {
     ScopedSimd simd(level);

@@ -230,6 +230,16 @@ void axpy_f32_heads(const float* a, int64_t a_stride, const float* rows, int64_t
                     const AttnHeads& heads, float* y);
 void axpy_f16_heads(const float* a, int64_t a_stride, const uint16_t* rows, int64_t stride_elems, int64_t n_rows,
                     const AttnHeads& heads, float* y);
+// Up to kAttnQueries rows' value sums over the same run (a prompt's rows that
+// attend the same positions): for each j < n_queries, exactly
+// axpy_*_heads(a[j], a_stride[j], rows, stride_elems, n_rows, heads, y[j]),
+// bit for bit, with each cached value loaded once for several rows.
+void axpy_f32_heads_queries(int n_queries, const float* const* a, const int64_t* a_stride, const float* rows,
+                            int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, float* const* y);
+void axpy_f16_heads_queries(int n_queries, const float* const* a, const int64_t* a_stride, const uint16_t* rows,
+                            int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, float* const* y);
+void axpy_q8_0_heads_queries(int n_queries, const float* const* a, const int64_t* a_stride, Q8Rows rows,
+                             int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, float* const* y);
 // Plain loops of the scalar one-row ops (the scalar level's arithmetic).
 void dot_f32_heads_ref(const float* rows, int64_t stride_elems, int64_t n_rows, const AttnHeads& heads, const float* q,
                        float* scores, int64_t scores_stride);
