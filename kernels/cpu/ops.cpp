@@ -235,7 +235,7 @@ void axpy_heads_queries(int nq, const float* const* a, const int64_t* a_stride, 
   const bool grouped = !use_avx512() && use_avx2();
   for (int j0 = 0; j0 < nq; j0 += kAttnQueries) {
     const int n = std::min(kAttnQueries, nq - j0);
-    if (grouped) axpys_queries_by_position_block(n, a + j0, a_stride + j0, rows, stride, n_rows, hs, y + j0, many);
+    if (grouped && n > 1) axpys_queries_by_position_block(n, a + j0, a_stride + j0, rows, stride, n_rows, hs, y + j0, many);
     else
       for (int j = j0; j < j0 + n; ++j) one(a[j], a_stride[j], rows, stride, n_rows, hs, y[j]);
   }
