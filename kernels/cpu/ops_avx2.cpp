@@ -349,41 +349,38 @@ void axpy_queries_cols(int nq, const float* const* a, P rows, int64_t stride, in
 }
 
 // The rows in tiles, 16 elements a tile, then 8; a rest under 8 goes row by
-// row through axpy_rows' masked tail (the same per-element FMAs). A lone row
-// (one, or one after tiles of 4) is the one-row op's: its 8 registers of y
-// run 8 FMA chains, where a 1 x 2 tile ran 2 (generation, 10 % slower).
-template <class L, class R, class P>
+// row through the one-row op ONE (its masked tail: the same per-element
+// FMAs). A lone row (one, or one after tiles of 4) is ONE's whole: its 8
+// registers of y run 8 FMA chains, where a 1 x 2 tile ran 2 (generation,
+// 10 % slower). Q8_0 heads are whole blocks, so they never reach the rest.
+template <class L, class P, class One>
 void axpy_rows_queries(int nq, const float* const* a, P rows, int64_t stride, int64_t n_rows, float* const* y,
-                       int64_t n) {
+                       int64_t n, One one) {
   const int tiled = nq % 4 == 1 ? nq - 1 : nq;
   int64_t i = 0;
   if (tiled > 0) {
     for (; i + 16 <= n; i += 16) axpy_queries_cols<L, P, 2>(tiled, a, rows, stride, n_rows, y, i);
     for (; i + 8 <= n; i += 8) axpy_queries_cols<L, P, 1>(tiled, a, rows, stride, n_rows, y, i);
     if (i < n)
-      for (int j = 0; j < tiled; ++j) axpy_rows<R>(a[j], rows + i, stride, n_rows, y[j] + i, n - i);
+      for (int j = 0; j < tiled; ++j) one(a[j], rows + i, stride, n_rows, y[j] + i, n - i);
   }
-  if (tiled < nq) axpy_rows<R>(a[nq - 1], rows, stride, n_rows, y[nq - 1], n);
+  if (tiled < nq) one(a[nq - 1], rows, stride, n_rows, y[nq - 1], n);
 }
 }  // namespace
 
 void axpy_f32_rows_queries(int nq, const float* const* a, const float* rows, int64_t stride, int64_t n_rows,
                            float* const* y, int64_t n) {
-  axpy_rows_queries<ChunksF32, RowsF32>(nq, a, rows, stride, n_rows, y, n);
+  axpy_rows_queries<ChunksF32>(nq, a, rows, stride, n_rows, y, n, axpy_f32_rows);
 }
 
 void axpy_f16_rows_queries(int nq, const float* const* a, const uint16_t* rows, int64_t stride, int64_t n_rows,
                            float* const* y, int64_t n) {
-  axpy_rows_queries<ChunksF16, RowsF16>(nq, a, rows, stride, n_rows, y, n);
+  axpy_rows_queries<ChunksF16>(nq, a, rows, stride, n_rows, y, n, axpy_f16_rows);
 }
 
-// Whole blocks: every 16 elements lie in one block. A lone row as above.
 void axpy_q8_0_rows_queries(int nq, const float* const* a, Q8Rows rows, int64_t stride, int64_t n_rows,
                             float* const* y, int64_t n) {
-  const int tiled = nq % 4 == 1 ? nq - 1 : nq;
-  if (tiled > 0)
-    for (int64_t i = 0; i < n; i += 16) axpy_queries_cols<ChunksQ8, Q8Rows, 2>(tiled, a, rows, stride, n_rows, y, i);
-  if (tiled < nq) axpy_q8_0_rows(a[nq - 1], rows, stride, n_rows, y[nq - 1], n);
+  axpy_rows_queries<ChunksQ8>(nq, a, rows, stride, n_rows, y, n, axpy_q8_0_rows);
 }
 
 // ---- top-k candidate scan ---------------------------------------------------
