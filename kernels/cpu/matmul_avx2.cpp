@@ -256,23 +256,26 @@ struct KernelQ8_0x8 {
     const int64_t ahead = NG * a.w->row_stride_bytes;
     for (int64_t b = 0; b < nb; ++b) {
       __m256i is[NM][NG];
-      for (auto& row : is)
-        for (auto& v : row) v = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) {
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) {
-          if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ahead, _MM_HINT_T1);
-          const __m256i wv = _mm256_load_si256(q[g] + 8 * b + k);
-          const __m256i wa = _mm256_sign_epi8(wv, wv);  // |w|; -128 stays 0x80 = 128 unsigned
-#pragma GCC unroll 4
-          for (int m = 0; m < NM; ++m) {
-            int32_t xv;
-            std::memcpy(&xv, x[m][b].qs + 4 * k, 4);
-            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xv), wv);
-            is[m][g] = _mm256_add_epi32(is[m][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
-          }
-        }
+      unroll<NM>([&](auto m) { unroll<NG>([&](auto g) { is[m][g] = _mm256_setzero_si256(); }); });
+      // Two of the block's 8 steps per iteration, not all 8 unrolled: unrolled,
+      // GCC reassociated each row's 8 integer sums into a tree and parked the
+      // partial products on the stack (a store and a reload per product).
+#pragma GCC unroll 1
+      for (int k = 0; k < 8; k += 2) {
+        // A plain loop: GCC 12 drops an _mm_prefetch inside a lambda.
+        for (int g = 0; g < NG; ++g) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 8 * b + k) + ahead, _MM_HINT_T1);
+        unroll<2>([&](auto h) {
+          unroll<NG>([&](auto g) {
+            const __m256i wv = _mm256_load_si256(q[g] + 8 * b + k + h);
+            const __m256i wa = _mm256_sign_epi8(wv, wv);  // |w|; -128 stays 0x80 = 128 unsigned
+            unroll<NM>([&](auto m) {
+              int32_t xv;
+              std::memcpy(&xv, x[m][b].qs + 4 * (k + h), 4);
+              const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xv), wv);
+              is[m][g] = _mm256_add_epi32(is[m][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
+            });
+          });
+        });
       }
       for (int g = 0; g < NG; ++g) {
         const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc[g] + kPackRowsX8 * b)));
@@ -314,24 +317,24 @@ struct KernelQ4_0x8 {
     const int64_t ahead = NG * a.w->row_stride_bytes;  // the next tile's groups
     for (int64_t b = 0; b < nb; ++b) {
       __m256i p[NM][NG];
-      for (auto& row : p)
-        for (auto& v : row) v = _mm256_setzero_si256();
-#pragma GCC unroll 4
+      unroll<NM>([&](auto m) { unroll<NG>([&](auto g) { p[m][g] = _mm256_setzero_si256(); }); });
+      // One step per iteration, not the block's 4 unrolled (as in KernelQ8_0x8:
+      // unrolled, the sums went through the stack). A prefetch every step, so
+      // two per line.
+#pragma GCC unroll 1
       for (int t = 0; t < 4; ++t) {
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; ++g) {
-          if (t % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 4 * b + t) + ahead, _MM_HINT_T1);
+        for (int g = 0; g < NG; ++g) _mm_prefetch(reinterpret_cast<const char*>(q[g] + 4 * b + t) + ahead, _MM_HINT_T1);
+        unroll<NG>([&](auto g) {
           const __m256i v = _mm256_load_si256(q[g] + 4 * b + t);
           const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-#pragma GCC unroll 4
-          for (int m = 0; m < NM; ++m) {
+          unroll<NM>([&](auto m) {
             int32_t xl, xh;
             std::memcpy(&xl, x[m][b].qs + 4 * t, 4);
             std::memcpy(&xh, x[m][b].qs + 16 + 4 * t, 4);
             p[m][g] = _mm256_add_epi16(p[m][g], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
                                                                  _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
-          }
-        }
+          });
+        });
       }
       for (int g = 0; g < NG; ++g) {
         const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc[g] + kPackRowsX8 * b)));
