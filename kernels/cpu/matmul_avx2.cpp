@@ -448,8 +448,8 @@ struct KernelQ4_Kx8 {
   }
 };
 
-// F16 weights packed as WeightLayout::f16x8 (matmul_float_packed_x86.inc
-// over 8 lanes).
+// F16 and F32 weights packed as WeightLayout::f16x8 / f32x8
+// (matmul_float_packed_x86.inc over 8 lanes).
 struct FloatV {
   using reg = __m256;
   static constexpr int64_t kRows = kPackRowsX8;
@@ -460,6 +460,10 @@ struct FloatV {
 struct PackedF16 {
   static constexpr int kBytes = 2;
   static __m256 load(const char* p) { return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p))); }
+};
+struct PackedF32 {
+  static constexpr int kBytes = 4;
+  static __m256 load(const char* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
 };
 namespace packed_float {
 using V = FloatV;
@@ -492,16 +496,19 @@ void q8_0x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
   Driver::run(a, r0 / kPackRowsX8, (r1 + kPackRowsX8 - 1) / kPackRowsX8);
 }
 
-// Packed F16: tiles of 6 activation rows x 2 groups of 8 (12 of the 16 ymm
-// registers accumulate); 4, 4, 3, 3, 2 groups for 1-5 rows.
-void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
+// Packed F16 and F32: tiles of 6 activation rows x 2 groups of 8 (12 of the
+// 16 ymm registers accumulate); 4, 4, 3, 3, 2 groups for 1-5 rows.
+template <class Load>
+void float_x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) {
   using namespace avx2;
   const int64_t g0 = r0 / kPackRowsX8, g1 = (r1 + kPackRowsX8 - 1) / kPackRowsX8;
   if (float_prefetch() == FloatPrefetch::near)
-    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>>::run(a, g0, g1);
+    RowChunkedDriver<TileDriver<KernelFloatPacked<Load, FloatPrefetch::near>, 6, 2, 4, 4, 3, 3, 2>>::run(a, g0, g1);
   else
-    RowChunkedDriver<TileDriver<KernelFloatPacked<PackedF16, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>>::run(a, g0, g1);
+    RowChunkedDriver<TileDriver<KernelFloatPacked<Load, FloatPrefetch::next_tile>, 6, 2, 4, 4, 3, 3, 2>>::run(a, g0, g1);
 }
+void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) { float_x8_rows_avx2<avx2::PackedF16>(a, r0, r1); }
+void f32x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1) { float_x8_rows_avx2<avx2::PackedF32>(a, r0, r1); }
 
 // Tile shapes: activation rows x weight rows, sized to the 16 ymm registers.
 RowsFn rows_fn_avx2(DType t) {

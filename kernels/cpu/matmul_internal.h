@@ -59,10 +59,11 @@ void q4_Kx8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 // WeightLayout::q4_Kx16 (AVX-512 VNNI).
 void q4_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void q6_Kx16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
-// WeightLayout::f32x16 and f16x16 (AVX-512), f16x8 (AVX2).
+// WeightLayout::f32x16 and f16x16 (AVX-512), f16x8 and f32x8 (AVX2).
 void f32x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void f16x16_rows_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 void f16x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
+void f32x8_rows_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 // Weight rows handed to the executor as one unit: divisible by every tile
 // height used (1..8), so threads split on tile boundaries.

@@ -107,19 +107,20 @@ constexpr int64_t kPackBlockBytesX8 = kPackRowsX8 * kQK;  // 256
 // row, as GGML's.
 constexpr int kQ4KMetaBytes = 20, kQ6KMetaBytes = 18;
 inline int packed_group_rows(WeightLayout l) {
-  return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 || l == WeightLayout::q4_Kx8 || l == WeightLayout::f16x8
+  return l == WeightLayout::q8_0x8 || l == WeightLayout::q4_0x8 || l == WeightLayout::q4_Kx8 || l == WeightLayout::f16x8 ||
+                 l == WeightLayout::f32x8
              ? kPackRowsX8
              : kPackRows;
 }
 inline DType packed_type(WeightLayout l) {
-  if (l == WeightLayout::f32x16) return DType::F32;
+  if (l == WeightLayout::f32x16 || l == WeightLayout::f32x8) return DType::F32;
   if (l == WeightLayout::f16x16 || l == WeightLayout::f16x8) return DType::F16;
   if (l == WeightLayout::q4_Kx16 || l == WeightLayout::q4_Kx8) return DType::Q4_K;
   if (l == WeightLayout::q6_Kx16) return DType::Q6_K;
   return l == WeightLayout::q4_0x16 || l == WeightLayout::q4_0x8 ? DType::Q4_0 : DType::Q8_0;
 }
 inline bool packed_float(WeightLayout l) {
-  return l == WeightLayout::f32x16 || l == WeightLayout::f16x16 || l == WeightLayout::f16x8;
+  return l == WeightLayout::f32x16 || l == WeightLayout::f16x16 || l == WeightLayout::f16x8 || l == WeightLayout::f32x8;
 }
 // Quant bytes of one row's block (a float layout: one element's), and the
 // bytes of its scales (none for floats).

@@ -236,7 +236,7 @@ std::vector<std::string> packing_levels() {
     EXPECT_EQ(packs, level != "scalar") << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q4_K, 16, 256, 1).view()) > 0, packs) << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::Q6_K, 16, 256, 1).view()) > 0, level == "avx512") << level;
-    EXPECT_EQ(packed_weight_bytes(make_weights(DType::F32, 16, 7, 1).view()) > 0, level == "avx512") << level;
+    EXPECT_EQ(packed_weight_bytes(make_weights(DType::F32, 16, 7, 1).view()) > 0, packs) << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::F16, 16, 7, 1).view()) > 0, packs) << level;
     EXPECT_EQ(packed_weight_bytes(make_weights(DType::BF16, 16, 256, 1).view()), 0) << level << " packs BF16";
     if (packs) out.push_back(level);
@@ -245,7 +245,7 @@ std::vector<std::string> packing_levels() {
 }
 // The layout type t gets at a packing level (rows: none).
 WeightLayout layout_at(const std::string& level, DType t) {
-  if (t == DType::F32) return level == "avx512" ? WeightLayout::f32x16 : WeightLayout::rows;
+  if (t == DType::F32) return level == "avx512" ? WeightLayout::f32x16 : WeightLayout::f32x8;
   if (t == DType::F16) return level == "avx512" ? WeightLayout::f16x16 : WeightLayout::f16x8;
   if (t == DType::Q4_K) return level == "avx512" ? WeightLayout::q4_Kx16 : WeightLayout::q4_Kx8;
   if (t == DType::Q6_K) return level == "avx512" ? WeightLayout::q6_Kx16 : WeightLayout::rows;

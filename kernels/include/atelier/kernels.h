@@ -71,8 +71,8 @@ std::string_view simd_level();
 //            for AVX2, the scales (and Q4_K's mins) unpacked to bytes.
 //   f32x16, f16x16: F32 / F16 for the AVX-512 outer-product tile: per group
 //            of 16 rows, column k of the 16 rows side by side (one register),
-//            column after column; f16x8: the same for AVX2, 8 rows.
-enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8, f32x16, f16x16, f16x8 };
+//            column after column; f16x8, f32x8: the same for AVX2, 8 rows.
+enum class WeightLayout : uint8_t { rows, q8_0x16, q8_0x8, q4_0x16, q4_0x8, q4_Kx16, q6_Kx16, q4_Kx8, f32x16, f16x16, f16x8, f32x8 };
 
 // A weight matrix: `rows` rows of `cols` elements of type `type`, each row
 // `row_stride_bytes` apart (GGML layout: W[row][col], ne0 = cols).
