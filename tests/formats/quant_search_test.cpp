@@ -164,19 +164,15 @@ void check(const std::vector<float>& data, const char* what) {
 
 // Not under ASan: the encoders live in kernels/, which the ASan build leaves
 // uninstrumented, so it would check only this file's brute force (80 s each at -O0).
-#if ATELIER_UNDER_ASAN
-#define SKIP_UNDER_ASAN() GTEST_SKIP() << "kernels/ is not instrumented under ASan; the plain build runs this"
-#else
-#define SKIP_UNDER_ASAN() (void)0
-#endif
+constexpr const char* kNotUnderAsan = "kernels/ is not instrumented under ASan; the plain build runs this";
 
 TEST(QuantSearch, RealWeightsBeatTheSimpleFitAndNearBruteForce) {
-  SKIP_UNDER_ASAN();
+  if (ATELIER_UNDER_ASAN) GTEST_SKIP() << kNotUnderAsan;
   check(stories_weights(), "stories260K");
 }
 
 TEST(QuantSearch, GaussianRowsBeatTheSimpleFitAndNearBruteForce) {
-  SKIP_UNDER_ASAN();
+  if (ATELIER_UNDER_ASAN) GTEST_SKIP() << kNotUnderAsan;
   check(gaussian(256 * 256, 7), "gaussian");
 }
 
