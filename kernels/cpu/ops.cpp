@@ -204,9 +204,15 @@ void axpys_by_position_block(const float* a, int64_t a_stride, P rows, int64_t s
   constexpr int64_t kBlockRows = 16;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kBlockRows) {
     const int64_t m = std::min(kBlockRows, n_rows - r0);
-    for (int h = hs.h0; h < hs.h1; ++h)
-      rows_axpy(a + (h - hs.h0) * a_stride + r0, rows + r0 * stride + (h / hs.group) * hs.head_dim, stride, m,
-                y + h * hs.head_dim, hs.head_dim);
+    const int64_t next = std::min(kBlockRows, n_rows - r0 - m);
+    for (int h = hs.h0; h < hs.h1; ++h) {
+      const P head = rows + (h / hs.group) * hs.head_dim;
+      // The next block's slice, a block's work ahead (the score dots
+      // prefetch their own): one token's attention at depth 8192 over Q8_0
+      // rows, Zen 3 avx2, 21.8 -> 17.9 ms; F16 within the noise.
+      if (h == hs.h0 || h % hs.group == 0) cpu::prefetch_slices(head + (r0 + m) * stride, stride, next, hs.head_dim);
+      rows_axpy(a + (h - hs.h0) * a_stride + r0, head + r0 * stride, stride, m, y + h * hs.head_dim, hs.head_dim);
+    }
   }
 }
 // The queries form: per block of positions and head, up to kAttnQueries rows

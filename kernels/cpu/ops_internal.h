@@ -21,6 +21,18 @@ constexpr int64_t run_slice_bytes(int64_t n) {
   if constexpr (std::is_same_v<P, Q8Rows>) return (n + kQ8BlockElems - 1) / kQ8BlockElems * kQ8BlockBytes;
   else return n * static_cast<int64_t>(sizeof(*P{}));
 }
+// The first n_elems elements of n_rows rows of a run (stride elements
+// apart) towards L1: attention asks for rows a block of work ahead, where
+// the hardware prefetchers lose a stream split among heads and threads.
+template <class P>
+inline void prefetch_slices(P first, int64_t stride, int64_t n_rows, int64_t n_elems) {
+  const int64_t bytes = run_slice_bytes<P>(n_elems);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const char* p = run_bytes_at(first + r * stride);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);  // the last line, when the slice straddles one more
+  }
+}
 // Element p of a Q8_0 run: its block's fp16 scale and int8 value.
 inline uint16_t q8_scale_bits(Q8Rows p) {
   const char* b = run_bytes_at(p);

@@ -2,10 +2,17 @@
 // 32 (prompt processing): bm_matmul on a 4096 x 4096 matrix, bm_llama on the
 // matrices of a 110M LLaMA (768 x 768, 2048 x 768, 768 x 2048, 32000 x 768;
 // weight rows x columns). bytes/s counts the weight bytes read per call;
-// items/s counts multiply-adds.
+// items/s counts multiply-adds. bm_decode_attention: one generated token's
+// attention over `depth` cached positions (paged_attention, 12 heads of 64
+// as in the 110M model, the 12 layers in turn so that the cache streams from
+// memory as in generation), in blocks of `block` positions as the engine's
+// KV pool holds them (0: one contiguous block, as bench text's cache);
+// bytes/s counts the K and V bytes read, bw_fraction that rate over the
+// memory bandwidth this process measured.
 //   ./bench_kernels --benchmark_filter=Q8_0   ATELIER_SIMD=avx2 ./bench_kernels
 #include <benchmark/benchmark.h>
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include "core/thread_pool.h"
@@ -84,6 +91,71 @@ void bm_llama_packed(benchmark::State& state, DType t) {
   run_matmul(state, t, state.range(2), state.range(3), state.range(0), static_cast<int>(state.range(1)), true);
 }
 
+void bm_decode_attention(benchmark::State& state, DType t) {
+  constexpr int kLayers = 12, kHeads = 12;
+  constexpr int64_t kHeadDim = 64, kRow = kHeads * kHeadDim;
+  const int depth = static_cast<int>(state.range(0));
+  const int block = state.range(1) > 0 ? static_cast<int>(state.range(1)) : depth;
+  const int threads = static_cast<int>(state.range(2));
+  const int n_blocks = (depth + block - 1) / block;
+  const int64_t block_elems = int64_t{kLayers} * block * kRow, elems = n_blocks * block_elems;
+  // K and V in the backend's buffers (huge pages, as the engine's KV pool),
+  // random values in the cache's type (one long row: every offset is whole
+  // Q8_0 blocks).
+  Pool pool(threads);
+  auto be = make_cpu_backend(&pool);
+  const auto k = be->alloc(dtype_row_bytes(t, elems)), v = be->alloc(dtype_row_bytes(t, elems));
+  {
+    uint32_t s = 3;  // xorshift: hundreds of MB of values, made in well under a second
+    std::vector<float> f(static_cast<size_t>(block_elems));
+    for (auto* buf : {k.get(), v.get()})
+      for (int b = 0; b < n_blocks; ++b) {
+        for (auto& x : f) {
+          s ^= s << 13, s ^= s >> 17, s ^= s << 5;
+          x = static_cast<float>(s >> 8) * 0x1p-23f - 1.0f;  // uniform in [-1, 1)
+        }
+        quantize_row(t, f.data(), buf->at<uint8_t>(dtype_row_bytes(t, b * block_elems)), block_elems);
+      }
+  }
+  KvLayout kv;
+  kv.type = t;
+  kv.k = k->data();
+  kv.v = v->data();
+  kv.row_elems = kRow;
+  kv.block_tokens = block;
+  kv.block_stride_elems = block_elems;
+  kv.layer_stride_elems = int64_t{block} * kRow;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  for (int b = 0; b < n_blocks; ++b) table[static_cast<size_t>(b)] = b;
+  const int32_t len = depth, table_at = 0;
+  std::vector<float> q(kRow), out(kRow);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& x : q) x = dist(rng);
+  PagedAttention a;
+  a.rows = 1;
+  a.n_head = a.n_head_kv = kHeads;
+  a.head_dim = kHeadDim;
+  a.scale = 0.125f;
+  a.max_len = depth;
+  a.row_len = &len;
+  a.row_table = &table_at;
+  a.block_tables = table.data();
+  static const double bandwidth_gb_per_s = measure_memory_bandwidth_gb_per_s(&pool);
+  for (auto _ : state) {
+    for (int l = 0; l < kLayers; ++l) {
+      a.layer = l;
+      be->paged_attention(kv, a, q.data(), out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const int64_t bytes = state.iterations() * kLayers * 2 * dtype_row_bytes(t, int64_t{depth} * kRow);
+  state.SetBytesProcessed(bytes);
+  state.counters["bw_fraction"] =
+      benchmark::Counter(static_cast<double>(bytes) / 1e9 / bandwidth_gb_per_s, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(dtype_name(t)) + " " + std::string(simd_level()));
+}
+
 void args(benchmark::internal::Benchmark* b) {
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int m : {1, 32})
@@ -118,6 +190,15 @@ BENCHMARK_CAPTURE(bm_llama_packed, Q4_0, DType::Q4_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q4_K, DType::Q4_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q6_K, DType::Q6_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_0, DType::Q4_0)->Apply(llama_args);
+void attention_args(benchmark::internal::Benchmark* b) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int depth : {2048, 8192})
+    for (int block : {16, 64, 256, 0}) b->Args({depth, block, hw});
+  b->ArgNames({"depth", "block", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+BENCHMARK_CAPTURE(bm_decode_attention, F16, DType::F16)->Apply(attention_args);
+BENCHMARK_CAPTURE(bm_decode_attention, Q8_0, DType::Q8_0)->Apply(attention_args);
+BENCHMARK_CAPTURE(bm_decode_attention, F32, DType::F32)->Apply(attention_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_K, DType::Q4_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q6_K, DType::Q6_K)->Apply(llama_args);
 
