@@ -36,7 +36,9 @@ struct EngineConfig {
   // then the least recently used ones no job is using are unloaded first. A
   // model in use is never unloaded; one larger than the budget still loads.
   int64_t model_cache_bytes = int64_t{8} << 30;
-  int kv_block_tokens = 16;           // paged KV block size
+  // Paged KV block size in positions. Attention reads a block's rows of a
+  // layer as one run, and short runs stream poorly (engine/README.md, KV).
+  int kv_block_tokens = 64;
   int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
   int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
   // Image steps run on their own thread and thread pool, this much lower in
