@@ -171,6 +171,13 @@ void llama_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "threads", "out", "in"})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
+void attention_args(benchmark::internal::Benchmark* b) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int depth : {2048, 8192})
+    for (int block : {16, 64, 256, 0}) b->Args({depth, block, hw});
+  b->ArgNames({"depth", "block", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
 BENCHMARK_CAPTURE(bm_matmul, F32, DType::F32)->Apply(args);
 BENCHMARK_CAPTURE(bm_matmul, F16, DType::F16)->Apply(args);
 BENCHMARK_CAPTURE(bm_matmul, BF16, DType::BF16)->Apply(args);
@@ -190,16 +197,11 @@ BENCHMARK_CAPTURE(bm_llama_packed, Q4_0, DType::Q4_0)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q4_K, DType::Q4_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama_packed, Q6_K, DType::Q6_K)->Apply(llama_args);
 BENCHMARK_CAPTURE(bm_llama, Q4_0, DType::Q4_0)->Apply(llama_args);
-void attention_args(benchmark::internal::Benchmark* b) {
-  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int depth : {2048, 8192})
-    for (int block : {16, 64, 256, 0}) b->Args({depth, block, hw});
-  b->ArgNames({"depth", "block", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
-}
+BENCHMARK_CAPTURE(bm_llama, Q4_K, DType::Q4_K)->Apply(llama_args);
+BENCHMARK_CAPTURE(bm_llama, Q6_K, DType::Q6_K)->Apply(llama_args);
+
 BENCHMARK_CAPTURE(bm_decode_attention, F16, DType::F16)->Apply(attention_args);
 BENCHMARK_CAPTURE(bm_decode_attention, Q8_0, DType::Q8_0)->Apply(attention_args);
 BENCHMARK_CAPTURE(bm_decode_attention, F32, DType::F32)->Apply(attention_args);
-BENCHMARK_CAPTURE(bm_llama, Q4_K, DType::Q4_K)->Apply(llama_args);
-BENCHMARK_CAPTURE(bm_llama, Q6_K, DType::Q6_K)->Apply(llama_args);
 
 }  // namespace
