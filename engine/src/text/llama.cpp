@@ -26,6 +26,60 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+// The views the backend's matmul is fastest with (on the CPU,
+// kernels::pack_weights, or the rows as they are), every matrix read from
+// the file in one buffer (Backend::prepare_weights_at): the packed Q8_0
+// tile on AVX-512 is about 3x faster than the GGML layout's for batched
+// decoding, and the buffer's huge pages stream faster than the mapping's.
+// Each matrix's pages then leave this process's mapping, so the model is
+// not resident twice (they stay in the page cache; a later read would
+// fault them back in from the file). A matrix converted at load (in
+// `owned`) is packed on its own, or used as it is where the device reads
+// host memory (a device that does not gets its own copy).
+void prepare_matrices(kernels::Backend& be, LlamaWeights& w, const std::vector<WeightView*>& ms) {
+  std::vector<int64_t> at;
+  int64_t total = 0;
+  for (const WeightView* m : ms) {
+    const bool from_file = std::none_of(w.owned.begin(), w.owned.end(), [&](const auto& o) { return o->data() == m->data; });
+    at.push_back(from_file ? total : -1);
+    if (from_file) total += be.prepared_weight_bytes(*m);
+  }
+  std::shared_ptr<kernels::Buffer> buf;
+  if (total > 0) buf = be.alloc(total);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t i = 0; i < ms.size(); ++i) {
+    WeightView& v = *ms[i];
+    if (at[i] < 0) {
+      std::unique_ptr<kernels::Buffer> storage;
+      v = be.prepare_weights(v, storage);
+      if (storage) w.prepared.push_back(std::move(storage));
+      continue;
+    }
+    const WeightView p = be.prepare_weights_at(v, *buf, at[i]);
+    const auto begin = reinterpret_cast<uintptr_t>(v.data), end = begin + static_cast<uintptr_t>(v.rows * v.row_stride_bytes);
+    const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages of v only
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    v = p;
+  }
+  if (buf) w.prepared.push_back(std::move(buf));
+}
+
+// Every matrix of w prepared for `be`. The embedding table stays as stored
+// where the device reads host memory (rows are looked up, not multiplied:
+// the mapping's pages of rows never used cost nothing); a device that does
+// not gets its copy. A table tied to the output matrix is looked up in its
+// prepared copy (Backend::get_rows reads every layout), so the file's copy
+// is released.
+void prepare_all(kernels::Backend& be, LlamaWeights& w) {
+  const bool tied = w.output.data == w.tok_embd.data;
+  std::vector<WeightView*> matrices = {&w.output};
+  if (!tied && !be.device().host_memory) matrices.push_back(&w.tok_embd);
+  for (LlamaLayer& L : w.layers)
+    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
+  prepare_matrices(be, w, matrices);
+  if (tied) w.tok_embd = w.output;
+}
+
 class GgufLoader {
  public:
   GgufLoader(const formats::GgufFile& f, LlamaWeights& w, kernels::Backend& be) : f_(f), w_(w), be_(be) {}
@@ -52,43 +106,6 @@ class GgufLoader {
 
   std::vector<float> optional_vector(const std::string& name, int64_t n) {
     return f_.find_tensor(name) ? vector(name, n) : std::vector<float>{};
-  }
-
-  // The views the backend's matmul is fastest with (on the CPU,
-  // kernels::pack_weights, or the rows as they are), every matrix read from
-  // the file in one buffer (Backend::prepare_weights_at): the packed Q8_0
-  // tile on AVX-512 is about 3x faster than the GGML layout's for batched
-  // decoding, and the buffer's huge pages stream faster than the mapping's.
-  // Each matrix's pages then leave this process's mapping, so the model is
-  // not resident twice (they stay in the page cache; a later read would
-  // fault them back in from the file). A matrix converted at load (in
-  // `owned`) is packed on its own, or used as it is.
-  void prepare(const std::vector<WeightView*>& ms) {
-    std::vector<int64_t> at;
-    int64_t total = 0;
-    for (const WeightView* m : ms) {
-      const bool from_file = std::none_of(w_.owned.begin(), w_.owned.end(), [&](const auto& o) { return o->data() == m->data; });
-      at.push_back(from_file ? total : -1);
-      if (from_file) total += be_.prepared_weight_bytes(*m);
-    }
-    std::shared_ptr<kernels::Buffer> buf;
-    if (total > 0) buf = be_.alloc(total);
-    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    for (size_t i = 0; i < ms.size(); ++i) {
-      WeightView& v = *ms[i];
-      if (at[i] < 0) {
-        std::unique_ptr<kernels::Buffer> storage;
-        v = be_.prepare_weights(v, storage);
-        if (storage) w_.prepared.push_back(std::move(storage));
-        continue;
-      }
-      const WeightView p = be_.prepare_weights_at(v, *buf, at[i]);
-      const auto begin = reinterpret_cast<uintptr_t>(v.data), end = begin + static_cast<uintptr_t>(v.rows * v.row_stride_bytes);
-      const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages of v only
-      if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-      v = p;
-    }
-    if (buf) w_.prepared.push_back(std::move(buf));
   }
 
   std::string type_summary() const {
@@ -217,19 +234,11 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
     L.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, d);
   }
   w.weight_types = ld.type_summary();
-  // The embedding table stays as stored (rows are looked up, not multiplied);
-  // a table tied to the output matrix is looked up in its packed copy
-  // (Backend::get_rows reads every layout), so the file's copy is released.
-  const bool tied = w.output.data == w.tok_embd.data;
-  std::vector<WeightView*> matrices = {&w.output};
-  for (LlamaLayer& L : w.layers)
-    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
-  ld.prepare(matrices);
-  if (tied) w.tok_embd = w.output;
+  prepare_all(backend, w);
   return w;
 }
 
-LlamaWeights load_llama2c(const std::string& path) {
+LlamaWeights load_llama2c(const std::string& path, kernels::Backend& backend) {
   formats::Llama2cModel m = formats::load_llama2c(path);
   const formats::Llama2cConfig& c = m.config;
   LlamaWeights w;
@@ -274,6 +283,7 @@ LlamaWeights load_llama2c(const std::string& path) {
     L.w_up = view(W.w3, l, ff, d);
   }
   w.weight_types = "f32 (" + std::to_string(2 + 9 * c.n_layers + (c.shared_classifier ? 0 : 1)) + ")";
+  prepare_all(backend, w);
   return w;
 }
 
@@ -287,6 +297,7 @@ LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex)
 LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Backend& backend) : w_(w), be_(backend) { upload_vectors(); }
 
 void LlamaRunner::upload_vectors() {
+  host_memory_ = be_.device().host_memory;
   // Each vector 64-byte aligned (16 floats), in one buffer; an empty one stays nullptr.
   auto round = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16); };
   std::vector<const std::vector<float>*> all = {&w_.output_norm, &w_.rope_freq_factors};
@@ -341,11 +352,29 @@ void LlamaRunner::ensure_workspace(int n, int n_logits) {
   }
 }
 
-void LlamaRunner::ensure_meta(int64_t n) {
-  if (n <= cap_meta_) return;
-  cap_meta_ = std::max(n, 2 * cap_meta_);
+void LlamaRunner::ensure_meta(int n_storages, int64_t table_entries) {
+  // Sections at offsets that depend on capacities only (not on this step's
+  // rows), so every step up to them hands the ops the same device addresses,
+  // as a captured CUDA graph replays them.
+  const bool same = meta_ && meta_rows_ == cap_ && meta_logits_ == cap_logits_ && n_storages <= cap_storages_ &&
+                    table_entries <= cap_tables_;
+  if (same) return;
+  meta_rows_ = cap_;
+  meta_logits_ = cap_logits_;
+  cap_storages_ = std::max(cap_storages_, n_storages);
+  // Block tables grow with the contexts: room for 1024 entries at least (4 KiB),
+  // doubled when outgrown, so decoding moves them seldom.
+  if (table_entries > cap_tables_) cap_tables_ = std::max({table_entries, 2 * cap_tables_, int64_t{1024}});
+  const int64_t C = cap_;
+  meta_at_.ids = 0;
+  meta_at_.pos = C;
+  meta_at_.table = 2 * C;
+  meta_at_.logit = 3 * C;
+  meta_at_.slots = 3 * C + cap_logits_;
+  meta_at_.tables = meta_at_.slots + 2 * C * cap_storages_;
   meta_.reset();
-  meta_ = be_.alloc(cap_meta_ * int64_t{sizeof(int32_t)});
+  meta_ = be_.alloc((meta_at_.tables + cap_tables_) * int64_t{sizeof(int32_t)});
+  meta_host_.assign(static_cast<size_t>(meta_at_.tables + cap_tables_), 0);
 }
 
 void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits) {
@@ -397,16 +426,18 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   // row's block-table offset, the rows whose logits are wanted, then per KV
   // storage the rows' slots (-1: not this storage's, or a shared block) and
   // attention lengths (0: not this storage's), then the block tables.
+  // storage g's rows at o_slots + 2 * C * g (slots) and + C (lengths).
   const int n_storages = static_cast<int>(storages_.size());
-  const int64_t R = rows;
-  const int64_t o_ids = 0, o_pos = R, o_table = 2 * R, o_logit = 3 * R, o_slots = 3 * R + n_logits;
-  const int64_t o_tables = o_slots + 2 * R * n_storages;
+  ensure_meta(n_storages, table_entries);
+  const int64_t R = rows, C = cap_;
+  const int64_t o_ids = meta_at_.ids, o_pos = meta_at_.pos, o_table = meta_at_.table, o_logit = meta_at_.logit,
+                o_slots = meta_at_.slots, o_tables = meta_at_.tables;
   const int64_t n_meta = o_tables + table_entries;
-  ensure_meta(n_meta);
-  meta_host_.resize(static_cast<size_t>(std::max<int64_t>(n_meta, int64_t(meta_host_.size()))));
   int32_t* m = meta_host_.data();
-  std::fill(m + o_slots, m + o_tables, 0);
-  for (int g = 0; g < n_storages; ++g) std::fill(m + o_slots + 2 * R * g, m + o_slots + 2 * R * g + R, -1);
+  for (int g = 0; g < n_storages; ++g) {
+    std::fill(m + o_slots + 2 * C * g, m + o_slots + 2 * C * g + R, -1);
+    std::fill(m + o_slots + 2 * C * g + C, m + o_slots + 2 * C * g + C + R, 0);
+  }
   int64_t t = o_tables;
   for (int s = 0, r = 0, lg = 0; s < count; ++s) {
     const SeqInput& in = seqs[s];
@@ -421,8 +452,8 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       m[o_ids + r] = in.tokens[i];
       m[o_pos + r] = pos;
       m[o_table + r] = static_cast<int32_t>(t - o_tables);
-      m[o_slots + 2 * R * g + r] = in.kv->store_slot(pos);
-      m[o_slots + 2 * R * g + R + r] = pos + 1;
+      m[o_slots + 2 * C * g + r] = in.kv->store_slot(pos);
+      m[o_slots + 2 * C * g + C + r] = pos + 1;
     }
     t += in.kv->n_blocks();
     if (in.logits) {
@@ -479,10 +510,10 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       be_.rope(q_, rows, dm + o_pos, rq);
       be_.rope(k_, rows, dm + o_pos, rk);
       for (int g = 0; g < n_storages; ++g)
-        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * R * g, rows);
+        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * C * g, rows);
     }
     for (int g = 0; g < n_storages; ++g) {
-      att.row_len = dm + o_slots + 2 * R * g + R;
+      att.row_len = dm + o_slots + 2 * C * g + C;
       be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
     }
     be_.matmul(L.wo, att_, tmp_, rows);
@@ -506,10 +537,22 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   be_.matmul(w_.output, xn_, logits_, n_logits);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = reinterpret_cast<uint8_t*>(logits_) - work_->at<uint8_t>(0);
+  // A device apart from the host: the step's logits in one download (one
+  // wait for the stream), then handed out. On the host each sequence's rows
+  // are copied straight to it.
+  const float* host = nullptr;
+  if (!host_memory_) {
+    logits_host_.resize(static_cast<size_t>(int64_t{n_logits} * nv));
+    be_.download(*work_, logits_offset, logits_host_.data(), n_logits * row_bytes);
+    host = logits_host_.data();
+  }
   for (int s = 0, k = 0; s < count; ++s) {
     if (seqs[s].n <= 0 || !seqs[s].logits) continue;
     const int n_rows = seqs[s].all_logits ? seqs[s].n : 1;
-    be_.download(*work_, logits_offset + k * row_bytes, seqs[s].logits, n_rows * row_bytes);
+    if (host)
+      std::memcpy(seqs[s].logits, host + k * nv, static_cast<size_t>(n_rows * row_bytes));
+    else
+      be_.download(*work_, logits_offset + k * row_bytes, seqs[s].logits, n_rows * row_bytes);
     k += n_rows;
   }
 }

@@ -65,10 +65,12 @@ struct LlamaWeights {
 
 // Throw atelier::Error (Unsupported architecture, missing tensors, shape mismatches).
 // The matrices are prepared for `backend` (Backend::prepare_weights_at, in one buffer: packed
-// for this CPU's fastest tile on the CPU backend).
+// for this CPU's fastest tile on the CPU backend); on a device that does not read host
+// memory every parameter is copied to it (the embedding table too), so no op is handed
+// a file mapping or a host vector.
 LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file,
                              kernels::Backend& backend = kernels::default_cpu_backend());
-LlamaWeights load_llama2c(const std::string& path);
+LlamaWeights load_llama2c(const std::string& path, kernels::Backend& backend = kernels::default_cpu_backend());
 
 // One sequence's share of a forward_batch step.
 struct SeqInput {
@@ -110,7 +112,7 @@ class LlamaRunner {
 
  private:
   void ensure_workspace(int rows, int n_logits);
-  void ensure_meta(int64_t int32s);
+  void ensure_meta(int n_storages, int64_t table_entries);
   void upload_vectors();
 
   const LlamaWeights& w_;
@@ -131,10 +133,20 @@ class LlamaRunner {
   int cap_ = 0, cap_logits_ = 0;
   float *x_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *att_ = nullptr, *k_ = nullptr,
         *v_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr;
-  // The step's int32 metadata, staged on the host and uploaded in one copy.
+  // The step's int32 metadata, staged on the host and uploaded in one copy:
+  // sections at offsets fixed by the capacities (rows and logits of the
+  // workspace, KV storages, block-table entries), so the ops' metadata
+  // addresses do not move from step to step until a capacity grows.
+  struct MetaOffsets {
+    int64_t ids = 0, pos = 0, table = 0, logit = 0, slots = 0, tables = 0;
+  };
   std::unique_ptr<kernels::Buffer> meta_;
-  int64_t cap_meta_ = 0;
+  MetaOffsets meta_at_;
+  int meta_rows_ = 0, meta_logits_ = 0, cap_storages_ = 0;
+  int64_t cap_tables_ = 0;
   std::vector<int32_t> meta_host_;
+  bool host_memory_ = true;
+  std::vector<float> logits_host_;  // a device's logits, downloaded once per step
   std::vector<const KvSeq*> storages_;  // one sequence per distinct KV storage of the step
 };
 

@@ -1,0 +1,134 @@
+// The LLaMA runner on a device that is not the host (tests/fake_device.h):
+// every parameter, activation, KV row and metadata array an op is handed is
+// device memory; the logits are the CPU backend's, bit for bit; steady steps
+// allocate nothing, wait for the device once (the logits' one download) and
+// hand the ops the same metadata addresses whatever their row count (what a
+// CUDA graph needs to replay a captured step).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fake_device.h"
+#include "formats/gguf.h"
+#include "text/kv_cache.h"
+#include "text/llama.h"
+
+using namespace atelier;
+using text::KvPool;
+using text::PagedSeq;
+using text::SeqInput;
+
+namespace {
+
+const std::string kDir = std::string(ATELIER_FIXTURES_DIR) + "/text/";
+
+std::vector<int32_t> golden() {
+  std::ifstream f(kDir + "golden-once-upon-a-time-greedy.ids");
+  std::vector<int32_t> ids;
+  for (int32_t id; f >> id;) ids.push_back(id);
+  return ids;
+}
+
+// Three sequences through one pool: prompts of 9, 5 and 2 tokens prefilled
+// in one step, then `decodes` steps in which sequence i decodes while
+// step % (i + 1) == 0 (3, 2 or 1 rows a step). Returns every logits row.
+struct Steps {
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<const void*>> meta;  // per decode step (fake device only)
+  std::vector<int64_t> allocs, downloads;      // per decode step (fake device only)
+};
+
+Steps run_steps(const text::LlamaWeights& w, kernels::Backend& be, test::FakeDevice* fake, int decodes) {
+  const auto g = golden();
+  KvPool pool(w.hp, 16, KvPool::block_bytes_for(w.hp, 16, KvType::F16) * 12, KvType::F16, be);
+  text::LlamaRunner runner(w, be);
+  const int lens[3] = {9, 5, 2};
+  std::vector<std::vector<int32_t>> toks(3);
+  std::vector<std::unique_ptr<PagedSeq>> kv;
+  std::vector<std::vector<float>> logits(3, std::vector<float>(static_cast<size_t>(w.hp.n_vocab)));
+  for (int i = 0; i < 3; ++i) {
+    toks[i].assign(g.begin() + i, g.begin() + i + lens[i]);
+    kv.push_back(std::make_unique<PagedSeq>(pool));
+  }
+  std::vector<int> stored(3, 0);
+  Steps out;
+  for (int step = -1; step < decodes; ++step) {
+    std::vector<SeqInput> in;
+    std::vector<int> who;
+    for (int i = 0; i < 3; ++i) {
+      if (step >= 0 && step % (i + 1) != 0) continue;
+      SeqInput s;
+      s.pos0 = stored[i];
+      s.n = static_cast<int>(toks[i].size()) - stored[i];
+      s.tokens = toks[i].data() + stored[i];
+      s.kv = kv[i].get();
+      s.logits = logits[i].data();
+      EXPECT_TRUE(kv[i]->reserve(stored[i] + s.n));
+      in.push_back(s);
+      who.push_back(i);
+    }
+    const int64_t a0 = fake ? fake->allocations() : 0, d0 = fake ? fake->downloads() : 0;
+    runner.forward_batch(in);
+    if (fake && step >= 0) {
+      out.meta.push_back(fake->take_metadata_pointers());
+      out.allocs.push_back(fake->allocations() - a0);
+      out.downloads.push_back(fake->downloads() - d0);
+    } else if (fake) {
+      fake->take_metadata_pointers();
+    }
+    for (size_t k = 0; k < who.size(); ++k) {
+      const int i = who[k];
+      stored[i] += in[k].n;
+      out.logits.push_back(logits[i]);
+      // Greedy: the next token is the argmax (the same on both devices when the logits are).
+      toks[i].push_back(static_cast<int32_t>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin()));
+    }
+  }
+  return out;
+}
+
+void expect_bitwise(const Steps& want, const Steps& got) {
+  ASSERT_EQ(want.logits.size(), got.logits.size());
+  for (size_t i = 0; i < want.logits.size(); ++i) ASSERT_EQ(want.logits[i], got.logits[i]) << "logits row " << i;
+}
+
+}  // namespace
+
+TEST(FakeDevice, GgufModelRunsOnDeviceMemoryOnlyWithTheCpuBits) {
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const Steps want = run_steps(cpu_w, kernels::default_cpu_backend(), nullptr, 6);
+
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const Steps got = run_steps(w, fake, &fake, 6);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  expect_bitwise(want, got);
+}
+
+TEST(FakeDevice, Llama2cModelRunsOnDeviceMemoryOnlyWithTheCpuBits) {
+  const auto cpu_w = text::load_llama2c(kDir + "stories260K.bin");
+  const Steps want = run_steps(cpu_w, kernels::default_cpu_backend(), nullptr, 4);
+
+  test::FakeDevice fake;
+  const auto w = text::load_llama2c(kDir + "stories260K.bin", fake);
+  const Steps got = run_steps(w, fake, &fake, 4);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  expect_bitwise(want, got);
+}
+
+TEST(FakeDevice, SteadyStepsAllocateNothingDownloadOnceAndKeepTheirMetadataAddresses) {
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  // Decode steps of 3, 1, 2, 1, 3, ... rows after a 16-row prefill; 40 tokens
+  // cross block boundaries (16 positions a block), so block tables grow.
+  const Steps r = run_steps(w, fake, &fake, 30);
+  ASSERT_EQ(r.meta.size(), 30u);
+  for (size_t s = 0; s < r.meta.size(); ++s) {
+    EXPECT_EQ(r.downloads[s], 1) << "decode step " << s << ": the logits of a step come down in one copy";
+    EXPECT_EQ(r.allocs[s], 0) << "decode step " << s << " allocated device memory";
+    EXPECT_EQ(r.meta[s], r.meta[0]) << "decode step " << s << " moved its metadata (rows differ from step 0's)";
+  }
+}
