@@ -8,9 +8,9 @@
 namespace atelier::image {
 
 struct ClipTextEncoder::Layer {
-  std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
+  Param ln1_w, ln1_b, ln2_w, ln2_b;
   Weight qkv, out, fc1, fc2;  // qkv: q, k, v rows stacked
-  std::vector<float> qkv_b, out_b, fc1_b, fc2_b;
+  Param qkv_b, out_b, fc1_b, fc2_b;
 };
 
 namespace {
@@ -97,8 +97,9 @@ std::unique_ptr<ClipTextEncoder> ClipTextEncoder::load(const WeightStore& ws, co
   e->cfg_ = cfg;
   const int64_t w = cfg.width;
   e->tokens_ = ws.matrix(n.tokens, cfg.vocab, w);
-  e->positions_.resize(static_cast<size_t>(cfg.positions * w));
-  ws.rows_f32(n.positions, 0, cfg.positions, e->positions_.data());
+  std::vector<float> positions(static_cast<size_t>(cfg.positions * w));
+  ws.rows_f32(n.positions, 0, cfg.positions, positions.data());
+  e->positions_ = ws.param(std::move(positions));
   for (int l = 0; l < cfg.layers_used; ++l) {
     const std::string p = n.layer(l);
     auto L = std::make_unique<Layer>();
@@ -119,10 +120,12 @@ std::unique_ptr<ClipTextEncoder> ClipTextEncoder::load(const WeightStore& ws, co
       L->ln2_w = ws.vec(p + "layer_norm2.weight", w), L->ln2_b = ws.vec(p + "layer_norm2.bias", w);
       const std::string a = p + "self_attn.";
       L->qkv = ws.stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, w, w);
+      std::vector<float> qkv_b;
       for (const char* b : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
-        const auto v = ws.vec(a + b, w);
-        L->qkv_b.insert(L->qkv_b.end(), v.begin(), v.end());
+        const Param v = ws.vec(a + b, w);
+        qkv_b.insert(qkv_b.end(), v.host().begin(), v.host().end());
       }
+      L->qkv_b = ws.param(std::move(qkv_b));
       L->out = ws.matrix(a + "out_proj.weight", w, w);
       L->out_b = ws.vec(a + "out_proj.bias", w);
       const int64_t hidden = ws.get(p + "mlp.fc1.weight").shape.at(0);

@@ -48,9 +48,9 @@ class ClipTextEncoder {
   ClipConfig cfg_;
   mutable Workspace work_;
   Weight tokens_;                 // [vocab][width] in the file's type; rows widened on lookup
-  std::vector<float> positions_;  // [77][width]
+  Param positions_;               // [77][width]
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<float> final_w_, final_b_;
+  Param final_w_, final_b_;
 };
 
 }  // namespace atelier::image

@@ -69,7 +69,7 @@ SdInfo SdModel::inspect(const std::string& path, const SdOptions& options) {
 SdModel::SdModel() = default;
 SdModel::~SdModel() = default;
 
-std::unique_ptr<SdModel> SdModel::open(const std::string& path, const SdOptions& options) {
+std::unique_ptr<SdModel> SdModel::open(const std::string& path, const SdOptions& options, kernels::Backend& backend) {
   std::unique_ptr<SdModel> m(new SdModel());
   m->ws_ = WeightStore::open(path, options.precision);
   const WeightStore& ws = *m->ws_;
@@ -83,6 +83,7 @@ std::unique_ptr<SdModel> SdModel::open(const std::string& path, const SdOptions&
   m->unet_pages_ = m->ws_->take_in_place();
   m->vae_ = Vae::load(ws, m->info_.vae);
   m->vae_pages_ = m->ws_->take_in_place();
+  m->ws_->place(backend);
   if (m->release_idle_)
     for (Part p : {Part::text_encoder, Part::unet, Part::vae}) m->release_weights(p);
   trace_memory("sd model loaded");

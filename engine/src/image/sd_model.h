@@ -132,8 +132,10 @@ class SdModel {
   // Reads names and shapes and decides the version (see the top of the file).
   static SdInfo inspect(const std::string& path, const SdOptions& options = {});
   // Loads everything. Throws Error naming the path and what is missing,
-  // malformed or unsupported.
-  static std::unique_ptr<SdModel> open(const std::string& path, const SdOptions& options = {});
+  // malformed or unsupported. Every parameter is placed on `backend` (a
+  // copy where it does not read host memory; the file's pages on the CPU).
+  static std::unique_ptr<SdModel> open(const std::string& path, const SdOptions& options = {},
+                                       kernels::Backend& backend = kernels::default_cpu_backend());
   ~SdModel();
 
   const SdInfo& info() const { return info_; }

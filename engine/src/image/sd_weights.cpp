@@ -325,6 +325,46 @@ std::optional<std::string> WeightStore::meta(const std::string& key) const {
   return it->second;
 }
 
+std::shared_ptr<DeviceCopy> Placement::add(const void* host, int64_t bytes) {
+  auto d = std::make_shared<DeviceCopy>();
+  d->host = host;
+  d->bytes = bytes;
+  pending_.push_back(d);
+  return d;
+}
+
+int64_t Placement::place(kernels::Backend& be) {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  if (be.device().host_memory) return 0;
+  // A parameter whose owner is gone (only this list holds it) is skipped.
+  auto round = [](int64_t b) { return (b + 63) / 64 * 64; };
+  int64_t total = 0;
+  for (const auto& d : pending)
+    if (d.use_count() > 1) total += round(d->bytes);
+  if (total == 0) return 0;
+  buffers_.push_back(be.alloc(total));
+  kernels::Buffer& buf = *buffers_.back();
+  int64_t at = 0;
+  for (const auto& d : pending) {
+    if (d.use_count() <= 1) continue;
+    be.upload(buf, at, d->host, d->bytes);
+    d->device = buf.at<uint8_t>(at);
+    at += round(d->bytes);
+  }
+  device_bytes_ += total;
+  return total;
+}
+
+Param::Param(std::vector<float> v, Placement& placement) : host_(std::move(v)) {
+  if (!host_.empty()) dev_ = placement.add(host_.data(), static_cast<int64_t>(host_.size() * sizeof(float)));
+}
+
+const float* Param::data() const {
+  if (dev_ && dev_->device) return static_cast<const float*>(dev_->device);
+  return host_.empty() ? nullptr : host_.data();
+}
+
 Weight WeightStore::make_weight(formats::ElemType src, int64_t rows, int64_t cols) const {
   const auto st = formats::kernel_dtype(src);
   Weight w;
@@ -389,6 +429,7 @@ Weight WeightStore::stacked(const std::vector<std::string>& names, int64_t rows_
       w.cols = cols;
       w.mapped = first.data;
       in_place_.emplace_back(first.data, first.bytes);
+      w.dev = placement_.add(w.mapped, w.nbytes());
       return w;
     }
   }
@@ -405,10 +446,11 @@ Weight WeightStore::stacked(const std::vector<std::string>& names, int64_t rows_
     convert(*formats::kernel_dtype(t.dtype), t.data, w.type, w.bytes.data() + i * rows_each * row_bytes, rows_each * cols);
     release_copied(t);
   }
+  w.dev = placement_.add(w.bytes.data(), w.nbytes());
   return w;
 }
 
-std::vector<float> WeightStore::vec(const std::string& name, int64_t n) const {
+Param WeightStore::vec(const std::string& name, int64_t n) const {
   const TensorRef& t = get(name);
   check_math_type(path_, name, t);
   if (t.elements() != n || t.shape.empty())
@@ -416,11 +458,11 @@ std::vector<float> WeightStore::vec(const std::string& name, int64_t n) const {
   std::vector<float> out(static_cast<size_t>(n));
   convert(*formats::kernel_dtype(t.dtype), t.data, kernels::DType::F32, reinterpret_cast<uint8_t*>(out.data()), n);
   release_copied(t);
-  return out;
+  return param(std::move(out));
 }
 
-std::vector<float> WeightStore::vec_or_empty(const std::string& name, int64_t n) const {
-  return has(name) ? vec(name, n) : std::vector<float>();
+Param WeightStore::vec_or_empty(const std::string& name, int64_t n) const {
+  return has(name) ? vec(name, n) : Param();
 }
 
 void WeightStore::rows_f32(const std::string& name, int64_t r0, int64_t nr, float* out) const {

@@ -40,14 +40,71 @@ struct TensorRef {
   int64_t elements() const;
 };
 
+// A parameter's copy on the device its network runs on: `device` is set by
+// Placement::place on a device that does not read host memory; elsewhere
+// the host bytes are the device's (nothing copied).
+struct DeviceCopy {
+  const void* host = nullptr;
+  int64_t bytes = 0;
+  const void* device = nullptr;
+};
+
+// The parameters a network's loader made, placed on a backend (issue 32:
+// every parameter on the device, none handed to an op from a mapping or a
+// host vector). Weight and Param register here when made; place() copies
+// what was added since its last call into one buffer of the backend.
+class Placement {
+ public:
+  std::shared_ptr<DeviceCopy> add(const void* host, int64_t bytes);
+  // Nothing to copy on a device that reads host memory (the CPU). Returns
+  // the bytes copied.
+  int64_t place(kernels::Backend& be);
+  int64_t device_bytes() const { return device_bytes_; }
+
+ private:
+  std::vector<std::shared_ptr<DeviceCopy>> pending_;
+  std::vector<std::unique_ptr<kernels::Buffer>> buffers_;
+  int64_t device_bytes_ = 0;
+};
+
+// An f32 vector parameter (a bias, a norm's weights, a position table):
+// data() is its device address. Move-only, so the host bytes a Placement
+// copies from stay where they were registered.
+class Param {
+ public:
+  Param() = default;
+  Param(std::vector<float> v, Placement& placement);
+  Param(Param&&) = default;
+  Param& operator=(Param&&) = default;
+  Param(const Param&) = delete;
+  Param& operator=(const Param&) = delete;
+  bool empty() const { return host_.empty(); }
+  size_t size() const { return host_.size(); }
+  const float* data() const;
+  const std::vector<float>& host() const { return host_; }
+
+ private:
+  std::vector<float> host_;
+  std::shared_ptr<DeviceCopy> dev_;
+};
+
 // A matrix for kernels::matmul / conv2d: `rows` outputs of `cols` inputs
 // (a conv's [c_out][c_in][kh][kw] is rows = c_out, cols = c_in * kh * kw).
+// Move-only, as Param.
 struct Weight {
+  Weight() = default;
+  Weight(Weight&&) = default;
+  Weight& operator=(Weight&&) = default;
+  Weight(const Weight&) = delete;
+  Weight& operator=(const Weight&) = delete;
   kernels::DType type = kernels::DType::F32;
   int64_t rows = 0, cols = 0;
   std::vector<uint8_t> bytes;       // owned (converted or stacked), or empty
   const uint8_t* mapped = nullptr;  // else in place in the WeightStore's mapping
-  const void* data() const { return mapped ? mapped : bytes.data(); }
+  std::shared_ptr<DeviceCopy> dev;  // its device copy, where there is one
+  const void* host() const { return mapped ? mapped : bytes.data(); }
+  // The device address the ops read.
+  const void* data() const { return dev && dev->device ? dev->device : host(); }
   int64_t nbytes() const { return rows * kernels::dtype_row_bytes(type, cols); }
   kernels::WeightView view() const;
   bool empty() const { return rows == 0; }
@@ -84,9 +141,14 @@ class WeightStore {
   // The same rows of several tensors stacked (separate q/k/v -> one qkv).
   Weight stacked(const std::vector<std::string>& names, int64_t rows_each, int64_t cols) const;
   // A 1-D tensor of n elements (bias, norm) widened to f32.
-  std::vector<float> vec(const std::string& name, int64_t n) const;
+  Param vec(const std::string& name, int64_t n) const;
   // A 1-D tensor if present, else empty.
-  std::vector<float> vec_or_empty(const std::string& name, int64_t n) const;
+  Param vec_or_empty(const std::string& name, int64_t n) const;
+  // A vector made from the file's tensors some other way, placed with them.
+  Param param(std::vector<float> v) const { return Param(std::move(v), placement_); }
+  // Every matrix and vector handed out since the last call, onto `be` (a
+  // copy on a device that does not read host memory; nothing on the CPU).
+  int64_t place(kernels::Backend& be) { return placement_.place(be); }
   // Rows [r0, r0 + nr) of a 2-D tensor widened to f32 (embeddings).
   void rows_f32(const std::string& name, int64_t r0, int64_t nr, float* out) const;
 
@@ -122,6 +184,7 @@ class WeightStore {
   std::map<std::string, TensorRef> tensors_;
   std::map<std::string, std::string> metadata_;
   mutable std::vector<std::pair<const uint8_t*, uint64_t>> in_place_;
+  mutable Placement placement_;
 };
 
 // ---- building blocks the networks share (f32 activations)
@@ -129,7 +192,7 @@ class WeightStore {
 // PyTorch Conv2d, square kernel, "same"-style symmetric padding.
 struct Conv2d {
   Weight w;
-  std::vector<float> b;  // empty: no bias
+  Param b;  // empty: no bias
   int64_t c_in = 0, c_out = 0, k = 3, stride = 1, pad = 1;
   // PREFIX.weight [c_out][c_in][k][k] (PREFIX.bias when present); pad = k / 2.
   static Conv2d load(const WeightStore& ws, const std::string& prefix, int64_t c_in, int64_t c_out, int64_t k,
@@ -143,14 +206,14 @@ struct Conv2d {
 // nn.Linear (or a 1x1 conv used as one) on token-major rows.
 struct Linear {
   Weight w;
-  std::vector<float> b;
+  Param b;
   static Linear load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias = true);
   // x: rows x in -> y: rows x out on a backend: matmul, then the bias.
   void run(kernels::Backend& be, const float* x, float* y, int64_t rows) const;
 };
 
 struct Norm {
-  std::vector<float> g, b;
+  Param g, b;
   static Norm load(const WeightStore& ws, const std::string& prefix, int64_t c);
 };
 

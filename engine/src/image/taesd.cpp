@@ -10,6 +10,7 @@
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
 #include "formats/sniff.h"
+#include "image/sd_weights.h"
 
 namespace atelier::image {
 
@@ -23,7 +24,7 @@ struct Tensor {
 // Every tensor of the file, widened to f32, by state-dict name.
 class TensorSet {
  public:
-  explicit TensorSet(const std::string& path) : path_(path) {
+  TensorSet(const std::string& path, Placement& placement) : path_(path), placement_(placement) {
     const bool st = formats::sniff_model_file(path).kind == formats::FileKind::safetensors;  // by content, not name
     if (st) {
       auto f = formats::SafetensorsFile::open(path);
@@ -56,6 +57,8 @@ class TensorSet {
   }
 
   const std::string& path() const { return path_; }
+  // A tensor's values as a parameter to place on the network's device.
+  Param param(const Tensor& t) { return Param(t.data, placement_); }
 
   static std::string str(const std::vector<int64_t>& s) {
     std::string out = "[";
@@ -77,13 +80,14 @@ class TensorSet {
   }
 
   std::string path_;
+  Placement& placement_;
   std::map<std::string, Tensor> tensors_;
   std::set<std::string> used_;
 };
 
 struct Conv {
   int64_t c_in = 0, c_out = 0, k = 3, stride = 1;
-  std::vector<float> weight, bias;  // bias empty: none
+  Param weight, bias;  // bias empty: none
 
   static Conv load(TensorSet& ts, const std::string& prefix, int64_t c_in, int64_t stride, bool allow_bias = true) {
     Conv c;
@@ -94,8 +98,8 @@ struct Conv {
     if (w.shape[3] != c.k || (c.k != 1 && c.k != 3))
       throw Error(ts.path() + ": tensor " + prefix + "weight: expected a 1x1 or 3x3 kernel, got " + TensorSet::str(w.shape));
     c.stride = stride;
-    c.weight = w.data;
-    if (allow_bias && ts.has(prefix + "bias")) c.bias = ts.get(prefix + "bias", {c.c_out}).data;
+    c.weight = ts.param(w);
+    if (allow_bias && ts.has(prefix + "bias")) c.bias = ts.param(ts.get(prefix + "bias", {c.c_out}));
     return c;
   }
 
@@ -124,22 +128,22 @@ struct TaesdNet::Layer {
   Conv conv2, conv4;                          // block
   std::optional<Conv> skip;                   // block, when widths differ
   std::optional<Conv> pool_in, pool_out;      // block with the GroupNorm branch
-  std::vector<float> pool_gamma, pool_beta;
+  Param pool_gamma, pool_beta;
   int64_t channels_out = 0;
 };
 
-TaesdNet::TaesdNet() = default;
+TaesdNet::TaesdNet() : placement_(std::make_unique<Placement>()) {}
 TaesdNet::~TaesdNet() = default;
 TaesdNet::Kind TaesdNet::kind() const { return kind_; }
 int TaesdNet::latent_channels() const { return latent_channels_; }
 
-std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind) {
+std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind, kernels::Backend& backend) {
   using T = Layer::Type;
   // taesd.py's Sequential; 's' marks the stride-2 convolutions.
   static const char kEncoder[] = "cBsBBBsBBBsBBBc";
   static const char kDecoder[] = "ZcRBBBUcBBBUcBBBUcBc";
-  TensorSet ts(path);
   std::unique_ptr<TaesdNet> net(new TaesdNet());
+  TensorSet ts(path, *net->placement_);
   net->kind_ = kind;
   int64_t ch = kind == Kind::encoder ? 3 : -1;  // the decoder's input width comes from its first conv
   const std::string arch = kind == Kind::encoder ? kEncoder : kDecoder;
@@ -163,8 +167,8 @@ std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind) {
           layer->pool_in = Conv::load(ts, p + "pool.0.", ch, 1, false);
           const int64_t wide = layer->pool_in->c_out;
           if (wide % 4) throw Error(path + ": " + p + "pool.0.weight: " + std::to_string(wide) + " channels do not split into 4 groups");
-          layer->pool_gamma = ts.get(p + "pool.1.weight", {wide}).data;
-          layer->pool_beta = ts.get(p + "pool.1.bias", {wide}).data;
+          layer->pool_gamma = ts.param(ts.get(p + "pool.1.weight", {wide}));
+          layer->pool_beta = ts.param(ts.get(p + "pool.1.bias", {wide}));
           layer->pool_out = Conv::load(ts, p + "pool.3.", wide, 1, false);
           if (layer->pool_out->c_out != ch) throw Error(path + ": " + p + "pool.3.weight does not map back to " + std::to_string(ch) + " channels");
         }
@@ -182,6 +186,7 @@ std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind) {
   ts.check_all_used();
   if (kind == Kind::encoder) net->latent_channels_ = static_cast<int>(ch);
   else if (ch != 3) throw Error(path + ": the decoder ends in " + std::to_string(ch) + " channels, not RGB");
+  net->placement_->place(backend);
   return net;
 }
 

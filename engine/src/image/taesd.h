@@ -31,6 +31,8 @@
 
 namespace atelier::image {
 
+class Placement;  // sd_weights.h
+
 class TaesdNet {
  public:
   enum class Kind { encoder, decoder };
@@ -39,7 +41,9 @@ class TaesdNet {
   // file with taesd.py's state-dict names ("3.conv.0.weight"). Weights are
   // widened to f32 (the models are ~1.3M parameters). Throws Error naming the
   // file and the tensor when a name or shape does not fit the architecture.
-  static std::unique_ptr<TaesdNet> open(const std::string& path, Kind kind);
+  // Its parameters are placed on `backend` (a copy where it does not read host memory).
+  static std::unique_ptr<TaesdNet> open(const std::string& path, Kind kind,
+                                        kernels::Backend& backend = kernels::default_cpu_backend());
   ~TaesdNet();
 
   Kind kind() const;
@@ -64,6 +68,7 @@ class TaesdNet {
   Kind kind_ = Kind::decoder;
   int latent_channels_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<Placement> placement_;  // the device copies of the layers' parameters
 };
 
 }  // namespace atelier::image

@@ -71,10 +71,10 @@ class Unet {
   mutable Workspace work_;
   UnetConfig cfg_;
   Weight temb1_, temb2_;
-  std::vector<float> temb1_b_, temb2_b_;
+  Param temb1_b_, temb2_b_;
   std::vector<std::unique_ptr<Block>> input_, output_;
   std::unique_ptr<Block> middle_;
-  std::vector<float> out_norm_w_, out_norm_b_;
+  Param out_norm_w_, out_norm_b_;
   std::unique_ptr<Block> out_conv_;
 };
 
