@@ -6,7 +6,9 @@
 // is bit-identical whether it runs alone or among other rows.
 //
 // Data goes through the backend's own buffers (upload, op, download), so a
-// device backend runs the same suite unchanged: add it to backends().
+// device backend runs the same suite unchanged: add it to backends(). The
+// fake device (tests/fake_device.h) is one such entry: it fails any test
+// that hands an op host memory.
 #include <atelier/backend.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_device.h"
 #include "resident_pages.h"
 
 #include "kernels/test_util.h"
@@ -32,20 +35,34 @@ struct BackendCase {
   std::string name;
   std::string simd;  // level to cap the kernels at while it runs
   int threads;
+  bool fake = false;  // tests/fake_device.h over the CPU backend: a device that is not the host
 };
 
 std::vector<BackendCase> backends() {
   std::vector<BackendCase> out;
   for (const auto& level : testing::available_levels())
     for (int t : {1, 3}) out.push_back({"cpu-" + level + "-" + std::to_string(t) + "t", level, t});
+  out.push_back({"fake-device", testing::available_levels().front(), 3, true});
   return out;
 }
 
-// One backend under test, with its buffers.
+// One backend under test, with its buffers. On the fake device, any op
+// handed host memory (the suite's own slip, or a backend's) fails the test.
 class Dev {
  public:
   explicit Dev(const BackendCase& c) : simd_(c.simd), ex_(c.threads) {
-    be_ = make_cpu_backend(c.threads > 1 ? &ex_ : nullptr);
+    if (c.fake) {
+      auto f = std::make_unique<test::FakeDevice>(&ex_);
+      fake_ = f.get();
+      be_ = std::move(f);
+    } else {
+      be_ = make_cpu_backend(c.threads > 1 ? &ex_ : nullptr);
+    }
+  }
+  ~Dev() {
+    if (fake_) EXPECT_EQ(fake_->violations(), std::vector<std::string>{});
+    bufs_.clear();
+    be_.reset();
   }
   Backend& be() { return *be_; }
   // A device copy of host data (kept alive with the Dev).
@@ -75,6 +92,7 @@ class Dev {
   testing::ScopedSimd simd_;
   testing::TestExecutor ex_;
   std::unique_ptr<Backend> be_;
+  test::FakeDevice* fake_ = nullptr;
   std::vector<std::unique_ptr<Buffer>> bufs_;
 };
 
@@ -221,7 +239,9 @@ TEST_P(BackendOps, GetRowsAndCopyRows) {
     for (size_t r = 0; r < ids.size(); ++r)
       dequantize_row(t, w.bytes.data() + ids[r] * w.view.row_stride_bytes, ref.data() + r * cols, cols);
     float* dy = dev.zeros<float>(ref.size());
-    dev.be().get_rows(w.view, dev.put(ids), dy, static_cast<int64_t>(ids.size()));
+    WeightView table = w.view;  // the rows as stored, in the device's memory
+    table.data = dev.put(w.bytes);
+    dev.be().get_rows(table, dev.put(ids), dy, static_cast<int64_t>(ids.size()));
     EXPECT_EQ(dev.get(dy, ref.size()), ref) << what;
     // And a gather of those rows.
     const std::vector<int32_t> pick = {4, 1};
