@@ -46,6 +46,13 @@ struct DeviceInfo {
   std::string name;            // "cpu"
   std::string description;     // "x86-64, avx512, 2 threads"
   bool host_memory = true;     // buffers are host memory (no copies needed to read them)
+  // Batch invariance, a capability each device states (ARCHITECTURE.md): a
+  // row's result is bit for bit the same whatever other rows share the call
+  // and however many threads run it, so the same request and seed give the
+  // same output alone or in any batch. The CPU backend's every op keeps it
+  // (the op suite checks it). A device whose fastest kernels cannot says
+  // false, and keeps it only when asked to be deterministic.
+  bool batch_invariant = true;
 };
 
 // Where a KV cache's rows live: the slot s of layer l (s = block * block_tokens
