@@ -200,8 +200,12 @@ std::vector<int64_t> JobDb::insert_many(const std::vector<NewJob>& jobs, int64_t
     // A keyed job already queued, running or completed is that job; one that
     // failed or was cancelled is queued afresh (a rerun is how it is retried).
     if (!j.key.empty()) {
+      // `submit_key != ''` lets SQLite use the partial index jobs_submit_key
+      // (a query must name its WHERE term). Without it the lookup walked every
+      // queued row by jobs_queue, so a batch's insert was quadratic: 100k lines
+      // never finished queueing.
       Stmt f(db_, path_,
-             "SELECT id FROM jobs WHERE submit_key = ?1 AND state IN ('queued', 'running', 'completed') "
+             "SELECT id FROM jobs WHERE submit_key = ?1 AND submit_key != '' AND state IN ('queued', 'running', 'completed') "
              "ORDER BY id DESC LIMIT 1");
       f.text(1, j.key);
       if (f.step()) {
@@ -334,8 +338,8 @@ std::optional<JobRow> JobDb::get(int64_t id) const {
 
 std::optional<int64_t> JobDb::find_key(const std::string& key) const {
   std::lock_guard lock(mu_);
-  Stmt f(db_, path_,
-         "SELECT id FROM jobs WHERE submit_key = ?1 AND state IN ('queued', 'running', 'completed') "
+  Stmt f(db_, path_,  // by the partial index jobs_submit_key, as in insert_many
+         "SELECT id FROM jobs WHERE submit_key = ?1 AND submit_key != '' AND state IN ('queued', 'running', 'completed') "
          "ORDER BY id DESC LIMIT 1");
   f.text(1, key);
   if (!f.step()) return std::nullopt;
