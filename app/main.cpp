@@ -13,6 +13,60 @@
 
 namespace {
 
+// The Range CLI11 was given, out of the type name it built ("INT:INT in [1 - 1048576]",
+// "FLOAT:FLOAT in [0.000000 - 100.000000]"); words "" when none was checked.
+struct NumberRange {
+  long double lo = 0, hi = 0;
+  std::string words;  // " from 1 to 1048576"
+};
+NumberRange range_of(const std::string& type_name) {
+  NumberRange r;
+  const size_t open = type_name.find(" in ["), dash = type_name.find(" - ", open), close = type_name.find(']', dash);
+  if (open == std::string::npos || dash == std::string::npos || close == std::string::npos) return r;
+  const std::string lo = type_name.substr(open + 5, dash - open - 5), hi = type_name.substr(dash + 3, close - dash - 3);
+  char *lo_end = nullptr, *hi_end = nullptr;
+  r.lo = std::strtold(lo.c_str(), &lo_end);
+  r.hi = std::strtold(hi.c_str(), &hi_end);
+  if (*lo_end != '\0' || *hi_end != '\0') return r;
+  auto tidy = [](std::string n) {  // 100.000000 -> 100, 0.500000 -> 0.5
+    if (n.find('.') == std::string::npos) return n;
+    while (!n.empty() && n.back() == '0') n.pop_back();
+    if (!n.empty() && n.back() == '.') n.pop_back();
+    return n;
+  };
+  r.words = " from " + tidy(lo) + " to " + tidy(hi);
+  return r;
+}
+
+// What was wrong and the form wanted, before anything else looks at the value:
+// "-n abc" said "Value abc not in range 1 to 1048576" (Range's words) and
+// "queue cancel abc" or "--priority nan" "Could not convert".
+CLI::Validator number_form(bool whole, bool is_unsigned, const NumberRange& range) {
+  return CLI::Validator(
+      [whole, is_unsigned, range](std::string& v) -> std::string {
+        if (v.empty()) return "an empty value is not a number";
+        const std::string want = whole ? "; give a whole number" + (range.words.empty() ? std::string(" (such as 42)") : range.words)
+                                       : "; give a number" + (range.words.empty() ? std::string(" (such as 0.5)") : range.words);
+        if (whole) {
+          const size_t sign = (v[0] == '+' || v[0] == '-') ? 1 : 0;
+          if (v.size() == sign || v.find_first_not_of("0123456789", sign) != std::string::npos)
+            return "'" + v + "' is not a whole number" + want;
+          if (v[0] == '-' && is_unsigned && v.find_first_not_of('0', 1) != std::string::npos) return "'" + v + "' is below zero" + want;
+        } else {
+          char* end = nullptr;
+          const long double d = std::strtold(v.c_str(), &end);
+          if (end == v.c_str() || *end != '\0') return "'" + v + "' is not a number" + want;
+          if (!std::isfinite(d)) return "'" + v + "' is not a finite number" + want;
+        }
+        if (!range.words.empty()) {
+          const long double d = std::strtold(v.c_str(), nullptr);
+          if (!(d >= range.lo && d <= range.hi)) return "'" + v + "' is out of range" + want;
+        }
+        return "";
+      },
+      "", "number form");
+}
+
 // CLI11 reads an empty value of a number option as the default ("--cfg ''"
 // ran with 7.5): refuse it, on every number option of every command.
 void refuse_empty_numbers(CLI::App& app) {
@@ -45,6 +99,7 @@ void refuse_empty_numbers(CLI::App& app) {
     const std::string t = o->get_type_name();
     const auto is = [&t](const char* kind) { return t.rfind(kind, 0) == 0; };
     const bool whole = is("INT") || is("UINT"), number = whole || is("FLOAT") || is("NUMBER");
+    if (number) o->transform(number_form(whole, is("UINT"), range_of(t)));  // in front of the Range
     if (number) o->check(not_empty);
     if (is("FLOAT")) o->check(finite);
     if (whole) o->check(fits);

@@ -3,6 +3,7 @@
 // on a data dir (default: $ATELIER_HOME or ~/.local/share/atelier); one
 // process at a time executes its queue, the others read and write it.
 #include <atelier/engine.h>
+#include <atelier/json_input.h>
 #include <atelier/models.h>
 #include <atelier/store.h>
 
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <thread>
@@ -39,7 +42,11 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_signal(int) { g_interrupted = true; }
+std::atomic<int> g_signal{0};  // the signal that set g_interrupted
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+  g_interrupted = true;
+}
 
 struct RunnerOptions {
   std::string data_dir = default_data_dir();
@@ -221,6 +228,7 @@ Result<std::string> line_output(const BatchOptions& o, int number, const std::st
 int run_batch(const BatchOptions& o) {
   // From the start: an interrupt at any point still ends with results.jsonl.
   g_interrupted = false;
+  g_signal = 0;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   int shard_i = 0, shard_n = 1;
@@ -259,6 +267,10 @@ int run_batch(const BatchOptions& o) {
   std::error_code abs_ec;
   const std::string out_abs = fs::absolute(o.out_dir, abs_ec).lexically_normal().string();
   for (int number = 1; std::getline(in, text); ++number) {
+    if (g_interrupted) {
+      std::fprintf(stderr, "atelier: interrupted while reading %s (at line %d): nothing was queued\n", o.file.c_str(), number);
+      return 128 + g_signal;
+    }
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not jobs
     if (number % shard_n != shard_i) continue;
     const std::string where = o.file + ":" + std::to_string(number) + ": ";
@@ -317,62 +329,101 @@ int run_batch(const BatchOptions& o) {
   }
   ec.clear();
 
-  // Run the queue here, or, when another process already runs it, queue and wait for it.
-  auto opened = Engine::open(engine_config(o.runner, true));
-  if (!opened.ok()) {
-    opened = Engine::open(engine_config(o.runner, false));
-    if (!opened.ok()) return fail(opened.status());
-    std::fprintf(stderr, "another process runs the queue in %s; waiting for it to run these jobs\n", o.runner.data_dir.c_str());
-  }
-  Engine& e = *opened.value();
+  // Queue first, through an engine that runs nothing: no executor competes
+  // with the inserts (its queue refresh after every chunk would read the
+  // whole queue each time), and a job an earlier run left running is
+  // recovered only when the queue is run, below.
+  auto opened = Engine::open(engine_config(o.runner, false));
+  if (!opened.ok()) return fail(opened.status());
+  std::unique_ptr<Engine> engine = std::move(opened.value());
   // A request the engine refuses (a missing model file, say) is a failed line, not the end of the batch.
-  // All lines in one transaction when they are all acceptable; else one by one.
-  // Lines submitted by an earlier run (killed, or run again) are recognised by their key, not queued twice.
+  // Text lines go in chunks of kQueueChunk, one transaction (one sync) each; a chunk holding a refused
+  // line is queued one by one. A signal stops the queueing between chunks: what is queued stays queued
+  // under its key, so the same command run again queues the rest and nothing twice.
+  constexpr size_t kQueueChunk = 1000;
   std::map<int, std::string> refused;
   std::vector<TextRequest> all;
   std::vector<std::string> keys;
   std::vector<Line*> text_lines;
   int resumed = 0;
-  for (auto& l : lines) {
-    if (auto earlier = e.find_submitted(l.key); earlier.ok()) {
-      l.job = earlier.value();
-      ++resumed;
-      continue;
+  bool stopped = false;  // by a signal, before every line was queued
+  {
+    Engine& e = *engine;
+    const auto queue_t0 = Clock::now();
+    std::fprintf(stderr, "queueing %zu line(s) in %s\n", lines.size(), o.runner.data_dir.c_str());
+    // Checked after each chunk, not before: once queueing starts, a signal stops it
+    // after the chunk in hand, so what it leaves is always whole chunks.
+    for (auto& l : lines) {
+      if (auto earlier = e.find_submitted(l.key); earlier.ok()) {
+        l.job = earlier.value();
+        ++resumed;
+        continue;
+      }
+      if (!l.image) {
+        all.push_back(l.request);
+        keys.push_back(l.key);
+        text_lines.push_back(&l);
+      }
     }
-    if (!l.image) {
-      all.push_back(l.request);
-      keys.push_back(l.key);
-      text_lines.push_back(&l);
+    for (size_t begin = 0; begin < text_lines.size(); begin += kQueueChunk) {
+      const size_t end = std::min(text_lines.size(), begin + kQueueChunk);
+      const std::vector<TextRequest> chunk(all.begin() + static_cast<ptrdiff_t>(begin), all.begin() + static_cast<ptrdiff_t>(end));
+      const std::vector<std::string> chunk_keys(keys.begin() + static_cast<ptrdiff_t>(begin), keys.begin() + static_cast<ptrdiff_t>(end));
+      if (auto ids = e.submit_many(chunk, chunk_keys); ids.ok()) {
+        for (size_t i = begin; i < end; ++i) text_lines[i]->job = ids.value()[i - begin];
+      } else {
+        for (size_t i = begin; i < end; ++i) {
+          auto id = e.submit_many({all[i]}, {keys[i]});
+          if (id.ok()) text_lines[i]->job = id.value().front();
+          else refused[text_lines[i]->number] = id.status().message;
+        }
+      }
+      if (g_interrupted) break;
     }
+    for (auto& l : lines) {  // image lines: one transaction each
+      if (g_interrupted) break;
+      if (!l.image || l.job != 0) continue;
+      // Never replace a file the user has, unless asked to.
+      const ImageRequest& r = l.image_request;
+      // At most the 100 x 16 images a request may ask; submit refuses more below (a line asking 1e9 looped here for hours).
+      const int n = static_cast<int>(std::clamp<int64_t>(int64_t{r.batch_count} * r.batch_size, 0, 1600));
+      std::string exists;
+      for (int i = 0; i < n && exists.empty(); ++i)
+        if (const std::string f = numbered_output_path(r.output, i, n); fs::exists(fs::symlink_status(f, ec))) exists = f;
+      if (!exists.empty() && !o.overwrite) {
+        refused[l.number] = exists + " already exists: pass --overwrite to replace it, or name another output";
+        continue;
+      }
+      if (const fs::path parent = fs::path(r.output).parent_path(); !parent.empty() && !o.allow_any_output)
+        fs::create_directories(parent, ec);  // inside --out (checked above)
+      auto id = e.submit(l.image_request, l.key);
+      if (id.ok()) l.job = id.value();
+      else refused[l.number] = id.status().message;
+    }
+    if (g_interrupted) {
+      size_t queued = 0;
+      for (const auto& l : lines) {
+        if (l.job != 0) ++queued;
+        else if (!refused.count(l.number)) stopped = true;
+      }
+      if (stopped)
+        std::fprintf(stderr, "atelier: interrupted while queueing: %zu of %zu line(s) are queued and stay queued; "
+                             "run the same command again to queue the rest and run them (nothing is queued twice)\n",
+                     queued, lines.size());
+    }
+    if (!stopped)
+      std::fprintf(stderr, "queued %zu of %zu line(s) in %.1f s\n",
+                   static_cast<size_t>(std::count_if(lines.begin(), lines.end(), [](const Line& l) { return l.job != 0; })),
+                   lines.size(), std::chrono::duration<double>(Clock::now() - queue_t0).count());
   }
-  if (auto ids = e.submit_many(all, keys); ids.ok()) {
-    for (size_t i = 0; i < text_lines.size(); ++i) text_lines[i]->job = ids.value()[i];
-  } else {
-    for (size_t i = 0; i < text_lines.size(); ++i) {
-      auto id = e.submit_many({text_lines[i]->request}, {keys[i]});
-      if (id.ok()) text_lines[i]->job = id.value().front();
-      else refused[text_lines[i]->number] = id.status().message;
-    }
+  // Run the queue here, or, when another process already runs it, wait for it.
+  if (!stopped) {
+    if (auto runner = Engine::open(engine_config(o.runner, true)); runner.ok())
+      engine = std::move(runner.value());
+    else
+      std::fprintf(stderr, "another process runs the queue in %s; waiting for it to run these jobs\n", o.runner.data_dir.c_str());
   }
-  for (auto& l : lines) {
-    if (!l.image || l.job != 0) continue;
-    // Never replace a file the user has, unless asked to.
-    const ImageRequest& r = l.image_request;
-    // At most the 100 x 16 images a request may ask; submit refuses more below (a line asking 1e9 looped here for hours).
-    const int n = static_cast<int>(std::clamp<int64_t>(int64_t{r.batch_count} * r.batch_size, 0, 1600));
-    std::string exists;
-    for (int i = 0; i < n && exists.empty(); ++i)
-      if (const std::string f = numbered_output_path(r.output, i, n); fs::exists(fs::symlink_status(f, ec))) exists = f;
-    if (!exists.empty() && !o.overwrite) {
-      refused[l.number] = exists + " already exists: pass --overwrite to replace it, or name another output";
-      continue;
-    }
-    if (const fs::path parent = fs::path(r.output).parent_path(); !parent.empty() && !o.allow_any_output)
-      fs::create_directories(parent, ec);  // inside --out (checked above)
-    auto id = e.submit(l.image_request, l.key);
-    if (id.ok()) l.job = id.value();
-    else refused[l.number] = id.status().message;
-  }
+  Engine& e = *engine;
   if (resumed > 0) std::fprintf(stderr, "%d of %zu line(s) were queued by an earlier run; not queued again\n", resumed, lines.size());
   const auto t0 = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
@@ -416,7 +467,7 @@ int run_batch(const BatchOptions& o) {
     JobInfo j;
     if (l.job == 0) {
       j.state = JobState::Failed;
-      j.error = refused[l.number];
+      if (auto why = refused.find(l.number); why != refused.end()) j.error = why->second;
     } else if (auto f = finished.find(l.job); f != finished.end()) {
       j = f->second;
     } else if (auto now = e.job(l.job); now.ok()) {
@@ -440,7 +491,10 @@ int run_batch(const BatchOptions& o) {
       r["new_tokens"] = j.stats.new_tokens;
       r["tokens_per_s"] = j.stats.tokens_per_s;
     }
-    if (!complete) {
+    if (l.job == 0 && !refused.count(l.number)) {  // a signal stopped the queueing before this line
+      r["state"] = "not_queued";
+      r["error"] = "not queued: the batch was interrupted while queueing; run the same command again to queue and run it";
+    } else if (!complete) {
       r["error"] = pending ? std::string("interrupted before it finished: the job stays queued; rerun the same command to finish it")
                            : (j.error.empty() ? std::string(job_state_name(j.state)) : j.error);
       failed.push_back("line " + std::to_string(l.number) + " (job " + std::to_string(l.job) + "): " + r["error"].get<std::string>());
@@ -463,6 +517,7 @@ int run_batch(const BatchOptions& o) {
   std::fprintf(stderr, "wrote %s (%zu results)\n", results.string().c_str(), lines.size());
   if (o.runner.metrics) print_json_line(metrics_json(e.metrics()));
   list_failed();
+  if (stopped) return 128 + g_signal;  // as a shell reports a process the signal ended: 130 SIGINT, 143 SIGTERM
   if (interrupted) {
     std::fprintf(stderr, "interrupted: unfinished jobs stay in the queue (rerun the same command, or `atelier --headless`, to finish them)\n");
     return 1;
@@ -526,7 +581,7 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   CLI::App* add = queue->add_subcommand("add", "Queue a text job (run by `atelier --headless` or a running studio)");
   add->add_option("-m,--model", a->req.model, "Model: a store reference (NAME, NAME@VERSION, NAME:CHANNEL, sha256:DIGEST) or a file")->required();
   add_request_options(*add, a->req);
-  add->add_option("--priority", a->req.priority, "Higher runs first")->capture_default_str();
+  add->add_option("--priority", a->req.priority, "Higher runs first")->check(CLI::Range(INT_MIN, INT_MAX))->capture_default_str();
   add->add_flag("--interactive", a->req.interactive, "Interactive job: admitted above batch jobs, with a latency target");
   add->callback([a, client, &exit_code] {
     auto e = client();
@@ -643,9 +698,12 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   metrics->add_flag("--json", *mjson, "One JSON object");
   metrics->callback([m, mjson, &exit_code] {
     std::ifstream in(fs::path(m->data_dir) / "metrics.json");
+    const bool have = static_cast<bool>(in);
+    auto parsed = parse_json(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), "metrics.json");
     json j;
-    if (in) j = json::parse(in, nullptr, false);
-    if (!in || j.is_discarded()) {
+    if (have && parsed.ok() && parsed->is_object()) {
+      j = std::move(parsed.value());
+    } else {
       auto e = Engine::open(engine_config(*m, false));
       if (!e.ok()) return void(exit_code = fail(e.status()));
       j = metrics_json(e.value()->metrics());

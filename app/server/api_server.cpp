@@ -2,6 +2,7 @@
 // JSON error shape in front of the route files; the shared helpers of context.h.
 #include "server/api_server.h"
 
+#include <atelier/json_input.h>
 #include <atelier/models.h>
 #include <atelier/store.h>
 
@@ -56,10 +57,11 @@ void send_json(httplib::Response& res, const json& body, int status) {
 }
 
 json parse_body(const httplib::Request& req) {
-  json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded())
-    throw ApiError(400, "the request body is not valid JSON; send a JSON object (Content-Type: application/json)", "",
+  auto parsed = parse_json(req.body, "the request body");  // nested at most kMaxJsonDepth deep
+  if (!parsed.ok())
+    throw ApiError(400, parsed.status().message + "; send a JSON object (Content-Type: application/json)", "",
                    "invalid_request_error", "invalid_json");
+  json body = std::move(parsed.value());
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object", "", "invalid_request_error", "invalid_json");
   return body;
 }

@@ -120,6 +120,20 @@ put("request_json", "image.json", json.dumps({"kind": "image", "model": "sd15", 
                                               "width": 512, "height": 512, "steps": 20, "cfg_scale": 7.5, "seed": 3,
                                               "sampler": "euler_a", "output": "cat.png"}))
 put("request_json", "numbers.json", '{"model": "m", "prompt": "x", "priority": 1e400, "max_new_tokens": -1e400}')
+# Nested past the limit (atelier/json_input.h, kMaxJsonDepth 64): a field 2,000 deep, refused while parsing.
+put("request_json", "deep_field.json", '{"model": "m", "prompt": "x", "stop": ' + "[" * 2000 + "]" * 2000 + "}")
+
+# JSON nesting (json_depth): a schema near the schema limit, one nested past the JSON limit
+# (a 200-level copy of the 8,000-level schema that crashed `serve`), deep enum values, and a
+# text request whose json_schema string nests deep.
+def items_schema(depth):
+    return '{"type":"array","items":' * depth + '{"type":"string"}' + "}" * depth
+put("json_depth", "schema_items_30.json", items_schema(30))
+put("json_depth", "schema_properties_deep.json", '{"properties":{"a":' * 200 + "{}" + "}}" * 200)
+put("json_depth", "schema_object.json", json.dumps({"type": "object", "properties": {"name": {"type": "string"},
+    "tags": {"type": "array", "items": {"enum": ["a", [1, [2, [3]]], {"k": None}]}}}, "required": ["name"]}))
+put("json_depth", "arrays_65.json", "[" * 65 + "]" * 65)
+put("json_depth", "request_deep_schema.json", json.dumps({"model": "m", "prompt": "x", "json_schema": items_schema(100)}))
 
 # PNG: IHDR, tEXt (A1111 parameters), iTXt, zTXt, IDAT, IEND.
 def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)

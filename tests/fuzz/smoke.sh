@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$build/fuzz-artifacts"
-targets=(gguf safetensors zip pickle torch_checkpoint tokenizer chat_template request_json png_info http)
+targets=(gguf safetensors zip pickle torch_checkpoint tokenizer chat_template request_json json_depth png_info http)
 
 one() {
   local target=$1 bin="$build/tests/fuzz/fuzz_$1"

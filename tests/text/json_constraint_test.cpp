@@ -9,6 +9,8 @@
 #include <set>
 #include <string>
 
+#include <atelier/json_input.h>
+
 #include "text/json_constraint.h"
 
 namespace atelier::text {
@@ -145,6 +147,84 @@ TEST(JsonConstraint, RandomWalksAlwaysCloseWithinTheBudget) {
   EXPECT_EQ(least, static_cast<int>(std::string(R"({"name":"","age":0,"mood":"sad"})").size()));
   for (int budget : {least, least + 5, 80, 200}) random_walks(kSchema, budget, true);
   for (int budget : {2, 10, 60}) random_walks(R"({"type":"object"})", budget, false);
+}
+
+
+// A schema of array items nested DEPTH deep: {"type":"array","items":{...{"type":"string"}...}}.
+std::string items_schema(int depth) {
+  std::string s;
+  for (int i = 0; i < depth; ++i) s += R"({"type":"array","items":)";
+  s += R"({"type":"string"})";
+  s += std::string(static_cast<size_t>(depth), '}');
+  return s;
+}
+
+// Issue 31, item 2: a schema nested about 8,000 levels (200 KB) killed `serve`
+// and `atelier batch` with SIGSEGV (compile_node recursed once per level).
+// Now the parse stops at kMaxJsonDepth and says so.
+TEST(JsonConstraintDepth, ASchemaNestedThousandsDeepIsAClearErrorNotACrash) {
+  for (int depth : {8000, 100000}) {
+    std::string deep;
+    for (int i = 0; i < depth; ++i) deep += R"({"properties":{"a":)";
+    deep += "{}" + std::string(static_cast<size_t>(2 * depth), '}');
+    auto m = JsonMatcher::compile(deep);
+    ASSERT_FALSE(m.ok()) << depth;
+    EXPECT_EQ(m.status().code, StatusCode::InvalidArgument);
+    EXPECT_NE(m.status().message.find("more than " + std::to_string(kMaxJsonDepth) + " levels deep"), std::string::npos)
+        << m.status().message;
+    // Arrays of arrays inside an enum (values the matcher dumps): the same.
+    auto e = JsonMatcher::compile(R"({"enum":[)" + std::string(static_cast<size_t>(depth), '[') +
+                                  std::string(static_cast<size_t>(depth), ']') + "]}");
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message.find("levels deep"), std::string::npos) << e.status().message;
+  }
+}
+
+// compile_node has its own bound: schemas inside schemas stop at kMaxSchemaDepth
+// even where the JSON is shallower than kMaxJsonDepth.
+TEST(JsonConstraintDepth, SchemasNestAtMostTheSchemaLimit) {
+  static_assert(JsonMatcher::kMaxSchemaDepth < kMaxJsonDepth);
+  auto ok = JsonMatcher::compile(items_schema(JsonMatcher::kMaxSchemaDepth - 1));  // kMaxSchemaDepth schemas in all
+  ASSERT_TRUE(ok.ok()) << ok.status().message;
+  EXPECT_TRUE(matcher_takes(ok.value(), std::string(JsonMatcher::kMaxSchemaDepth - 1, '[') + R"("x")" +
+                                            std::string(JsonMatcher::kMaxSchemaDepth - 1, ']')));
+  auto deep = JsonMatcher::compile(items_schema(JsonMatcher::kMaxSchemaDepth));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message.find("nests more than " + std::to_string(JsonMatcher::kMaxSchemaDepth) + " levels"),
+            std::string::npos)
+      << deep.status().message;
+}
+
+// parse_json (atelier/json_input.h), the one bounded parse every JSON input goes through.
+TEST(JsonInput, NestingUpToTheLimitParsesAndOneLevelMoreIsRefused) {
+  auto nest = [](int depth, char open, char close) {
+    return std::string(static_cast<size_t>(depth), open) + std::string(static_cast<size_t>(depth), close);
+  };
+  auto at_limit = parse_json(nest(kMaxJsonDepth, '[', ']'), "the test");
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status().message;
+  auto over = parse_json(nest(kMaxJsonDepth + 1, '[', ']'), "the test");
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().message,
+            "the test nests objects and arrays more than " + std::to_string(kMaxJsonDepth) +
+                " levels deep, the limit for JSON input; flatten it");
+  std::string objects;
+  for (int i = 0; i < kMaxJsonDepth; ++i) objects += R"({"a":)";
+  objects += "1";
+  objects.append(kMaxJsonDepth, '}');
+  EXPECT_TRUE(parse_json(objects, "x").ok());
+  EXPECT_FALSE(parse_json("[" + objects + "]", "x").ok());
+  // The rest of the contract: syntax errors, huge numbers, ordered_json.
+  auto bad = parse_json("{\"a\":", "the body");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message.rfind("the body is not valid JSON: ", 0), 0u) << bad.status().message;
+  auto huge = parse_json("[1e400]", "the body");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message.find("too large"), std::string::npos) << huge.status().message;
+  auto ordered = parse_json<nlohmann::ordered_json>(R"({"b":1,"a":2})", "x");
+  ASSERT_TRUE(ordered.ok());
+  EXPECT_EQ(ordered->begin().key(), "b");
+  // A deep value never gets built: 10 MB of '[' is refused at once.
+  EXPECT_FALSE(parse_json(std::string(10 << 20, '['), "x").ok());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The chat template faces of atelier/models.h over text/chat_template (the Jinja renderer).
 #include <atelier/models.h>
+#include <atelier/json_input.h>
 
 #include <nlohmann/json.hpp>
 
@@ -9,8 +10,10 @@ namespace atelier {
 
 Result<std::string> render_chat_template(const std::string& template_text, const std::string& messages_json,
                                          const ChatTemplateOptions& options) {
-  nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, false);
-  if (messages.is_discarded() || !messages.is_array())
+  auto parsed = parse_json<nlohmann::ordered_json>(messages_json, "the messages");
+  if (!parsed.ok()) return parsed.status();
+  nlohmann::ordered_json messages = std::move(parsed.value());
+  if (!messages.is_array())
     return Status::error(StatusCode::InvalidArgument, "the messages must be a JSON list of {\"role\", \"content\"} objects");
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   vars["messages"] = std::move(messages);

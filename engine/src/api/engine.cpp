@@ -1,6 +1,7 @@
 // Engine: the public handle over the durable job queue (serve/job_db), the
 // batching executor (serve/scheduler.cpp), event delivery and metrics.
 #include <atelier/engine.h>
+#include <atelier/json_input.h>
 #include <atelier/models.h>
 
 #include <chrono>
@@ -96,7 +97,9 @@ JobInfo to_info(const runtime::JobRow& row) {
   if (!row.error_message.empty()) j.error = row.error_message;
   j.error_code = row.error_code;
   if (!row.result_json.empty()) {
-    const json r = json::parse(row.result_json, nullptr, false);
+    // Read back bounded (json_input.h), like every JSON input: a damaged row is an empty result, not a crash.
+    const auto parsed = parse_json(row.result_json, "the job's stored result");
+    const json r = parsed.ok() ? parsed.value() : json();
     if (r.is_object()) {
       j.text = r.value("text", "");
       if (r.contains("files") && r["files"].is_array())

@@ -1,5 +1,6 @@
 // The JSON form of TextRequest and ImageRequest (job database, `atelier batch` files).
 #include <atelier/requests.h>
+#include <atelier/json_input.h>
 
 #include <nlohmann/json.hpp>
 
@@ -91,13 +92,11 @@ void read(const json& j, const char* key, T& out) {
   }
 }
 
-// Every failure of parsing, as one message. nlohmann throws out_of_range (not
-// parse_error) for a number too large for a double, such as 1e400.
-Status json_error(const json::exception& e) {
-  if (e.id == 406)
-    return Status::error(StatusCode::InvalidArgument,
-                         std::string("a number is too large (beyond a double's range): ") + e.what());
-  return Status::error(StatusCode::InvalidArgument, std::string("not valid JSON: ") + e.what());
+// The line or body as JSON, nested at most kMaxJsonDepth deep (json_input.h).
+json parse_request(std::string_view text) {
+  auto j = parse_json(text, "the request");
+  if (!j.ok()) throw std::invalid_argument(j.status().message);
+  return std::move(j.value());
 }
 
 void check_kind(const json& j, const char* want) {
@@ -112,7 +111,7 @@ void check_kind(const json& j, const char* want) {
 
 Result<TextRequest> request_from_json(std::string_view text) {
   try {
-    const json j = json::parse(text);
+    const json j = parse_request(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
     check_kind(j, "text");
     check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "json_schema", "logprobs", "top_logprobs", "priority", "interactive", "sampling"}, "");
@@ -147,8 +146,8 @@ Result<TextRequest> request_from_json(std::string_view text) {
       read(s, "seed", p.seed);
     }
     return r;
-  } catch (const json::exception& e) {
-    return json_error(e);
+  } catch (const json::exception& e) {  // a value of an unexpected shape that read() did not foresee
+    return Status::error(StatusCode::InvalidArgument, std::string("the request: ") + e.what());
   } catch (const std::invalid_argument& e) {
     return Status::error(StatusCode::InvalidArgument, e.what());
   }
@@ -182,13 +181,15 @@ std::string image_request_to_json(const ImageRequest& r) {
 }
 
 bool is_image_request_json(std::string_view text) {
-  const json j = json::parse(text, nullptr, false);
+  const auto parsed = parse_json(text, "the request");
+  if (!parsed.ok()) return false;
+  const json& j = parsed.value();
   return j.is_object() && j.contains("kind") && j["kind"] == "image";
 }
 
 Result<ImageRequest> image_request_from_json(std::string_view text) {
   try {
-    const json j = json::parse(text);
+    const json j = parse_request(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
     check_kind(j, "image");
     check_keys(j, {"kind", "model", "prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "sampler",
@@ -219,8 +220,8 @@ Result<ImageRequest> image_request_from_json(std::string_view text) {
     read(j, "priority", r.priority);
     read(j, "interactive", r.interactive);
     return r;
-  } catch (const json::exception& e) {
-    return json_error(e);
+  } catch (const json::exception& e) {  // a value of an unexpected shape that read() did not foresee
+    return Status::error(StatusCode::InvalidArgument, std::string("the request: ") + e.what());
   } catch (const std::invalid_argument& e) {
     return Status::error(StatusCode::InvalidArgument, e.what());
   }

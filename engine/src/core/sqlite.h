@@ -69,6 +69,12 @@ class Stmt {
     check(sqlite3_bind_text(s_, index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
     return *this;
   }
+  // Ready to run again with new bindings (a statement prepared once for many rows).
+  Stmt& reset() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+    return *this;
+  }
   // True when a row is ready, false when done.
   bool step() {
     const int rc = sqlite3_step(s_);

@@ -1,5 +1,7 @@
 #include "text/json_constraint.h"
 
+#include <atelier/json_input.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -26,7 +28,14 @@ std::shared_ptr<SchemaNode> any_node() {
   return node;
 }
 
-std::shared_ptr<SchemaNode> compile_node(const json& s, const std::string& where) {
+// DEPTH: schemas around this one. compile_node, min_value_bytes and the
+// nodes' destructors recurse once per level, so the nesting is bounded here
+// and not only by the parse (kMaxJsonDepth).
+std::shared_ptr<SchemaNode> compile_node(const json& s, const std::string& where, int depth) {
+  if (depth >= JsonMatcher::kMaxSchemaDepth)
+    throw std::invalid_argument("the schema nests more than " + std::to_string(JsonMatcher::kMaxSchemaDepth) +
+                                " levels deep (properties, items, additionalProperties), the limit; flatten it (at " +
+                                where.substr(0, 200) + (where.size() > 200 ? "..." : "") + ")");
   auto n = std::make_shared<SchemaNode>();
   if (s.is_boolean() && s.get<bool>()) return any_node();
   if (!s.is_object()) throw std::invalid_argument(where + " must be a schema object");
@@ -64,7 +73,7 @@ std::shared_ptr<SchemaNode> compile_node(const json& s, const std::string& where
       if (!s["properties"].is_object()) throw std::invalid_argument(where + ".properties must be an object");
       for (const auto& [name, sub] : s["properties"].items()) {
         n->names.push_back(name);
-        n->props.push_back(compile_node(sub, where + ".properties." + name));
+        n->props.push_back(compile_node(sub, where + ".properties." + name, depth + 1));
         n->required.push_back(false);
       }
     }
@@ -80,9 +89,9 @@ std::shared_ptr<SchemaNode> compile_node(const json& s, const std::string& where
     // Declared properties only, unless the schema gives additionalProperties (true or a schema) or declares none.
     const json add = s.value("additionalProperties", json(n->names.empty()));
     if (add.is_boolean()) n->additional = add.get<bool>() ? any_node() : nullptr;
-    else n->additional = compile_node(add, where + ".additionalProperties");
+    else n->additional = compile_node(add, where + ".additionalProperties", depth + 1);
   }
-  if (n->kind == SchemaNode::Array) n->items = s.contains("items") ? compile_node(s["items"], where + ".items") : any_node();
+  if (n->kind == SchemaNode::Array) n->items = s.contains("items") ? compile_node(s["items"], where + ".items", depth + 1) : any_node();
   return n;
 }
 
@@ -92,11 +101,11 @@ bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 }  // namespace
 
 Result<JsonMatcher> JsonMatcher::compile(std::string_view schema_json) {
-  json s = json::parse(schema_json, nullptr, false);
-  if (s.is_discarded()) return Status::error(StatusCode::InvalidArgument, "the JSON schema is not valid JSON");
+  auto s = parse_json(schema_json, "the JSON schema");
+  if (!s.ok()) return s.status();
   try {
     JsonMatcher m;
-    m.root_ = compile_node(s, "schema");
+    m.root_ = compile_node(s.value(), "schema", 0);
     return m;
   } catch (const std::invalid_argument& e) {
     return Status::error(StatusCode::InvalidArgument, e.what());

@@ -47,8 +47,11 @@ struct JsonFrame {
 class JsonMatcher {
  public:
   static constexpr int kMaxStringBytes = 128, kMaxItems = 16, kMaxNumberChars = 16;
+  // Schemas inside schemas (properties, items, additionalProperties): more is refused.
+  static constexpr int kMaxSchemaDepth = 32;
 
-  // SCHEMA_JSON: a JSON Schema; InvalidArgument naming an unsupported keyword or a malformed schema.
+  // SCHEMA_JSON: a JSON Schema; InvalidArgument naming an unsupported keyword, a malformed
+  // schema, or nesting past kMaxSchemaDepth schemas or kMaxJsonDepth JSON levels (atelier/json_input.h).
   static Result<JsonMatcher> compile(std::string_view schema_json);
 
   bool feed(std::string_view bytes);           // false (state unchanged) when BYTES cannot continue a valid value
