@@ -5,9 +5,10 @@
 // allocated: a mapped file's page, a std::vector or a stack array passed to
 // an op is what a CUDA kernel would fault on, and is recorded here as a
 // violation. It also counts allocations, uploads, downloads and
-// synchronisations, and records each step's int32 metadata pointers, so a
-// test can check that steady steps allocate nothing, synchronise once and
-// hand a CUDA graph the same metadata addresses every time.
+// synchronisations, and records the int32 metadata pointers and row counts
+// the ops are handed, so a test can check that steady steps allocate
+// nothing, synchronise once and hand a CUDA graph the same addresses and
+// shapes every time.
 #pragma once
 
 #include <atelier/backend.h>
@@ -46,6 +47,9 @@ class FakeDevice final : public kernels::Backend {
   // The int32 device arrays (positions, slots, lengths, tables, ids) the ops
   // were handed since the last call, in call order.
   std::vector<const void*> take_metadata_pointers() { return std::exchange(meta_ptrs_, {}); }
+  // The row counts the row-batched ops were called with since the last call
+  // (a captured graph replays one shape).
+  std::vector<int64_t> take_row_counts() { return std::exchange(row_counts_, {}); }
 
   // ---- Backend
   kernels::DeviceInfo device() const override {
@@ -104,30 +108,36 @@ class FakeDevice final : public kernels::Backend {
 
   void matmul(const kernels::WeightView& w, const float* x, float* y, int64_t rows) override {
     dev(w.data, "matmul w"), dev(x, "matmul x"), dev(y, "matmul y");
+    row_counts_.push_back(rows);
     cpu_->matmul(w, x, y, rows);
   }
   void matmul_many(const kernels::WeightView* const* w, float* const* y, int count, const float* x,
                    int64_t rows) override {
     dev(x, "matmul_many x");
     for (int i = 0; i < count; ++i) dev(w[i]->data, "matmul_many w"), dev(y[i], "matmul_many y");
+    row_counts_.push_back(rows);
     cpu_->matmul_many(w, y, count, x, rows);
   }
   void get_rows(const kernels::WeightView& table, const int32_t* ids, float* y, int64_t rows) override {
     dev(table.data, "get_rows table"), meta(ids, "get_rows ids"), dev(y, "get_rows y");
+    row_counts_.push_back(rows);
     cpu_->get_rows(table, ids, y, rows);
   }
   void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) override {
     dev(x, "copy_rows x"), meta(ids, "copy_rows ids"), dev(y, "copy_rows y");
+    row_counts_.push_back(rows);
     cpu_->copy_rows(x, ids, y, rows, dim);
   }
   void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
     dev(x, "rms_norm x"), dev(weight, "rms_norm weight"), dev(y, "rms_norm y");
+    row_counts_.push_back(rows);
     cpu_->rms_norm(x, weight, y, rows, dim, eps);
   }
   void add_rms_norm(float* x, const float* delta, const float* weight, float* y, int64_t rows, int64_t dim,
                     float eps) override {
     dev(x, "add_rms_norm x"), dev(delta, "add_rms_norm delta"), opt(weight, "add_rms_norm weight");
     dev(y, "add_rms_norm y");
+    row_counts_.push_back(rows);
     cpu_->add_rms_norm(x, delta, weight, y, rows, dim, eps);
   }
   void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
@@ -142,6 +152,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void rope(float* x, int64_t rows, const int32_t* positions, const kernels::RopeParams& p) override {
     dev(x, "rope x"), meta(positions, "rope positions"), opt(p.freq_factors, "rope freq_factors");
+    row_counts_.push_back(rows);
     cpu_->rope(x, rows, positions, p);
   }
   void add(const float* a, const float* b, float* y, int64_t n) override {
@@ -150,6 +161,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) override {
     dev(x, "add_bias x"), dev(bias, "add_bias bias");
+    row_counts_.push_back(rows);
     cpu_->add_bias(x, bias, rows, dim);
   }
   void activation(kernels::Activation a, const float* x, float* y, int64_t n) override {
@@ -158,6 +170,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void swiglu(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) override {
     dev(gate, "swiglu gate"), dev(up, "swiglu up"), dev(out, "swiglu out");
+    row_counts_.push_back(rows);
     cpu_->swiglu(gate, up, out, rows, dim);
   }
   void geglu(const float* x, float* y, int64_t rows, int64_t dim) override {
@@ -209,6 +222,7 @@ class FakeDevice final : public kernels::Backend {
   void store_kv(const kernels::KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
                 int64_t rows) override {
     kv_dev(kv, "store_kv"), dev(k, "store_kv k"), dev(v, "store_kv v"), meta(slots, "store_kv slots");
+    row_counts_.push_back(rows);
     cpu_->store_kv(kv, layer, k, v, slots, rows);
   }
   void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions,
@@ -217,6 +231,7 @@ class FakeDevice final : public kernels::Backend {
     dev(q, "rope_store_kv q"), dev(k, "rope_store_kv k"), dev(v, "rope_store_kv v");
     meta(positions, "rope_store_kv positions"), meta(slots, "rope_store_kv slots");
     opt(rq.freq_factors, "rope_store_kv freq_factors"), kv_dev(kv, "rope_store_kv");
+    row_counts_.push_back(rows);
     cpu_->rope_store_kv(q, k, v, rows, positions, rq, rk, kv, layer, slots);
   }
   void paged_attention(const kernels::KvLayout& kv, const kernels::PagedAttention& a, const float* q,
@@ -224,6 +239,7 @@ class FakeDevice final : public kernels::Backend {
     kv_dev(kv, "paged_attention"), dev(q, "paged_attention q"), dev(out, "paged_attention out");
     meta(a.row_len, "paged_attention row_len"), meta(a.row_table, "paged_attention row_table");
     meta(a.block_tables, "paged_attention block_tables");
+    row_counts_.push_back(a.rows);
     cpu_->paged_attention(kv, a, q, out);
   }
   void attention(const kernels::AttentionShape& s, const float* q, const float* k, const float* v,
@@ -313,6 +329,7 @@ class FakeDevice final : public kernels::Backend {
   std::map<uintptr_t, uintptr_t> live_;  // buffer begin -> end
   std::vector<std::string> violations_;
   std::vector<const void*> meta_ptrs_;
+  std::vector<int64_t> row_counts_;
   int64_t allocations_ = 0, uploads_ = 0, downloads_ = 0, syncs_ = 0;
 };
 

@@ -2,8 +2,9 @@
 // every parameter, activation, KV row and metadata array an op is handed is
 // device memory; the logits are the CPU backend's, bit for bit; steady steps
 // allocate nothing, wait for the device once (the logits' one download) and
-// hand the ops the same metadata addresses whatever their row count (what a
-// CUDA graph needs to replay a captured step).
+// hand the ops the same metadata addresses and row counts whatever rows they
+// hold (padded to a bucket with skip rows): what a CUDA graph needs to replay
+// a captured step.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -38,6 +39,7 @@ std::vector<int32_t> golden() {
 struct Steps {
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<const void*>> meta;  // per decode step (fake device only)
+  std::vector<std::vector<int64_t>> shapes;    // per decode step: the ops' row counts
   std::vector<int64_t> allocs, downloads;      // per decode step (fake device only)
 };
 
@@ -74,10 +76,12 @@ Steps run_steps(const text::LlamaWeights& w, kernels::Backend& be, test::FakeDev
     runner.forward_batch(in);
     if (fake && step >= 0) {
       out.meta.push_back(fake->take_metadata_pointers());
+      out.shapes.push_back(fake->take_row_counts());
       out.allocs.push_back(fake->allocations() - a0);
       out.downloads.push_back(fake->downloads() - d0);
     } else if (fake) {
       fake->take_metadata_pointers();
+      fake->take_row_counts();
     }
     for (size_t k = 0; k < who.size(); ++k) {
       const int i = who[k];
@@ -119,7 +123,7 @@ TEST(FakeDevice, Llama2cModelRunsOnDeviceMemoryOnlyWithTheCpuBits) {
   expect_bitwise(want, got);
 }
 
-TEST(FakeDevice, SteadyStepsAllocateNothingDownloadOnceAndKeepTheirMetadataAddresses) {
+TEST(FakeDevice, SteadyStepsAllocateNothingDownloadOnceAndKeepTheirMetadataAddressesAndShapes) {
   test::FakeDevice fake;
   const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
   // Decode steps of 3, 1, 2, 1, 3, ... rows after a 16-row prefill; 40 tokens
@@ -130,5 +134,10 @@ TEST(FakeDevice, SteadyStepsAllocateNothingDownloadOnceAndKeepTheirMetadataAddre
     EXPECT_EQ(r.downloads[s], 1) << "decode step " << s << ": the logits of a step come down in one copy";
     EXPECT_EQ(r.allocs[s], 0) << "decode step " << s << " allocated device memory";
     EXPECT_EQ(r.meta[s], r.meta[0]) << "decode step " << s << " moved its metadata (rows differ from step 0's)";
+    // 1 to 3 rows, each step padded to a power-of-two bucket with skip rows
+    // (3 rows run as 4): one captured graph per bucket.
+    for (int64_t n : r.shapes[s]) EXPECT_EQ(n & (n - 1), 0) << "decode step " << s << " ran an op on " << n << " rows";
+    for (size_t o = 0; o < s; ++o)
+      if (r.shapes[o].front() == r.shapes[s].front()) EXPECT_EQ(r.shapes[s], r.shapes[o]) << "steps " << o << " and " << s;
   }
 }

@@ -352,6 +352,14 @@ void LlamaRunner::ensure_workspace(int n, int n_logits) {
   }
 }
 
+namespace {
+int bucket_rows(int n) {
+  int b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+}  // namespace
+
 void LlamaRunner::ensure_meta(int n_storages, int64_t table_entries) {
   // Sections at offsets that depend on capacities only (not on this step's
   // rows), so every step up to them hands the ops the same device addresses,
@@ -420,7 +428,15 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       storages_.push_back(in.kv);
   }
   if (rows == 0) return;
-  ensure_workspace(rows, n_logits);
+  // A device apart from the host runs a step padded to a bucket of rows (a
+  // power of two) and of logits rows, so that a CUDA graph captured for a
+  // bucket replays every step that fits it: the op shapes and the metadata
+  // addresses are the bucket's. The padding rows are the skip rows the ops
+  // already know: slot -1 (nothing stored), length 0 (no attention), token 0
+  // at position 0; their logits are never downloaded. The CPU runs the rows it has.
+  const int rr = host_memory_ ? rows : bucket_rows(rows);
+  const int lr = host_memory_ || n_logits == 0 ? n_logits : bucket_rows(n_logits);
+  ensure_workspace(rr, lr);
 
   // The step's metadata, in one int32 array: token ids, positions, each
   // row's block-table offset, the rows whose logits are wanted, then per KV
@@ -435,9 +451,11 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   const int64_t n_meta = o_tables + table_entries;
   int32_t* m = meta_host_.data();
   for (int g = 0; g < n_storages; ++g) {
-    std::fill(m + o_slots + 2 * C * g, m + o_slots + 2 * C * g + R, -1);
-    std::fill(m + o_slots + 2 * C * g + C, m + o_slots + 2 * C * g + C + R, 0);
+    std::fill(m + o_slots + 2 * C * g, m + o_slots + 2 * C * g + rr, -1);
+    std::fill(m + o_slots + 2 * C * g + C, m + o_slots + 2 * C * g + C + rr, 0);
   }
+  for (int64_t r = R; r < rr; ++r) m[o_ids + r] = 0, m[o_pos + r] = 0, m[o_table + r] = 0;
+  std::fill(m + o_logit + n_logits, m + o_logit + lr, 0);
   int64_t t = o_tables;
   for (int s = 0, r = 0, lg = 0; s < count; ++s) {
     const SeqInput& in = seqs[s];
@@ -480,7 +498,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   kernels::RopeParams rk = rq;
   rk.n_heads = hp.n_head_kv;
   kernels::PagedAttention att;
-  att.rows = rows;
+  att.rows = rr;
   att.n_head = hp.n_head;
   att.n_head_kv = hp.n_head_kv;
   att.head_dim = hp.head_dim;
@@ -490,51 +508,51 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   att.row_table = dm + o_table;
   att.block_tables = dm + o_tables;
 
-  be_.get_rows(w_.tok_embd, dm + o_ids, x_, rows);
-  be_.rms_norm(x_, layer_vectors_[0].attn_norm, xn_, rows, d, hp.rms_eps);
+  be_.get_rows(w_.tok_embd, dm + o_ids, x_, rr);
+  be_.rms_norm(x_, layer_vectors_[0].attn_norm, xn_, rr, d, hp.rms_eps);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
     const LayerVectors& V = layer_vectors_[static_cast<size_t>(l)];
     {
       const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
       float* y[] = {q_, k_, v_};
-      be_.matmul_many(w, y, 3, xn_, rows);
+      be_.matmul_many(w, y, 3, xn_, rr);
     }
-    if (V.bq) be_.add_bias(q_, V.bq, rows, qd);
-    if (V.bk) be_.add_bias(k_, V.bk, rows, kvd);
-    if (V.bv) be_.add_bias(v_, V.bv, rows, kvd);
+    if (V.bq) be_.add_bias(q_, V.bq, rr, qd);
+    if (V.bk) be_.add_bias(k_, V.bk, rr, kvd);
+    if (V.bv) be_.add_bias(v_, V.bv, rr, kvd);
     att.layer = l;
     if (n_storages == 1) {  // the usual step: every row in one pool
-      be_.rope_store_kv(q_, k_, v_, rows, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
+      be_.rope_store_kv(q_, k_, v_, rr, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
     } else {
-      be_.rope(q_, rows, dm + o_pos, rq);
-      be_.rope(k_, rows, dm + o_pos, rk);
+      be_.rope(q_, rr, dm + o_pos, rq);
+      be_.rope(k_, rr, dm + o_pos, rk);
       for (int g = 0; g < n_storages; ++g)
-        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * C * g, rows);
+        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * C * g, rr);
     }
     for (int g = 0; g < n_storages; ++g) {
       att.row_len = dm + o_slots + 2 * C * g + C;
       be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
     }
-    be_.matmul(L.wo, att_, tmp_, rows);
-    be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rows, d, hp.rms_eps);
+    be_.matmul(L.wo, att_, tmp_, rr);
+    be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rr, d, hp.rms_eps);
     {
       const WeightView* w[] = {&L.w_gate, &L.w_up};
       float* y[] = {gate_, up_};
-      be_.matmul_many(w, y, 2, xn_, rows);
+      be_.matmul_many(w, y, 2, xn_, rr);
     }
-    be_.swiglu(gate_, up_, gate_, rows, ff);
-    be_.matmul(L.w_down, gate_, tmp_, rows);
+    be_.swiglu(gate_, up_, gate_, rr, ff);
+    be_.matmul(L.w_down, gate_, tmp_, rr);
     // The residual, and the next layer's attention norm with it.
     const float* next_norm = l + 1 < hp.n_layer ? layer_vectors_[static_cast<size_t>(l) + 1].attn_norm : nullptr;
-    be_.add_rms_norm(x_, tmp_, next_norm, xn_, rows, d, hp.rms_eps);
+    be_.add_rms_norm(x_, tmp_, next_norm, xn_, rr, d, hp.rms_eps);
   }
   if (n_logits == 0) return;
   // The last row of every sequence that wants logits (every row with all_logits), gathered, through one
   // matmul (row-invariant, so each row's logits are those it would get alone).
-  be_.copy_rows(x_, dm + o_logit, tmp_, n_logits, d);
-  be_.rms_norm(tmp_, output_norm_, xn_, n_logits, d, hp.rms_eps);
-  be_.matmul(w_.output, xn_, logits_, n_logits);
+  be_.copy_rows(x_, dm + o_logit, tmp_, lr, d);
+  be_.rms_norm(tmp_, output_norm_, xn_, lr, d, hp.rms_eps);
+  be_.matmul(w_.output, xn_, logits_, lr);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = reinterpret_cast<uint8_t*>(logits_) - work_->at<uint8_t>(0);
   // A device apart from the host: the step's logits in one download (one
