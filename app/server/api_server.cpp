@@ -309,7 +309,7 @@ void ApiServer::Impl::install() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   http.set_error_handler([&m](const httplib::Request& req, httplib::Response& res) {
-    if (auto e = framing_error()) {  // refused by the connection layer before any route ran
+    if (auto e = framing_error(res.status)) {  // refused by the connection layer before any route ran
       send_json(res, error_body(e->status, e->message, "", "invalid_request_error", e->code), e->status);
       return;
     }

@@ -277,7 +277,7 @@ class RequestStream final : public httplib::Stream {
       if (length > static_cast<uint64_t>(limits_.max_body_bytes))
         return refuse_now(req, too_large(limits_.max_body_bytes, "the request body (Content-Length " + first + ")"));
       mode_ = Mode::Length;
-      left_ = length;
+      left_ = length_ = length;
       return;
     }
     mode_ = Mode::None;  // neither header: no body (RFC 9112 6.3), not "until the client closes"
@@ -292,6 +292,7 @@ class RequestStream final : public httplib::Stream {
     }
   }
   bool body_begun() const { return mode_ != Mode::Head; }
+  bool head_parsed() const { return mode_ != Mode::Head; }
   bool must_close() const { return error_.has_value() || !body_finished() || c_->stopping_now(); }
   const std::optional<FramingError>& error() const { return error_; }
   const std::shared_ptr<Connection>& connection() const { return c_; }
@@ -326,6 +327,15 @@ class RequestStream final : public httplib::Stream {
       case Mode::Head: break;
     }
     const ssize_t got = fill();
+    if (got == 0 && mode_ == Mode::Length) {
+      refuse({400, "the connection ended " + std::to_string(left_) + " bytes before the end of the request body (Content-Length " +
+                       std::to_string(length_) + ")", "incomplete_body"});
+      return -1;
+    }
+    if (got == 0 && mode_ == Mode::Chunked) {
+      refuse({400, "the connection ended inside the chunked request body (it ends with 0 CRLF CRLF)", "incomplete_body"});
+      return -1;
+    }
     if (got <= 0) return got;
     const size_t n = std::min(size, c_->unread());
     const char* p = c_->in.data() + c_->in_pos;
@@ -420,7 +430,7 @@ class RequestStream final : public httplib::Stream {
   const ConnectionLimits& limits_;
   Clock::time_point deadline_;
   Mode mode_ = Mode::Head;
-  uint64_t left_ = 0;
+  uint64_t left_ = 0, length_ = 0;
   ChunkReader chunks_;
   std::optional<FramingError> error_;
 };
@@ -453,8 +463,14 @@ bool serve_requests(const std::shared_ptr<Connection>& c, const ConnectionLimits
 
 }  // namespace
 
-std::optional<FramingError> framing_error() {
-  if (t_request && t_request->error()) return t_request->error();
+std::optional<FramingError> framing_error(int status) {
+  if (!t_request) return std::nullopt;
+  if (t_request->error()) return t_request->error();
+  if (!t_request->head_parsed() && status == 400)
+    return FramingError{400, "the request head could not be parsed: send 'METHOD /path HTTP/1.1', then 'Name: value' header lines, each ending with CRLF, then an empty line",
+                        "bad_request_head"};
+  if (!t_request->head_parsed() && status == 414)
+    return FramingError{414, "the request line is over 8192 bytes", "uri_too_long"};
   return std::nullopt;
 }
 
@@ -549,7 +565,7 @@ class ConnectionPool {
     if (wake_[1] >= 0) (void)!::write(wake_[1], &b, 1);
   }
 
-  enum class Outcome { Wait, Dispatch, Close, TooLarge };
+  enum class Outcome { Wait, Dispatch, Ended, Late, TooLarge };
 
   // Reads what a waiting connection has sent, without blocking (the mutex is held).
   static Outcome read_head(Connection& c) {
@@ -564,9 +580,9 @@ class ConnectionPool {
         if (c.head_complete()) return Outcome::Dispatch;
         continue;
       }
-      if (n == 0) return Outcome::Close;  // the client ended without a whole request head
+      if (n == 0) return Outcome::Ended;  // the client ended without a whole request head
       if (errno == EINTR) continue;
-      return errno == EAGAIN || errno == EWOULDBLOCK ? Outcome::Wait : Outcome::Close;
+      return errno == EAGAIN || errno == EWOULDBLOCK ? Outcome::Wait : Outcome::Ended;
     }
   }
 
@@ -597,7 +613,7 @@ class ConnectionPool {
           auto& c = polled[i];
           if (!c->pooled) continue;  // evicted meanwhile
           Outcome o = fds[i + 1].revents ? read_head(*c) : Outcome::Wait;
-          if (o == Outcome::Wait && now >= deadline(*c)) o = Outcome::Close;
+          if (o == Outcome::Wait && now >= deadline(*c)) o = Outcome::Late;
           if (o == Outcome::Wait) continue;
           c->pooled = false;
           waiting_.erase(std::find(waiting_.begin(), waiting_.end(), c));
@@ -615,10 +631,13 @@ class ConnectionPool {
         if (o == Outcome::TooLarge)
           send_error(*c, 431, "Request Header Fields Too Large",
                      "the request head is over " + std::to_string(kMaxHeadBytes >> 10) + " KiB", "head_too_large");
-        else if (c->unread() > 0)  // a head begun and not finished in time
+        else if (c->unread() > 0 && o == Outcome::Late)  // a head begun and not finished in time
           send_error(*c, 408, "Request Timeout",
                      "the request head did not arrive within " + std::to_string(limits_.header_timeout_s) + " s (--header-timeout)",
                      "request_timeout");
+        else if (c->unread() > 0)  // a half-closed client still reads
+          send_error(*c, 400, "Bad Request", "the connection ended inside a request head (it ends with an empty line)",
+                     "incomplete_head");
       }
       polled.clear();  // the last references of closed connections: their sockets close here
     }
@@ -703,7 +722,7 @@ void HttpServer::set_limits(const ConnectionLimits& limits) {
   set_keep_alive_max_count(100);
   set_write_timeout(limits.write_timeout_s);      // SO_SNDTIMEO: a send blocks no longer
   set_expect_100_continue_handler([](const httplib::Request&, httplib::Response& res) {
-    if (auto e = framing_error()) return res.status = e->status;  // answered now; the body is never read
+    if (auto e = framing_error(0)) return res.status = e->status;  // answered now; the body is never read
     return 100;
   });
   set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {

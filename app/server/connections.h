@@ -54,13 +54,14 @@ class HttpServer : public httplib::Server {
 };
 
 // Why the request on this thread was refused by its framing before any route
-// ran (a body over the limit, a bad or missing framing, a body too slow): the
-// status, words and code for the error handler. nullopt when it was not.
+// ran (a body over the limit, a bad or missing framing, a body too slow or cut
+// short, a head that did not parse and so was answered STATUS): the status,
+// words and code for the error handler. nullopt when it was not.
 struct FramingError {
   int status = 400;
   std::string message;
   std::string code;
 };
-std::optional<FramingError> framing_error();
+std::optional<FramingError> framing_error(int status);
 
 }  // namespace atelier::server

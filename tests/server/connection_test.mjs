@@ -139,6 +139,22 @@ test('framing that cannot be trusted is refused with words: bad lengths, other t
   }
 });
 
+test('a head that does not parse and a body cut short are told so', { timeout: 10000 }, async () => {
+  const garbage = await connect(server.url);
+  garbage.sock.write('HELLO THERE\r\n\r\n');
+  let r = await firstResponse(garbage, 2000, 'answer to a head that is no request');
+  assert.equal(r.status, 400);
+  assert.equal(r.json.error.code, 'bad_request_head');
+  garbage.sock.destroy();
+  const cut = await connect(server.url, { allowHalfOpen: true });
+  cut.sock.end('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model":');
+  r = await firstResponse(cut, 2000, 'answer to a body cut short');
+  assert.equal(r.status, 400);
+  assert.equal(r.json.error.code, 'incomplete_body');
+  assert.match(r.json.error.message, /91 bytes before the end of the request body \(Content-Length 100\)/);
+  cut.sock.destroy();
+});
+
 test('a PUT or POST without a length has no body: answered at once', { timeout: 10000 }, async () => {
   for (const [request, status] of [['PUT /v1/jobs', 404], ['POST /v1/jobs', 400]]) {
     const c = await connect(server.url);
