@@ -56,7 +56,7 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("--data-dir", o->data_dir, "Queue and job database folder")->capture_default_str();
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body, chunked ones included (413 before it is read)")->check(CLI::Range(int64_t{1024}, int64_t{1} << 34))->capture_default_str();
   cmd->add_option("--max-connections", s.max_connections,
-                  "Connections open at once; at the cap the longest-idle one is closed, and when all are busy a new one gets 503")
+                  "Connections open at once; at the cap the one idle or stalled longest is closed, and when all are busy a new one gets 503")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--header-timeout", s.header_timeout_s, "Seconds a request's head may take from its first byte (408 after)")
       ->check(CLI::Range(1, 3600))->capture_default_str();

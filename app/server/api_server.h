@@ -24,8 +24,9 @@ struct ApiServerOptions {
   std::string default_model;           // used when a request names no model ("" = none)
   int64_t max_body_bytes = 32 << 20;   // larger request bodies get 413 (Content-Length, or a chunked body's sum)
   // Connections open at once. At the cap the one that has waited longest for
-  // a request (idle, or still sending its head) is closed to make room; when
-  // every one is busy with a request, a new one gets 503.
+  // a request (idle, or still sending its head) is closed to make room, else
+  // the one stalled longest on its client (a trickling body, an unread
+  // answer); when every one is busy with a request, a new one gets 503.
   int max_connections = 256;
   int header_timeout_s = 10;           // a request head must arrive within this from its first byte (else 408)
   int body_timeout_s = 60;             // a request body must arrive within this from the end of its head (else 408)

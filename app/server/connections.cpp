@@ -96,6 +96,11 @@ struct Connection {
   bool pooled = false;                // in the pool's waiting list (the pool's mutex guards it)
   std::shared_ptr<const std::atomic<bool>> stopping;  // the server's stop flag (null in memory)
   std::atomic<bool> probed{false};
+  // While a worker waits on this client (its body to arrive, or room to write
+  // its answer): since when, in steady-clock nanoseconds (0: not waiting). The
+  // pool closes the one waiting longest when it needs room (evicted).
+  std::atomic<int64_t> blocked_since_ns{0};
+  std::atomic<bool> evicted{false};
 
   size_t unread() const { return in.size() - in_pos; }
   void compact() {
@@ -104,14 +109,22 @@ struct Connection {
       in_pos = scanned = 0;
     }
   }
-  // A whole request head is buffered: a worker can parse it without waiting.
-  // Empty lines before a request are skipped (RFC 9112 2.2: some clients
-  // send a CRLF after a body).
+  // A whole request head is buffered (up to its empty line, CR or not): a
+  // worker can parse it without waiting. Empty lines before a request are
+  // skipped (RFC 9112 2.2: some clients send a CRLF after a body).
   bool head_complete() {
     while (in.compare(in_pos, 2, "\r\n") == 0) in_pos += 2;
-    const size_t from = std::max(in_pos, scanned >= in_pos + 3 ? scanned - 3 : 0);
+    const size_t from = std::max(in_pos, scanned >= in_pos + 2 ? scanned - 2 : 0);
     scanned = in.size();
-    return in.find("\r\n\r\n", from) != std::string::npos;
+    return in.find("\n\n", from) != std::string::npos || in.find("\n\r\n", from) != std::string::npos;
+  }
+  // The buffered head has a line that ends with a bare LF (httplib skips such
+  // lines and would wait for more).
+  bool head_has_bare_lf() const {
+    const size_t end = std::min(in.find("\n\n", in_pos), in.find("\n\r\n", in_pos));
+    for (size_t i = in_pos; i < end && i < in.size(); ++i)
+      if (in[i] == '\n' && (i == in_pos || in[i - 1] != '\r')) return true;
+    return end != std::string::npos && end < in.size() && in.compare(end, 2, "\n\n") == 0;
   }
   bool stopping_now() const { return stopping && stopping->load(); }
 
@@ -238,6 +251,21 @@ class ChunkReader {
 
 namespace {
 
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+// Marks a connection as waiting on its client while in scope (see blocked_since_ns).
+struct Blocked {
+  explicit Blocked(Connection& c) : c(c) { c.blocked_since_ns = now_ns(); }
+  ~Blocked() { c.blocked_since_ns = 0; }
+  Connection& c;
+};
+
+FramingError evicted_error(const ConnectionLimits& limits) {
+  return {503, "closed to make room for a new connection (--max-connections " + std::to_string(limits.max_connections) +
+                   "): this one had waited longest on its client",
+          "connection_evicted"};
+}
+
 // What httplib's parser reads a request from and writes its response to:
 // the connection's buffered bytes, then the socket, within the head's or the
 // body's deadline; the body held to what its framing declares and the limit.
@@ -301,14 +329,16 @@ class RequestStream final : public httplib::Stream {
   bool is_writable() const override {
     if (c_->fd < 0) return c_->out.size() < kMaxRawOutput;
     const auto until = Clock::now() + std::chrono::seconds(limits_.write_timeout_s);
+    std::optional<Blocked> blocked;
     for (;;) {
       // A client that half-closed still reads: only an error or a hangup ends the response.
       pollfd p{c_->fd, POLLOUT, 0};
-      const int r = ::poll(&p, 1, ms_until(until));
+      const int r = ::poll(&p, 1, blocked ? ms_until(until) : 0);
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) return false;
       if (r > 0) return !(p.revents & (POLLERR | POLLHUP | POLLNVAL)) && (p.revents & POLLOUT);
-      if (Clock::now() >= until || c_->stopping_now()) return false;
+      if (Clock::now() >= until || c_->stopping_now() || c_->evicted) return false;
+      if (!blocked) blocked.emplace(*c_);
     }
   }
 
@@ -388,8 +418,13 @@ class RequestStream final : public httplib::Stream {
     if (c_->fd < 0) return 0;
     c_->compact();
     char buf[kRecvBytes];
+    std::optional<Blocked> blocked;
     for (;;) {
       if (c_->stopping_now()) return -1;
+      if (c_->evicted) {
+        refuse(evicted_error(limits_));
+        return -1;
+      }
       if (Clock::now() >= deadline_) {
         if (mode_ == Mode::Head)
           refuse({408, "the request head did not arrive within " + std::to_string(limits_.header_timeout_s) + " s (--header-timeout)",
@@ -400,13 +435,18 @@ class RequestStream final : public httplib::Stream {
         return -1;
       }
       pollfd p{c_->fd, POLLIN, 0};
-      const int r = ::poll(&p, 1, ms_until(deadline_));
+      const int r = ::poll(&p, 1, blocked ? ms_until(deadline_) : 0);
       if (r < 0 && errno != EINTR) return -1;
+      if (r == 0 && !blocked) blocked.emplace(*c_);
       if (r <= 0) continue;
       const ssize_t n = ::recv(c_->fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n > 0) {
         c_->in.append(buf, static_cast<size_t>(n));
         return 1;
+      }
+      if (n == 0 && c_->evicted) {  // the pool shut its reading side to wake this wait
+        refuse(evicted_error(limits_));
+        return -1;
       }
       if (n == 0) return 0;
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
@@ -444,6 +484,12 @@ using Process = std::function<bool(httplib::Stream&, bool, bool&, const std::fun
 bool serve_requests(const std::shared_ptr<Connection>& c, const ConnectionLimits& limits, const Process& process,
                     size_t max_requests) {
   for (size_t served = 1;; ++served) {
+    if (c->head_has_bare_lf()) {
+      const FramingError e{400, "each line of the request head must end with CRLF, not a bare LF", "bad_request_head"};
+      if (c->fd >= 0) send_error(*c, e.status, "Bad Request", e.message, e.code);
+      else c->out += "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+      return false;
+    }
     RequestStream stream(c, limits);
     bool closed = false;
     const bool last = served >= max_requests || c->stopping_now();
@@ -451,7 +497,7 @@ bool serve_requests(const std::shared_ptr<Connection>& c, const ConnectionLimits
     const bool ok = process(stream, last, closed, [&stream](httplib::Request& req) { stream.begin_body(req); });
     t_request = nullptr;
     if (!ok || closed || last || stream.must_close()) {
-      if (ok && stream.body_begun() && !stream.body_finished()) linger(*c);
+      if (ok && stream.body_begun() && !stream.body_finished() && !c->evicted) linger(*c);
       return false;
     }
     if (c->fd < 0 && c->unread() == 0) return false;
@@ -471,6 +517,8 @@ std::optional<FramingError> framing_error(int status) {
                         "bad_request_head"};
   if (!t_request->head_parsed() && status == 414)
     return FramingError{414, "the request line is over 8192 bytes", "uri_too_long"};
+  if (!t_request->head_parsed() && status == 416)
+    return FramingError{416, "the Range header is not valid: send 'bytes=FIRST-LAST' (or none)", "bad_range"};
   return std::nullopt;
 }
 
@@ -496,8 +544,10 @@ class ConnectionPool {
   ConnectionPool& operator=(const ConnectionPool&) = delete;
 
   // A socket httplib accepted. At the cap the connection that has waited
-  // longest for a request is closed to make room; when every open connection
-  // is busy with a request, the new one is answered 503.
+  // longest for a request is closed to make room, else the one whose worker
+  // has waited longest on its client (a body trickling in, an answer not
+  // read); when every open connection is busy with a request, the new one is
+  // answered 503.
   void adopt(int fd) {
     auto c = std::make_shared<Connection>();
     c->fd = fd;
@@ -514,14 +564,38 @@ class ConnectionPool {
       std::lock_guard lock(mu_);
       if (*stopping_) return;
       const size_t cap = static_cast<size_t>(std::max(1, limits_.max_connections));
-      while (waiting_.size() + active_ >= cap && !waiting_.empty()) {
-        auto oldest = std::min_element(waiting_.begin(), waiting_.end(),
-                                       [](const auto& x, const auto& y) { return x->waiting_since < y->waiting_since; });
-        (*oldest)->pooled = false;
-        evicted.push_back(std::move(*oldest));
-        waiting_.erase(oldest);
+      if (waiting_.size() + active_.size() - evicting_ >= cap && !waiting_.empty()) {
+        // The one waiting longest, but not one whose bytes are here and not
+        // yet read (a new client about to send its request): one poll says which.
+        std::vector<pollfd> fds;
+        for (const auto& w : waiting_) fds.push_back(pollfd{w->fd, POLLIN, 0});
+        const bool polled = ::poll(fds.data(), fds.size(), 0) >= 0;
+        size_t victim = waiting_.size();
+        for (size_t i = 0; i < waiting_.size(); ++i) {
+          const bool pending = polled && (fds[i].revents & POLLIN) && waiting_[i]->unread() == 0;
+          if (!pending && (victim == waiting_.size() || waiting_[i]->waiting_since < waiting_[victim]->waiting_since)) victim = i;
+        }
+        if (victim == waiting_.size())
+          victim = static_cast<size_t>(std::min_element(waiting_.begin(), waiting_.end(), [](const auto& x, const auto& y) {
+                                         return x->waiting_since < y->waiting_since;
+                                       }) - waiting_.begin());
+        waiting_[victim]->pooled = false;
+        evicted.push_back(std::move(waiting_[victim]));
+        waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(victim));
       }
-      busy = waiting_.size() + active_ >= cap;
+      if (waiting_.size() + active_.size() - evicting_ >= cap) {
+        Connection* slowest = nullptr;
+        for (const auto& a : active_) {
+          const int64_t since = a->blocked_since_ns;
+          if (since != 0 && !a->evicted && (!slowest || since < slowest->blocked_since_ns)) slowest = a.get();
+        }
+        if (slowest) {
+          slowest->evicted = true;  // its worker answers 503 (when it can) and closes it
+          ++evicting_;
+          ::shutdown(slowest->fd, SHUT_RD);
+        }
+      }
+      busy = waiting_.size() + active_.size() - evicting_ >= cap;
       if (!busy) {
         c->pooled = true;
         waiting_.push_back(c);
@@ -618,7 +692,7 @@ class ConnectionPool {
           c->pooled = false;
           waiting_.erase(std::find(waiting_.begin(), waiting_.end(), c));
           if (o == Outcome::Dispatch) {
-            ++active_;
+            active_.push_back(c);
             ready_.push_back(c);
             if (ready_.size() > idle_workers_) workers_.emplace_back([this] { work(); });
             work_cv_.notify_one();
@@ -662,8 +736,9 @@ class ConnectionPool {
       lock.unlock();
       const bool keep = serve_requests(c, limits_, process_, max_requests_);
       lock.lock();
-      --active_;
-      if (keep && !*stopping_) {
+      active_.erase(std::find(active_.begin(), active_.end(), c));
+      if (c->evicted) --evicting_;
+      if (keep && !*stopping_ && !c->evicted) {
         c->waiting_since = Clock::now();
         c->pooled = true;
         waiting_.push_back(std::move(c));
@@ -681,7 +756,8 @@ class ConnectionPool {
   std::condition_variable work_cv_;
   std::vector<std::shared_ptr<Connection>> waiting_;  // for a request head (the poller's)
   std::deque<std::shared_ptr<Connection>> ready_;     // a whole head buffered, for a worker
-  size_t active_ = 0;                                 // in ready_ or being served
+  std::vector<std::shared_ptr<Connection>> active_;  // in ready_ or being served
+  size_t evicting_ = 0;                               // of those, told to close to make room
   size_t idle_workers_ = 0;
   std::vector<std::thread> workers_;
   std::thread poller_;

@@ -146,6 +146,12 @@ test('a head that does not parse and a body cut short are told so', { timeout: 1
   assert.equal(r.status, 400);
   assert.equal(r.json.error.code, 'bad_request_head');
   garbage.sock.destroy();
+  const bareLf = await connect(server.url);
+  bareLf.sock.write('GET /health HTTP/1.1\nHost: x\n\n');
+  r = await firstResponse(bareLf, 2000, 'answer to a head with bare LF line ends');
+  assert.equal(r.status, 400);
+  assert.match(r.json.error.message, /CRLF/);
+  bareLf.sock.destroy();
   const cut = await connect(server.url, { allowHalfOpen: true });
   cut.sock.end('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model":');
   r = await firstResponse(cut, 2000, 'answer to a body cut short');
@@ -224,6 +230,32 @@ test('80 slowloris sockets and 300 idle ones do not keep /health from answering'
     attackers.forEach((c) => c.sock.destroy());
     await flooded.stop();
     removeHome(floodedHome);
+  }
+});
+
+test('at the cap, with every connection trickling a body, the slowest is closed so /health answers', { timeout: 30000 }, async () => {
+  const smallHome = mkdtempSync(join(tmpdir(), 'atelier-serve-test-'));
+  const small = await startServer(smallHome, ['--max-connections', '8']);
+  const slow = [];
+  try {
+    for (let i = 0; i < 8; ++i) {
+      const c = await connect(small.url);
+      c.sock.write('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{');
+      slow.push(c);
+    }
+    await sleep(300);  // each waits on its body now (no event says so)
+    const health = await connect(small.url);
+    health.sock.write('GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    const r = await firstResponse(health, 2000, '/health with 8 of 8 connections trickling bodies');
+    assert.equal(r.status, 200);
+    await until(() => slow.some((c) => c.closed), 2000, 'a slow body closed to make room');
+    const evicted = responses(slow.find((c) => c.closed).data)[0];
+    assert.equal(evicted?.status, 503);
+    assert.equal(evicted.json.error.code, 'connection_evicted');
+  } finally {
+    slow.forEach((c) => c.sock.destroy());
+    await small.stop();
+    removeHome(smallHome);
   }
 });
 
