@@ -47,7 +47,7 @@ class ApiServer {
   // Binds and serves on its own threads. InvalidArgument when the address
   // cannot be bound (in use, bad host).
   Status start();
-  void stop();         // closes the listener; waits for requests in flight to end (their jobs are cancelled)
+  void stop();         // closes the listener; requests in flight end (their jobs cancelled, their clients told 503)
   int port() const;    // the bound port (after start)
   // One client's raw bytes (one or more pipelined HTTP/1.x requests) handled
   // without a socket, through everything start() installs (the connection

@@ -101,6 +101,7 @@ struct Connection {
   // pool closes the one waiting longest when it needs room (evicted).
   std::atomic<int64_t> blocked_since_ns{0};
   std::atomic<bool> evicted{false};
+  std::atomic<bool> stop_cancelled{false};  // a handler was told gone() because the server is stopping
 
   size_t unread() const { return in.size() - in_pos; }
   void compact() {
@@ -135,7 +136,10 @@ struct Connection {
   // (out-of-band) byte, which a receiver without SO_OOBINLINE (every usual
   // client) keeps aside, so the response stream is unchanged.
   bool gone() {
-    if (stopping_now()) return true;  // the server is stopping: the handler ends and cancels its jobs
+    if (stopping_now()) {  // the server is stopping: the handler ends and cancels its jobs
+      stop_cancelled = true;
+      return true;
+    }
     if (fd < 0) return false;
     pollfd p{fd, static_cast<short>(POLLRDHUP), 0};
     if (::poll(&p, 1, 0) <= 0) return false;
@@ -802,7 +806,20 @@ void HttpServer::set_limits(const ConnectionLimits& limits) {
     return 100;
   });
   set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    if (t_request && t_request->must_close()) {  // what is left of the request's bytes cannot be parsed as the next one
+    if (!t_request) return;
+    if (t_request->connection()->stop_cancelled && !res.content_provider_) {
+      // What the handler made of its cancelled jobs is not the answer: say why they ended.
+      const std::string body = error_body(503, "the server is stopping: this request's jobs were cancelled; send it again once it is back",
+                                          "", "", "server_stopping")
+                                   .dump();
+      res.status = 503;
+      res.body = body;
+      res.headers.erase("Content-Type");
+      res.headers.erase("Content-Length");
+      res.set_header("Content-Type", "application/json");
+      res.set_header("Content-Length", std::to_string(body.size()));
+    }
+    if (t_request->must_close()) {  // what is left of the request's bytes cannot be parsed as the next one (or the server stops)
       res.headers.erase("Keep-Alive");
       res.set_header("Connection", "close");
     }

@@ -259,6 +259,28 @@ test('at the cap, with every connection trickling a body, the slowest is closed 
   }
 });
 
+test('stopping the server cancels the jobs it waits on and tells their clients so', { timeout: 30000 }, async () => {
+  const stopHome = makeHome();
+  execFileSync(BINARY, ['queue', 'pause'], { env: { ...process.env, ATELIER_HOME: stopHome }, stdio: 'ignore' });
+  const stopping = await startServer(stopHome);
+  const c = await connect(stopping.url);
+  try {
+    c.sock.write(completion('stopped'));
+    const list = async () => (await (await fetch(stopping.url + '/v1/jobs')).json()).data;
+    await until(async () => (await list()).some((j) => j.state === 'queued'), 5000, 'the queued job');
+    const exited = new Promise((r) => stopping.child.once('exit', r));
+    stopping.child.kill('SIGTERM');
+    const r = await firstResponse(c, 5000, 'the answer of a request the server stopped under');
+    assert.equal(r.status, 503, r.body);
+    assert.equal(r.json.error.code, 'server_stopping');
+    await exited;
+  } finally {
+    c.sock.destroy();
+    if (stopping.child.exitCode === null) stopping.child.kill('SIGKILL');
+    removeHome(stopHome);
+  }
+});
+
 test('two clients on the same port of 127.0.0.1 and 127.0.0.2: closing one cancels only its job', { timeout: 30000 }, async () => {
   queue('pause');  // the jobs wait in the queue, so each client's request is in flight when it matters
   let a, b;
