@@ -54,8 +54,14 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("-m,--model", s.default_model, "Model for requests that name none (loaded at start; /health is 503 until then)");
   cmd->add_option("--store", s.store_dir, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   cmd->add_option("--data-dir", o->data_dir, "Queue and job database folder")->capture_default_str();
-  cmd->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body")->check(CLI::Range(int64_t{1024}, int64_t{1} << 34))->capture_default_str();
-  cmd->add_option("--max-connections", s.max_connections, "Connections served at once (more wait)")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body, chunked ones included (413 before it is read)")->check(CLI::Range(int64_t{1024}, int64_t{1} << 34))->capture_default_str();
+  cmd->add_option("--max-connections", s.max_connections,
+                  "Connections open at once; at the cap the one idle or stalled longest is closed, and when all are busy a new one gets 503")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--header-timeout", s.header_timeout_s, "Seconds a request's head may take from its first byte (408 after)")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
+  cmd->add_option("--body-timeout", s.body_timeout_s, "Seconds a request's body may take after its head (408 after)")
+      ->check(CLI::Range(1, 86400))->capture_default_str();
   cmd->add_option("--max-tokens", s.max_tokens, "Most new tokens a request may ask per choice")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--max-choices", s.max_choices, "Most choices (n x prompts) per request")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--max-image-pixels", s.max_image_pixels, "Largest width x height of an image")->check(CLI::Range(64, 1 << 26))->capture_default_str();

@@ -7,10 +7,6 @@
 #include <atelier/store.h>
 
 #include <openssl/evp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <netinet/in.h>
 
 #include <chrono>
 #include <cmath>
@@ -18,6 +14,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "server/connections.h"
 #include "server/context.h"
 
 namespace atelier::server {
@@ -127,38 +124,6 @@ int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// ---------------------------------------------------------------- the client's connection
-
-static int socket_port(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
-}
-
-ClientWatch::ClientWatch(const httplib::Request& req) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = std::atoi(entry.path().filename().c_str());
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (socket_port(local) == req.local_port && socket_port(peer) == req.remote_port) {
-      fd_ = fd;
-      break;
-    }
-  }
-}
-
-bool ClientWatch::gone() const {
-  if (fd_ < 0) return false;
-  pollfd p{fd_, static_cast<short>(POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
 // ---------------------------------------------------------------- models
 
 ModelEntry Context::model(const std::string& requested) {
@@ -243,48 +208,6 @@ std::string base64_decode(const std::string& in) {
   return out;
 }
 
-namespace {
-// The server with its request processing reachable from handle_raw.
-struct HttpServer : httplib::Server {
-  using httplib::Server::process_request;
-};
-
-// One request's bytes in, the response's bytes out (handle_raw): no socket.
-// Writes stop being accepted past kMaxOut, as a client that stops reading.
-class MemoryStream final : public httplib::Stream {
- public:
-  explicit MemoryStream(const std::string& in) : in_(in) {}
-  bool is_readable() const override { return pos_ < in_.size(); }
-  bool is_writable() const override { return out.size() < kMaxOut; }
-  ssize_t read(char* ptr, size_t size) override {
-    const size_t n = std::min(size, in_.size() - pos_);
-    std::memcpy(ptr, in_.data() + pos_, n);
-    pos_ += n;
-    return static_cast<ssize_t>(n);
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
-    out.append(ptr, size);
-    return static_cast<ssize_t>(size);
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    ip = "127.0.0.1";
-    port = 1;
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    ip = "127.0.0.1";
-    port = 2;
-  }
-  socket_t socket() const override { return INVALID_SOCKET; }
-  std::string out;
-
- private:
-  static constexpr size_t kMaxOut = 1 << 20;
-  const std::string& in_;
-  size_t pos_ = 0;
-};
-}  // namespace
-
 struct ApiServer::Impl {
   Impl(Engine& e, ApiServerOptions o) : ctx(e, std::move(o)) {}
   Context ctx;
@@ -358,12 +281,12 @@ void ApiServer::Impl::install() {
   Impl& m = *this;
   auto& http = m.http;
   const auto& o = m.ctx.options;
-  const int workers = std::max(1, o.max_connections);
-  http.new_task_queue = [workers] { return new httplib::ThreadPool(static_cast<size_t>(workers)); };
-  http.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
-  http.set_keep_alive_timeout(5);
-  http.set_read_timeout(30);
-  http.set_write_timeout(30);  // a stalled reader frees its worker; its job is cancelled
+  ConnectionLimits limits;  // connections.h: heads and bodies read against these, idle connections evicted
+  limits.max_connections = o.max_connections;
+  limits.header_timeout_s = o.header_timeout_s;
+  limits.body_timeout_s = o.body_timeout_s;
+  limits.max_body_bytes = o.max_body_bytes;
+  http.set_limits(limits);  // a stalled reader frees its worker after 30 s; its job is cancelled
 
   http.set_pre_routing_handler([&m](const httplib::Request& req, httplib::Response& res) {
     m.cors(req, res);
@@ -388,6 +311,10 @@ void ApiServer::Impl::install() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   http.set_error_handler([&m](const httplib::Request& req, httplib::Response& res) {
+    if (auto e = framing_error(res.status)) {  // refused by the connection layer before any route ran
+      send_json(res, error_body(e->status, e->message, "", "invalid_request_error", e->code), e->status);
+      return;
+    }
     if (!res.body.empty()) return;
     if (res.status == 404)
       send_json(res, error_body(404, "no route " + req.method + " " + req.path + " (see app/server/README.md for the routes)",
@@ -409,10 +336,7 @@ void ApiServer::Impl::install() {
 std::string ApiServer::handle_raw(const std::string& request) {
   impl_->install();
   impl_->ctx.ready = true;
-  MemoryStream strm(request);
-  bool closed = false;
-  impl_->http.process_request(strm, true, closed, nullptr);
-  return std::move(strm.out);
+  return impl_->http.handle_raw(request);
 }
 
 Status ApiServer::start() {
@@ -429,7 +353,7 @@ Status ApiServer::start() {
                                                             " (in use, or a bad --host); pick another --port");
     m.port = o.port;
   }
-  m.thread = std::thread([&http] { http.listen_after_bind(); });
+  m.thread = std::thread([&http] { http.serve_after_bind(); });
   if (o.default_model.empty()) m.ctx.ready = true;
   else m.warm_up = std::thread([&m] { m.warm_up_default_model(); });
   return {};

@@ -22,8 +22,14 @@ struct ApiServerOptions {
   std::vector<std::string> cors_origins;  // allowed Origin values; "*" allows any
   std::string store_dir;               // the model store ("" = default_store_dir())
   std::string default_model;           // used when a request names no model ("" = none)
-  int64_t max_body_bytes = 32 << 20;   // larger request bodies get 413
-  int max_connections = 64;            // connections served at once; more wait for a free worker
+  int64_t max_body_bytes = 32 << 20;   // larger request bodies get 413 (Content-Length, or a chunked body's sum)
+  // Connections open at once. At the cap the one that has waited longest for
+  // a request (idle, or still sending its head) is closed to make room, else
+  // the one stalled longest on its client (a trickling body, an unread
+  // answer); when every one is busy with a request, a new one gets 503.
+  int max_connections = 256;
+  int header_timeout_s = 10;           // a request head must arrive within this from its first byte (else 408)
+  int body_timeout_s = 60;             // a request body must arrive within this from the end of its head (else 408)
   int max_tokens = 4096;               // per choice; a request asking more gets 400
   int max_choices = 16;                // n
   int max_image_pixels = 1024 * 1024;  // width x height per image
@@ -41,11 +47,12 @@ class ApiServer {
   // Binds and serves on its own threads. InvalidArgument when the address
   // cannot be bound (in use, bad host).
   Status start();
-  void stop();         // closes the listener; waits for requests in flight to end (their jobs are cancelled)
+  void stop();         // closes the listener; requests in flight end (their jobs cancelled, their clients told 503)
   int port() const;    // the bound port (after start)
-  // One raw HTTP/1.x request handled without a socket, through everything
-  // start() installs (limits, CORS, auth, routes, error bodies); the
-  // response's bytes. For the HTTP fuzz target; not beside start().
+  // One client's raw bytes (one or more pipelined HTTP/1.x requests) handled
+  // without a socket, through everything start() installs (the connection
+  // layer's framing checks and limits, CORS, auth, routes, error bodies); the
+  // responses' bytes. For the HTTP fuzz target; not beside start().
   std::string handle_raw(const std::string& request);
   std::string address() const;  // "http://HOST:PORT"
 

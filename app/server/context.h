@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -50,16 +51,20 @@ std::optional<std::string> opt_string(const json& body, const char* field);
 // A string or a list of strings (OpenAI's stop, prompt).
 std::vector<std::string> string_or_list(const json& body, const char* field);
 
-// The connection a request came on, found by its address (cpp-httplib 0.11
-// hands handlers no socket), so a handler that waits on a job notices a
-// client that went away and cancels it.
+struct Connection;  // connections.cpp
+
+// The connection of the request this thread is handling (cpp-httplib 0.11
+// hands handlers no socket; the connection layer knows it, connections.h), so
+// a handler that waits on a job notices a client that went away and cancels it.
 class ClientWatch {
  public:
   explicit ClientWatch(const httplib::Request& req);
-  bool gone() const;  // the client closed or reset the connection
+  // The client closed or reset the connection (one that only half-closed
+  // after its request is still there), or the server is stopping.
+  bool gone() const;
 
  private:
-  int fd_ = -1;
+  std::shared_ptr<Connection> conn_;
 };
 
 int64_t unix_seconds();

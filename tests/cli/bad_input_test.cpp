@@ -218,6 +218,9 @@ std::vector<Case> flag_cases(const Sandbox& sb) {
   each({"serve", "--data-dir", data}, "--port", plus(whole, {"-1", "65536"}));
   each({"serve", "--data-dir", data}, "--max-body-bytes", plus(whole, {"0", "1023"}));
   each({"serve", "--data-dir", data}, "--max-image-pixels", plus(whole, {"0"}));
+  each({"serve", "--data-dir", data}, "--max-connections", plus(whole, {"0", "4097"}));
+  each({"serve", "--data-dir", data}, "--header-timeout", plus(whole, {"0", "3601"}));
+  each({"serve", "--data-dir", data}, "--body-timeout", plus(whole, {"0", "86401"}));
   files({"template", "render", "--messages", sb.path("msgs.json")}, "--template", false);
   files({"template", "render", "--template", sb.path("t.jinja")}, "--messages", false);
   v.push_back({{"template", "render", "--template", sb.path("t.jinja"), "--messages", sb.path("empty.gguf")}, "messages", 0});
