@@ -88,7 +88,8 @@ TEST(ChatTemplate, Fixtures) {
 }
 
 TEST(ChatTemplate, FurtherCases) {
-  fs::path file = fs::path(__FILE__).parent_path() / "chat_template_cases.json";
+  // From the source tree, not __FILE__ (relative under ccache's base_dir).
+  fs::path file = fs::path(ATELIER_TESTS_DIR) / "text" / "chat_template_cases.json";
   ASSERT_TRUE(fs::exists(file)) << file;
   auto [p, t] = check_cases(file, file.parent_path());
   std::cout << "further cases passing: " << p << " / " << t << "\n";
