@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -548,6 +549,37 @@ std::unique_ptr<Backend> make_cpu_backend(Executor* ex) { return std::make_uniqu
 Backend& default_cpu_backend() {
   static CpuBackend cpu(nullptr);
   return cpu;
+}
+
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  DeviceInfo info() const override { return default_cpu_backend().device(); }
+  DeviceMemory memory() const override {
+    DeviceMemory m;
+    // /proc/meminfo's kB lines; sysconf for the total where it cannot be read.
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char key[64];
+      long long kb = 0;
+      while (std::fscanf(f, "%63s %lld kB", key, &kb) == 2) {
+        if (std::strcmp(key, "MemTotal:") == 0) m.total_bytes = kb * 1024;
+        if (std::strcmp(key, "MemAvailable:") == 0) m.free_bytes = kb * 1024;
+      }
+      std::fclose(f);
+    }
+    if (m.total_bytes == 0) m.total_bytes = int64_t{::sysconf(_SC_PHYS_PAGES)} * ::sysconf(_SC_PAGESIZE);
+    if (m.free_bytes == 0) m.free_bytes = int64_t{::sysconf(_SC_AVPHYS_PAGES)} * ::sysconf(_SC_PAGESIZE);
+    return m;
+  }
+  std::unique_ptr<Backend> make_backend(Executor* ex, int) override { return make_cpu_backend(ex); }
+};
+
+}  // namespace
+
+Device& cpu_device() {
+  static CpuDevice d;
+  return d;
 }
 
 // ---------------------------------------------------------------- references

@@ -989,3 +989,30 @@ INSTANTIATE_TEST_SUITE_P(KernelBackends, BackendOps, ::testing::ValuesIn(backend
 
 }  // namespace
 }  // namespace atelier::kernels
+
+namespace atelier::kernels {
+namespace {
+
+// The host as a device: its memory is the machine's (checked against
+// sysconf, which reads it another way), and its lane backends are CPU
+// backends whose buffers any other CPU backend can read.
+TEST(CpuDevice, MemoryIsTheMachinesAndLaneBackendsShareBuffers) {
+  const DeviceMemory m = cpu_device().memory();
+  const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  EXPECT_NEAR(double(m.total_bytes), phys, phys * 0.01);
+  EXPECT_GT(m.free_bytes, 0);
+  EXPECT_LE(m.free_bytes, m.total_bytes);
+  EXPECT_EQ(m.reserved_bytes, 0);
+  EXPECT_TRUE(cpu_device().info().host_memory);
+  auto text = cpu_device().make_backend(nullptr, 1), image = cpu_device().make_backend(nullptr, 0);
+  auto buf = text->alloc(128);
+  const float x[4] = {1, 2, 3, 4};
+  text->upload(*buf, 0, x, sizeof x);
+  float y[4] = {};
+  image->copy(buf->at<float>(0), buf->at<float>(64), 4);  // byte offsets
+  image->download(*buf, 64, y, sizeof y);
+  EXPECT_EQ(std::vector<float>(y, y + 4), std::vector<float>(x, x + 4));
+}
+
+}  // namespace
+}  // namespace atelier::kernels

@@ -14,6 +14,7 @@ namespace {
 
 struct CpuTextSlot final : TextSlot {
   std::shared_ptr<text::LoadedTextModel> text;
+  std::unique_ptr<kernels::Backend> backend;  // the text lane's, over the model's pool
   std::unique_ptr<text::LlamaRunner> runner;
 };
 
@@ -26,6 +27,13 @@ class CpuRunner final : public Runner {
  public:
   explicit CpuRunner(const EngineConfig& config) : config_(config) {}
   std::string device() const override { return "cpu"; }
+
+  kernels::DeviceMemory memory() const override { return kernels::cpu_device().memory(); }
+  int64_t model_budget_bytes() const override { return config_.model_cache_bytes; }
+  int64_t estimate_text_bytes(const ResolvedModel& resolved) const override {
+    return model_file_bytes(resolved.path) + config_.kv_memory_bytes;
+  }
+  int64_t estimate_image_bytes(const ResolvedModel& resolved) const override { return model_file_bytes(resolved.path); }
 
   Result<std::unique_ptr<TextSlot>> load_text(const ResolvedModel& resolved) override {
     TextModelOptions o;
@@ -40,7 +48,8 @@ class CpuRunner final : public Runner {
     Status st = guarded([&]() -> Status {
       slot->kv = std::make_unique<text::KvPool>(m.weights.hp, config_.kv_block_tokens, config_.kv_memory_bytes,
                                                 config_.kv_type);
-      slot->runner = std::make_unique<text::LlamaRunner>(m.weights, m.pool.get());
+      slot->backend = kernels::cpu_device().make_backend(m.pool.get());
+      slot->runner = std::make_unique<text::LlamaRunner>(m.weights, *slot->backend);
       return Status{};
     });
     if (!st.ok()) return st;

@@ -237,8 +237,8 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
     it->second->last_used = ++use_clock_;
     return it->second.get();
   }
-  // Room first (the file's size and the KV budget: what it will hold).
-  evict_text_models(model_file_bytes(path) + config_.kv_memory_bytes);
+  // Room first: what it will hold on the device.
+  evict_text_models(runner_->estimate_text_bytes(resolved.value()));
   auto slot = runner_->load_text(resolved.value());
   if (!slot.ok()) {
     error = slot.status();
@@ -282,14 +282,14 @@ void evict_lru(Models& models, std::atomic<int64_t>& bytes, int64_t need, int64_
 }  // namespace
 
 void Scheduler::evict_text_models(int64_t need) {
-  evict_lru(models_, model_bytes_, need, config_.model_cache_bytes, [&](const LoadedModel* m) {
+  evict_lru(models_, model_bytes_, need, runner_->model_budget_bytes(), [&](const LoadedModel* m) {
     const auto uses = [&](const auto& s) { return s->model == m; };
     return std::any_of(running_.begin(), running_.end(), uses) || std::any_of(waiting_.begin(), waiting_.end(), uses);
   });
 }
 
 void Scheduler::evict_image_models(int64_t need) {
-  evict_lru(image_models_, model_bytes_, need, config_.model_cache_bytes, [&](const LoadedImage* m) {
+  evict_lru(image_models_, model_bytes_, need, runner_->model_budget_bytes(), [&](const LoadedImage* m) {
     // A preempted job waits with its images in flight on its model.
     const auto uses = [&](const auto& j) { return j && j->model == m && j->run; };
     return std::any_of(image_running_.begin(), image_running_.end(), uses) ||
@@ -952,7 +952,7 @@ LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedMod
     it->second->last_used = ++use_clock_;
     return it->second.get();
   }
-  evict_image_models(model_file_bytes(resolved.path));
+  evict_image_models(runner_->estimate_image_bytes(resolved));
   auto slot = runner_->load_image(r, resolved);
   if (!slot.ok()) {
     error = slot.status();

@@ -246,6 +246,32 @@ class Backend {
   virtual void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w) = 0;
 };
 
+// A device's memory, as a runner admits models and jobs against it.
+struct DeviceMemory {
+  int64_t total_bytes = 0;     // the device's memory (the machine's RAM for the CPU)
+  int64_t free_bytes = 0;      // free now (the kernel's MemAvailable; cudaMemGetInfo on a GPU)
+  int64_t reserved_bytes = 0;  // held back for the driver and libraries' workspaces, never admitted
+};
+
+// One device apart from its streams (issue 32): its memory, and a backend
+// per lane (text, image), each on a stream of its own with its own priority.
+// Buffers and prepared weights of one backend of a device are usable by every
+// other backend of the same device, so each model is on the device once.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceInfo info() const = 0;
+  virtual DeviceMemory memory() const = 0;
+  // A backend on a stream of its own. `ex`: the host threads a CPU backend
+  // splits ops over (their OS priority is the lane's there); `priority`:
+  // higher runs first where the device orders streams (CUDA stream priorities).
+  virtual std::unique_ptr<Backend> make_backend(Executor* ex = nullptr, int priority = 0) = 0;
+};
+
+// The host as a device: its backends are make_cpu_backend's, its memory the
+// machine's (/proc/meminfo: MemTotal, MemAvailable), nothing reserved.
+Device& cpu_device();
+
 // The CPU backend: today's kernels at this CPU's SIMD level, split over `ex`
 // (nullptr: the calling thread). Bit for bit what calling them directly does.
 std::unique_ptr<Backend> make_cpu_backend(Executor* ex = nullptr);
