@@ -148,8 +148,12 @@ static std::string in_output_folder(const Context& ctx, const std::string& field
 
 std::string output_file(const Context& ctx, const std::string& field, const std::string& name, int count) {
   const std::string path = in_output_folder(ctx, field, name, "a file");
-  const fs::path parent = fs::path(path).parent_path();
   std::error_code ec;
+  if (fs::is_directory(path, ec)) throw bad_field(field, "names a folder ('" + name + "'): name a file in the output folder");
+  for (const auto& part : fs::path(name))
+    if (part.string().size() > 200)  // the numbered names of a batch and the engine's .tmp must fit NAME_MAX (255)
+      throw bad_field(field, "has a name part longer than 200 bytes: use a shorter name");
+  const fs::path parent = fs::path(path).parent_path();
   if (!fs::is_directory(parent, ec))
     throw ApiError(404, "'" + field + "': the folder '" + fs::path(name).parent_path().string() +
                             "' does not exist in the output folder: create it, or name a file directly in the output folder",

@@ -4,6 +4,7 @@
 
 #include <atelier/models.h>
 #include <atelier/store.h>
+#include <atelier/tools.h>
 
 #include <openssl/evp.h>
 #include <poll.h>
@@ -182,6 +183,15 @@ ModelEntry Context::model(const std::string& requested, const std::string& field
   }
   ModelEntry e;
   e.resolved = resolved.value();
+  if (!e.resolved.in_store && ref != options.default_model) {
+    // A client's file that is no model is the request's fault (400), told now, not as a failed job (500).
+    auto file = inspect_model_file(e.resolved.path);
+    if (!file.ok() && file.status().code != StatusCode::Io)
+      throw ApiError(400, "'" + field + "' names " + requested + ", which is " +
+                              (file.status().code == StatusCode::InvalidModel ? "a model file that cannot load" : "not a model file") +
+                              " (GGUF, llama2.c .bin, safetensors, PyTorch .pth/.ckpt)",
+                     field, "invalid_request_error", "invalid_model_file");
+  }
   if (e.resolved.kind != "image") {
     auto info = read_model_info(e.resolved.path, e.resolved.file("tokenizer"));
     if (info.ok()) e.info = info.value();

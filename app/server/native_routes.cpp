@@ -112,7 +112,9 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
               } else {
                 auto r = request_from_json(req.body);
                 if (!r.ok()) throw from_status(r.status());
-                if (r->model != ctx.options.default_model) r->model = shared_model_ref(ctx, "model", r->model);
+                // Resolved now: an unknown model is a 404 and a file that is no model a 400, not a job that fails later.
+                const ModelEntry m = ctx.model(r->model);
+                if (!m.resolved.in_store) r->model = m.resolved.path;
                 if (r->max_new_tokens > ctx.options.max_tokens)
                   throw bad_field("max_new_tokens", "must be at most " + std::to_string(ctx.options.max_tokens) + " (--max-tokens)");
                 id = ctx.engine.submit(r.value());
