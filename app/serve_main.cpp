@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "commands/commands.h"
@@ -31,7 +32,16 @@ int run_serve(const ServeOptions& o) {
   c.kv_type = o.kv_type;
   auto engine = Engine::open(c);
   if (!engine.ok()) return fail(engine.status());
-  server::ApiServer api(*engine.value(), o.server);
+  server::ApiServerOptions so = o.server;
+  // Where unnamed images go (the engine's DATA_DIR/images), and the only folder a client names files in.
+  so.output_dir = (std::filesystem::path(o.data_dir) / "images").string();
+  std::error_code ec;
+  std::filesystem::create_directories(so.output_dir, ec);
+  if (ec) return fail(Status::error(StatusCode::Io, so.output_dir + ": cannot create the output folder: " + ec.message()));
+  for (const auto& dir : so.models_dirs)
+    if (!std::filesystem::is_directory(dir, ec))
+      return fail(Status::error(StatusCode::NotFound, "--models-dir " + dir + ": no such folder"));
+  server::ApiServer api(*engine.value(), so);
   if (Status s = api.start(); !s.ok()) return fail(s);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);

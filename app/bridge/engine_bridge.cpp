@@ -168,6 +168,7 @@ void EngineBridge::applyApiServer() {
   o.port = port;
   o.api_key = api_.key.toStdString();
   o.store_dir = options_.storeDir.toStdString();
+  o.output_dir = (options_.dataDir + QStringLiteral("/images")).toStdString();  // where the engine puts unnamed images
   auto server = std::make_unique<server::ApiServer>(*engine_, o);
   const Status st = server->start();
   if (!st.ok()) {

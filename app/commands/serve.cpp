@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -50,7 +51,11 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("--port", s.port, "Port (0: any free one, printed on stdout)")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' (or HTTP Basic with KEY as password)")
       ->envname("ATELIER_API_KEY");
-  cmd->add_option("--cors", s.cors_origins, "Allow browser requests from this Origin (repeatable; * for any)");
+  cmd->add_option("--cors", s.cors_origins, "Allow browser requests from this Origin (repeatable; * for any, without credentials)");
+  cmd->add_option("--allow-host", s.allowed_hosts,
+                  "Also answer requests whose Host header is NAME (repeatable; default: the --host address, localhost, 127.0.0.1, [::1])");
+  cmd->add_option("--models-dir", s.models_dirs,
+                  "Let clients name model files under this folder by path (repeatable; default: store references only)");
   cmd->add_option("-m,--model", s.default_model, "Model for requests that name none (loaded at start; /health is 503 until then)");
   cmd->add_option("--store", s.store_dir, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   cmd->add_option("--data-dir", o->data_dir, "Queue and job database folder")->capture_default_str();
@@ -70,7 +75,19 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("--max-batch", o->max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--kv-mib", o->kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   add_kv_type_option(*cmd, o->kv_type);
-  cmd->callback([o, &exit_code, argv, run_here] { exit_code = run_here ? run_here(*o) : exec_serve_program(argv); });
+  cmd->callback([o, cmd, &exit_code, argv, run_here] {
+    // An empty key would turn the key check off without a word.
+    const char* env = std::getenv("ATELIER_API_KEY");
+    if (o->server.api_key.empty() && (cmd->count("--api-key") > 0 || (env && !*env))) {
+      std::fprintf(stderr, "atelier serve: error: %s is empty, which would serve without a key: give a key (e.g. --api-key "
+                           "\"$(openssl rand -hex 16)\"), or %s to serve without one\n",
+                   cmd->count("--api-key") > 0 ? "--api-key" : "ATELIER_API_KEY",
+                   cmd->count("--api-key") > 0 ? "leave --api-key out" : "unset ATELIER_API_KEY");
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_here ? run_here(*o) : exec_serve_program(argv);
+  });
 }
 
 }  // namespace atelier::app

@@ -5,9 +5,11 @@
 #include <atelier/json_input.h>
 #include <atelier/models.h>
 #include <atelier/store.h>
+#include <atelier/tools.h>
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -126,8 +128,10 @@ int64_t unix_seconds() {
 
 // ---------------------------------------------------------------- models
 
-ModelEntry Context::model(const std::string& requested) {
-  std::string ref = requested.empty() ? options.default_model : requested;
+ModelEntry Context::model(const std::string& requested, const std::string& field) {
+  // The default model is the operator's choice; a client's is checked against what the server shares.
+  std::string ref = requested.empty() || requested == options.default_model ? options.default_model
+                                                                               : shared_model_ref(*this, field, requested);
   if (ref.empty())
     throw ApiError(400, "'model' is required: name a model from GET /v1/models (or start the server with --model)", "model",
                    "invalid_request_error", "model_required");
@@ -141,18 +145,27 @@ ModelEntry Context::model(const std::string& requested) {
   if (!resolved.ok()) {
     if (resolved.status().code == StatusCode::NotFound)
       throw ApiError(404, "The model '" + ref + "' does not exist: " + resolved.status().message + " (GET /v1/models lists them)",
-                     "model", "invalid_request_error", "model_not_found");
-    throw from_status(resolved.status(), "model");
+                     field, "invalid_request_error", "model_not_found");
+    throw from_status(resolved.status(), field);
   }
   ModelEntry e;
   e.resolved = resolved.value();
+  if (!e.resolved.in_store && ref != options.default_model) {
+    // A client's file that is no model is the request's fault (400), told now, not as a failed job (500).
+    auto file = inspect_model_file(e.resolved.path);
+    if (!file.ok() && file.status().code != StatusCode::Io)
+      throw ApiError(400, "'" + field + "' names " + requested + ", which is " +
+                              (file.status().code == StatusCode::InvalidModel ? "a model file that cannot load" : "not a model file") +
+                              " (GGUF, llama2.c .bin, safetensors, PyTorch .pth/.ckpt)",
+                     field, "invalid_request_error", "invalid_model_file");
+  }
   if (e.resolved.kind != "image") {
     auto info = read_model_info(e.resolved.path, e.resolved.file("tokenizer"));
     if (info.ok()) e.info = info.value();
   }
   // OpenAI's system_fingerprint: what model and build answered.
   auto fingerprint = sha256_hex(e.resolved.digest + "|atelier 0.1.0");
-  if (!fingerprint.ok()) throw from_status(fingerprint.status(), "model");
+  if (!fingerprint.ok()) throw from_status(fingerprint.status(), field);
   e.fingerprint = "fp_" + fingerprint.value().substr(0, 12);
   std::lock_guard lock(mu);
   models[ref] = e;
@@ -247,26 +260,66 @@ struct ApiServer::Impl {
     const std::string& key = ctx.options.api_key;
     if (key.empty()) return true;
     std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0) return auth.substr(7) == key;
+    if (auth.rfind("Bearer ", 0) == 0) return same_secret(key, auth.substr(7));
     if (auth.rfind("Basic ", 0) == 0) {
       std::string userpass = base64_decode(auth.substr(6));
       auto colon = userpass.find(':');
-      return colon != std::string::npos && userpass.substr(colon + 1) == key;
+      return colon != std::string::npos && same_secret(key, userpass.substr(colon + 1));
     }
     return false;
   }
 
-  void cors(const httplib::Request& req, httplib::Response& res) const {
-    std::string origin = req.get_header_value("Origin");
-    if (origin.empty()) return;
-    for (const auto& allowed : ctx.options.cors_origins) {
-      if (allowed == "*" || allowed == origin) {
-        res.set_header("Access-Control-Allow-Origin", origin);
-        res.set_header("Vary", "Origin");
-        res.set_header("Access-Control-Allow-Credentials", "true");
-        return;
-      }
+  // A listed origin is answered exactly, with credentials; "*" answers "*",
+  // which browsers never pair with credentials; any other origin gets nothing.
+  enum class Origin { None, Listed, Any, Other };
+  Origin cors(const httplib::Request& req, httplib::Response& res) const {
+    const std::string origin = req.get_header_value("Origin");
+    if (origin.empty()) return Origin::None;
+    const auto& list = ctx.options.cors_origins;
+    if (std::find(list.begin(), list.end(), origin) != list.end()) {
+      res.set_header("Access-Control-Allow-Origin", origin);
+      res.set_header("Vary", "Origin");
+      res.set_header("Access-Control-Allow-Credentials", "true");
+      return Origin::Listed;
     }
+    if (std::find(list.begin(), list.end(), "*") != list.end()) {
+      res.set_header("Access-Control-Allow-Origin", "*");
+      return Origin::Any;
+    }
+    res.set_header("Vary", "Origin");
+    return Origin::Other;
+  }
+
+  // Before anything else: a request from a web page the user did not allow,
+  // or one that reached us through another host name (DNS rebinding), is
+  // answered here, so it can neither write nor read.
+  bool refused_before_auth(const httplib::Request& req, httplib::Response& res) const {
+    const std::string host = req.get_header_value("Host");
+    if (host_allowed(ctx.options, port, host)) return false;
+    send_json(res, error_body(403, "the Host header '" + host + "' does not name this server (" + ctx.options.host + ":" +
+                                       std::to_string(port) + ", localhost, 127.0.0.1 or [::1]): use one of those, or start "
+                                       "the server with --allow-host NAME to serve that name too",
+                              "", "invalid_request_error", "host_not_allowed"), 403);
+    return true;
+  }
+  bool refused_after_auth(const httplib::Request& req, httplib::Response& res, Origin origin) const {
+    // A browser always sends Origin with a POST or DELETE; one from a page not allowed by --cors (nor this server's own) is refused.
+    if (origin == Origin::Other && req.method != "GET" && req.method != "HEAD" &&
+        req.get_header_value("Origin") != "http://" + req.get_header_value("Host")) {
+      send_json(res, error_body(403, "requests from the web page at '" + req.get_header_value("Origin") +
+                                         "' are refused: start the server with --cors ORIGIN to allow that page",
+                                "", "invalid_request_error", "origin_not_allowed"), 403);
+      return true;
+    }
+    // JSON routes take JSON only: a web page can send text/plain or a form without asking first; JSON it must ask for.
+    if (!json_body_or_none(req)) {
+      const std::string type = req.get_header_value("Content-Type");
+      send_json(res, error_body(415, "the request body must be JSON sent with 'Content-Type: application/json' (it came as '" +
+                                         (type.empty() ? std::string("no Content-Type") : type) + "')",
+                                "", "invalid_request_error", "unsupported_media_type"), 415);
+      return true;
+    }
+    return false;
   }
 };
 
@@ -289,7 +342,11 @@ void ApiServer::Impl::install() {
   http.set_limits(limits);  // a stalled reader frees its worker after 30 s; its job is cancelled
 
   http.set_pre_routing_handler([&m](const httplib::Request& req, httplib::Response& res) {
-    m.cors(req, res);
+    if (m.refused_before_auth(req, res)) {
+      ++m.ctx.errors;
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const Impl::Origin origin = m.cors(req, res);
     if (req.method == "OPTIONS") {  // CORS preflight: no auth, as browsers send none
       res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
       res.set_header("Access-Control-Allow-Headers",
@@ -306,6 +363,10 @@ void ApiServer::Impl::install() {
                 error_body(401, "Invalid API key: send 'Authorization: Bearer KEY' (or HTTP Basic with the key as password)",
                            "", "invalid_request_error", "invalid_api_key"),
                 401);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (m.refused_after_auth(req, res, origin)) {
+      ++m.ctx.errors;
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

@@ -19,8 +19,17 @@ struct ApiServerOptions {
   std::string host = "127.0.0.1";      // loopback unless told otherwise
   int port = 8080;                     // 0: any free port (see ApiServer::port)
   std::string api_key;                 // "": any bearer token (or none) is accepted
-  std::vector<std::string> cors_origins;  // allowed Origin values; "*" allows any
+  std::vector<std::string> cors_origins;  // allowed Origin values; "*" allows any (never with credentials)
+  // Host header names served besides the bound address (localhost, 127.0.0.1,
+  // [::1], host): a request naming another host is refused (DNS rebinding).
+  std::vector<std::string> allowed_hosts;
   std::string store_dir;               // the model store ("" = default_store_dir())
+  // What a client may name by path. Models: store references, or files under
+  // these folders (and the store's blobs); anything else is 403.
+  std::vector<std::string> models_dirs;
+  // /v1/jobs' "output" names a new file here, and its "init_image" and "mask"
+  // a picture here, by name only ("" = none may be named).
+  std::string output_dir;
   std::string default_model;           // used when a request names no model ("" = none)
   int64_t max_body_bytes = 32 << 20;   // larger request bodies get 413 (Content-Length, or a chunked body's sum)
   // Connections open at once. At the cap the one that has waited longest for

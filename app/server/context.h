@@ -88,10 +88,35 @@ struct Context {
 
   Context(Engine& e, ApiServerOptions o) : engine(e), options(std::move(o)), events(e) {}
   // The request's model (or the default), resolved and described; 404 in OpenAI's shape when unknown.
-  ModelEntry model(const std::string& ref);
+  // A client's reference must name what the server shares (shared_model_ref): 403 naming FIELD otherwise.
+  ModelEntry model(const std::string& ref, const std::string& field = "model");
   std::shared_ptr<Vocabulary> vocabulary(const ModelEntry& model);  // 400 when it has none
 
 };
+
+// ---------------------------------------------------------------- access (access.cpp)
+
+// What a client may name. Each throws a 403 that says which flag allows more,
+// decided from the name alone (so a 403 never tells whether a file exists),
+// and a 400 for a malformed one.
+//
+// A model: a store reference as it is, or a file under --models-dir (a
+// relative path there) or the store's blobs, as an absolute path.
+std::string shared_model_ref(const Context& ctx, const std::string& field, const std::string& ref);
+// A file a model needs (tokenizer, preview decoder): the same folders, no store references.
+std::string shared_model_file(const Context& ctx, const std::string& field, const std::string& path);
+// A new file in the output folder: a name there that exists in no form yet
+// (409), for the COUNT images of a request (numbered as the engine numbers them).
+std::string output_file(const Context& ctx, const std::string& field, const std::string& name, int count);
+// A picture already in the output folder (404 when it is not there).
+std::string output_picture(const Context& ctx, const std::string& field, const std::string& name);
+
+// The Host header names this server (bound to HOST:PORT) or an --allow-host name.
+bool host_allowed(const ApiServerOptions& options, int port, const std::string& host_header);
+// A request body, when there is one, says it is JSON.
+bool json_body_or_none(const httplib::Request& req);
+// KEY and GIVEN are the same secret, compared in time that depends on neither.
+bool same_secret(const std::string& key, const std::string& given);
 
 void add_openai_routes(httplib::Server& http, Context& ctx);
 void add_llama_routes(httplib::Server& http, Context& ctx);

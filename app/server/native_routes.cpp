@@ -2,6 +2,7 @@
 // `atelier batch`'s) as a job, its state, its cancellation and its events.
 #include <atelier/models.h>
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -96,14 +97,24 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
               if (is_image_request_json(req.body)) {
                 auto r = image_request_from_json(req.body);
                 if (!r.ok()) throw from_status(r.status());
+                // Files by what the server shares: models by reference or under --models-dir, pictures and the output by name in the output folder.
+                if (r->model != ctx.options.default_model) r->model = shared_model_ref(ctx, "model", r->model);
+                if (!r->tokenizer.empty()) r->tokenizer = shared_model_file(ctx, "tokenizer", r->tokenizer);
+                if (!r->preview_decoder.empty()) r->preview_decoder = shared_model_file(ctx, "preview_decoder", r->preview_decoder);
+                if (!r->init_image.empty()) r->init_image = output_picture(ctx, "init_image", r->init_image);
+                if (!r->mask.empty()) r->mask = output_picture(ctx, "mask", r->mask);
                 if (int64_t{r->width} * r->height > ctx.options.max_image_pixels)
                   throw bad_field("width", "x height must be at most " + std::to_string(ctx.options.max_image_pixels) + " pixels (--max-image-pixels)");
                 if (r->batch_count * r->batch_size > ctx.options.max_images)
                   throw bad_field("batch_size", "x batch_count must be at most " + std::to_string(ctx.options.max_images) + " (--max-images)");
+                if (!r->output.empty()) r->output = output_file(ctx, "output", r->output, r->batch_count * r->batch_size);
                 id = ctx.engine.submit(r.value());
               } else {
                 auto r = request_from_json(req.body);
                 if (!r.ok()) throw from_status(r.status());
+                // Resolved now: an unknown model is a 404 and a file that is no model a 400, not a job that fails later.
+                const ModelEntry m = ctx.model(r->model);
+                if (!m.resolved.in_store) r->model = m.resolved.path;
                 if (r->max_new_tokens > ctx.options.max_tokens)
                   throw bad_field("max_new_tokens", "must be at most " + std::to_string(ctx.options.max_tokens) + " (--max-tokens)");
                 id = ctx.engine.submit(r.value());
@@ -117,11 +128,14 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
              f.newest_first = true;
              f.limit = 100;
              if (req.has_param("limit")) {
-               try {
-                 f.limit = std::clamp(std::stoi(req.get_param_value("limit")), 1, 10000);
-               } catch (...) {
-                 throw bad_field("limit", "must be a number");
-               }
+               const std::string v = req.get_param_value("limit");
+               int64_t n = 0;
+               const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+               if (ec == std::errc::invalid_argument || end != v.data() + v.size() || v.empty())
+                 throw bad_field("limit", "must be a whole number from 1 to 10000, not '" + v + "'");
+               if (ec == std::errc::result_out_of_range || n < 1 || n > 10000)
+                 throw bad_field("limit", "must be from 1 to 10000, not " + v);
+               f.limit = static_cast<int>(n);
              }
              json data = json::array();
              for (const JobInfo& j : ctx.engine.list(f)) data.push_back(job_json(j));

@@ -3,7 +3,11 @@
 // restoration, scripts, ...) is accepted and ignored, as A1111 itself ignores
 // fields it does not know.
 #include <atelier/store.h>
+#include <atelier/tools.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -71,14 +75,41 @@ void apply_scheduler(const std::string& s, ImageRequest& r) {
     throw bad_field("scheduler", "'" + s + "' is not one this server has: use Automatic, Uniform or Karras (GET /sdapi/v1/schedulers)");
 }
 
-// "name [hash]" (A1111's title) or "name.safetensors" -> the store reference.
-std::string checkpoint_ref(std::string title) {
+// "name [hash]" (A1111's title) or "name.safetensors" -> the store reference;
+// a path stays a path (a file under --models-dir).
+std::string checkpoint_ref(const Context& ctx, std::string title) {
   if (auto b = title.rfind(" ["); b != std::string::npos && title.back() == ']') title.resize(b);
+  if (title.find('/') != std::string::npos) return title;
   for (const char* ext : {".safetensors", ".ckpt"})
-    if (title.size() > std::strlen(ext) && title.compare(title.size() - std::strlen(ext), std::strlen(ext), ext) == 0 &&
-        !fs::exists(title))
-      title.resize(title.size() - std::strlen(ext));
+    if (title.size() > std::strlen(ext) && title.compare(title.size() - std::strlen(ext), std::strlen(ext), ext) == 0) {
+      bool file = false;  // a file of that name in a shared folder, else the store model of that stem
+      for (const auto& dir : ctx.options.models_dirs) {
+        std::error_code ec;
+        file = file || fs::exists(fs::path(dir) / title, ec);
+      }
+      if (!file) title.resize(title.size() - std::strlen(ext));
+    }
   return title;
+}
+
+// sd_model_checkpoint (the global option or a request's override): a store
+// reference or a shared file that is an image model, else 403/404/400 naming
+// the field; the checked reference.
+std::string image_checkpoint(Context& ctx, const std::string& field, const std::string& value) {
+  const std::string ref = checkpoint_ref(ctx, value);
+  ModelEntry m = ctx.model(ref, field);  // 403 outside the shared folders, 404 for a model we do not have
+  const auto not_image = [&](const std::string& what) {
+    return ApiError(400, "'" + field + "' names '" + ref + "', which is " + what +
+                             ": pick an image model (GET /sdapi/v1/sd-models)", field, "invalid_request_error", "wrong_model_kind");
+  };
+  if (m.resolved.in_store) {
+    if (m.resolved.kind != "image") throw not_image("a text model");
+  } else {
+    auto file = inspect_model_file(m.resolved.path);
+    if (!file.ok()) throw not_image(file.status().code == StatusCode::InvalidModel ? "a model file that cannot load" : "not a model file");
+    if (file->kind != "image") throw not_image("a text model");
+  }
+  return ref;
 }
 
 std::vector<StoreModel> image_models(Context& ctx) {
@@ -124,16 +155,37 @@ class TempPictures {
     std::erase_if(b64, [](char c) { return c == '\n' || c == '\r' || c == ' '; });
     std::string bytes = base64_decode(b64);
     if (bytes.empty()) throw bad_field(field, "must be a base64 picture (PNG, JPEG, WebP) or a data URL");
-    static std::atomic<int> counter{0};
-    auto path = fs::temp_directory_path() /
-                ("atelier-sdapi-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".img");
-    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    paths_.push_back(path.string());
-    return path.string();
+    // mkstemp: a fresh file of our own (O_EXCL), never one a link planted in the temp folder points at.
+    std::string path = (fs::temp_directory_path() / "atelier-sdapi-XXXXXX").string();
+    const int fd = ::mkstemp(path.data());
+    if (fd < 0) throw ApiError(500, std::string("cannot write the picture to a temporary file: ") + std::strerror(errno));
+    paths_.push_back(path);
+    fields_.push_back(field);
+    bool written = true;
+    for (size_t done = 0; done < bytes.size() && written;) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      written = n > 0;
+      if (written) done += static_cast<size_t>(n);
+    }
+    const int err = errno;
+    ::close(fd);
+    if (!written) throw ApiError(507, std::string("cannot write the picture to a temporary file: ") + std::strerror(err));
+    return path;
+  }
+  // The engine's error about a picture names its temporary file: name the field instead.
+  ApiError error(const Status& s) const {
+    for (size_t i = 0; i < paths_.size(); ++i)
+      if (auto at = s.message.find(paths_[i]); at != std::string::npos) {
+        std::string m = s.message;
+        m.replace(at, paths_[i].size(), "'" + fields_[i] + "'");
+        return ApiError(400, m, fields_[i], "invalid_request_error", "invalid_picture");
+      }
+    return from_status(s);
   }
 
  private:
-  std::vector<std::string> paths_;
+  std::vector<std::string> paths_, fields_;
 };
 
 void generate(Context& ctx, const httplib::Request& req, httplib::Response& res, bool img2img) {
@@ -160,7 +212,8 @@ void generate(Context& ctx, const httplib::Request& req, httplib::Response& res,
   std::string checkpoint = current_checkpoint(ctx);
   if (auto it = body.find("override_settings"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw bad_field("override_settings", "must be an object");
-    if (auto v = opt_string(*it, "sd_model_checkpoint"); v && !v->empty()) checkpoint = checkpoint_ref(*v);
+    if (auto v = opt_string(*it, "sd_model_checkpoint"); v && !v->empty())
+      checkpoint = image_checkpoint(ctx, "override_settings.sd_model_checkpoint", *v);
   }
   if (checkpoint.empty())
     throw ApiError(400, "no image model: import one (atelier models import FILE --kind image) or set sd_model_checkpoint",
@@ -188,7 +241,7 @@ void generate(Context& ctx, const httplib::Request& req, httplib::Response& res,
   auto queue = std::make_shared<EventQueue>();
   ClientWatch watch(req);
   auto id = ctx.events.submit([&] { return ctx.engine.submit(r); }, queue);
-  if (!id.ok()) throw from_status(id.status());
+  if (!id.ok()) throw pictures.error(id.status());
   struct Unwatch {
     Context& ctx;
     JobId id;
@@ -356,9 +409,8 @@ void add_sdapi_routes(httplib::Server& http, Context& ctx) {
   http.Post("/sdapi/v1/options", guarded(ctx, [&ctx](const httplib::Request& req, httplib::Response& res) {
               json body = parse_body(req);
               if (auto v = opt_string(body, "sd_model_checkpoint"); v && !v->empty()) {
-                std::string ref = checkpoint_ref(*v);
-                ModelEntry m = ctx.model(ref);  // 404 for a model we do not have
-                if (m.resolved.kind == "text") throw bad_field("sd_model_checkpoint", "names a text model; pick an image model");
+                // Checked before it is kept: one client's bad value must not break every later request.
+                std::string ref = image_checkpoint(ctx, "sd_model_checkpoint", *v);
                 std::lock_guard lock(ctx.mu);
                 ctx.sd_model = ref;
               }

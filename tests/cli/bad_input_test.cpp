@@ -152,7 +152,7 @@ std::vector<Case> flag_cases(const Sandbox& sb) {
                                        "-p", "a fox", "-W", "64", "-H", "64", "--steps", "1", "-o", png};
   files(sd, "--init");
   files(with(sd, {"--init", kFixtures + "/image/llama_cute.jpg"}), "--mask");
-  v.push_back({with(sd, {"--init", kModel}), kModel, 1});  // a GGUF is not a picture
+  v.push_back({with(sd, {"--init", kModel}), kModel, 2});  // a GGUF is not a picture: bad input, refused before the job runs
   for (const std::string& f : {fifo}) v.push_back({with(sd, {"--taesd", f}), f, 2});
   for (const std::string& f : {dir, sb.path("missing.file"), sb.path("empty.gguf")}) v.push_back({with(sd, {"--taesd", f}), f, 1});
   v.push_back({with(image, {"--init", kFixtures + "/image/llama_cute.jpg"}), "QuickDraw"});

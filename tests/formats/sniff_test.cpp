@@ -107,8 +107,10 @@ TEST(Sniff, MissingAndUnknownSayWhy) {
   const std::string txt = write_bytes(d, "notes.safetensors", "hello, this is text and not a model\n");
   const auto u = sniff_model_file(txt);
   EXPECT_EQ(u.kind, FileKind::unknown);
-  for (const char* what : {"GGUF", "safetensors", "PyTorch", "diffusers", "llama2.c", "CLIP", "68 65 6c 6c 6f"})
+  for (const char* what : {"GGUF", "safetensors", "PyTorch", "diffusers", "llama2.c", "CLIP", "36 bytes of text"})
     EXPECT_NE(u.detail.find(what), std::string::npos) << what << ": " << u.detail;
+  // What it found, never its bytes: the message reaches API clients (issue 31).
+  for (const char* bytes : {"68 65 6c", "hello"}) EXPECT_EQ(u.detail.find(bytes), std::string::npos) << u.detail;
   EXPECT_NE(u.detail.find(txt), std::string::npos) << u.detail;
   try {
     atelier::formats::throw_if_unusable(u);

@@ -1,12 +1,13 @@
 // libFuzzer: one client's raw bytes through the local API server as `atelier
 // serve` runs it (ApiServer::handle_raw: the connection layer's framing of
 // pipelined requests (Content-Length, chunked bodies summed against the body
-// limit, no length, 100-continue), cpp-httplib's request parser, CORS,
-// Bearer/Basic auth, the routes and their body parsing, the error bodies),
-// over a real engine on an empty store in a per-process folder. Requests that
-// name a model end at its lookup (404); jobs that /v1/jobs accepts fail at
-// admission, so no events stream waits. What comes out must be whole HTTP/1.1
-// responses, each framed by its Content-Length or chunked encoding.
+// limit, no length, 100-continue), cpp-httplib's request parser, Host, CORS,
+// Bearer/Basic auth, Content-Type, the routes and their body parsing, the
+// error bodies), over a real engine on an empty store in a per-process
+// folder. Requests that name a model end at its lookup (404); jobs that
+// /v1/jobs accepts fail at admission, so no events stream waits. What comes
+// out must be whole HTTP/1.1 responses, each framed by its Content-Length or
+// chunked encoding.
 #include <atelier/engine.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ Served& served() {
     o.store_dir = c.store_dir;
     o.api_key = "fuzz-key";  // the seeds send it (Bearer and Basic); others get the 401 path
     o.cors_origins = {"http://client.example"};
+    o.allowed_hosts = {"h"};  // the seeds' Host: localhost and h (others get the 403 path)
     o.max_body_bytes = 1 << 16;
     out.server = std::make_unique<atelier::server::ApiServer>(*out.engine, o);
     return out;

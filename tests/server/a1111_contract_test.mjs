@@ -201,3 +201,24 @@ test('bad values get 400 naming the field', async () => {
   }
   assert.equal((await post('/sdapi/v1/img2img', { prompt: 'x', init_images: ['!!notbase64!!'], steps: 2, width: 64, height: 64 })).status, 400);
 });
+
+test('img2img: a picture or mask that is not one is a 400 naming the field, not a 500', async () => {
+  const good = (await post('/sdapi/v1/txt2img', { prompt: 'x', steps: 1, width: 64, height: 64 })).body.images[0];
+  const notPicture = Buffer.from('this is no picture at all').toString('base64');
+  for (const [body, field] of [[{ init_images: [notPicture] }, 'init_images'], [{ init_images: [good], mask: notPicture }, 'mask']]) {
+    const r = await post('/sdapi/v1/img2img', { prompt: 'x', steps: 2, width: 64, height: 64, ...body });
+    assert.equal(r.status, 400, JSON.stringify(r.body));
+    assert.equal(r.body.error.param, field);
+    assert.match(r.body.error.message, /cannot read the image/);
+    assert.ok(!r.body.error.message.includes('/tmp/'), r.body.error.message);
+  }
+});
+
+test('sd_model_checkpoint "/etc/passwd" is refused and images keep working for everyone', async () => {
+  const before = await get('/sdapi/v1/options');
+  const r = await post('/sdapi/v1/options', { sd_model_checkpoint: '/etc/passwd' });
+  assert.equal(r.status, 403, JSON.stringify(r.body));
+  assert.equal(r.body.error.param, 'sd_model_checkpoint');
+  assert.deepEqual(await get('/sdapi/v1/options'), before);
+  assert.equal((await post('/sdapi/v1/txt2img', { prompt: 'x', steps: 1, width: 64, height: 64 })).status, 200);
+});

@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { FIXTURES, makeHome, startServer, removeHome } from './server_util.mjs';
+import { FIXTURES, JSON_TYPE, makeHome, startServer, removeHome } from './server_util.mjs';
 
 let home, server;
 before(async () => {
@@ -20,7 +20,7 @@ after(async () => {
 const goldenIds = readFileSync(join(FIXTURES, 'text/golden-once-upon-a-time-greedy.ids'), 'utf8').trim().split(/\s+/).map(Number);
 const goldenText = readFileSync(join(FIXTURES, 'text/golden-once-upon-a-time-greedy.txt'), 'utf8').replace(/\n$/, '');
 const post = (path, body, method = 'POST') =>
-  fetch(server.url + path, { method, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  fetch(server.url + path, { method, headers: JSON_TYPE, body: typeof body === 'string' ? body : JSON.stringify(body) });
 
 // Reads an SSE response to its end: the parsed data lines, [DONE] excluded.
 async function events(response) {

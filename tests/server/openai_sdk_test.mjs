@@ -9,7 +9,7 @@ import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import Ajv from 'ajv';
-import { FIXTURES, makeHome, startServer, removeHome } from './server_util.mjs';
+import { FIXTURES, JSON_TYPE, makeHome, startServer, removeHome } from './server_util.mjs';
 
 let home, server, client;
 
@@ -77,8 +77,8 @@ test('chat: non-streaming and streaming agree; the first delta carries the role'
   assert.ok(whole.choices[0].message.content.length > 0);
   assert.ok(['stop', 'length'].includes(whole.choices[0].finish_reason));
   // The prompt the server counted is what /apply-template renders, tokenized with BOS.
-  const rendered = await (await fetch(server.url + '/apply-template', { method: 'POST', body: JSON.stringify(body) })).json();
-  const tokens = await (await fetch(server.url + '/tokenize', { method: 'POST',
+  const rendered = await (await fetch(server.url + '/apply-template', { method: 'POST', headers: JSON_TYPE, body: JSON.stringify(body) })).json();
+  const tokens = await (await fetch(server.url + '/tokenize', { method: 'POST', headers: JSON_TYPE,
                                                                 body: JSON.stringify({ content: rendered.prompt, add_special: true }) })).json();
   assert.equal(whole.usage.prompt_tokens, tokens.tokens.length);
   assert.equal(whole.usage.completion_tokens + whole.usage.prompt_tokens, whole.usage.total_tokens);
@@ -173,12 +173,12 @@ test('malformed requests get 400 in OpenAI\'s shape, naming the field', async ()
                        (e) => e.status === 400 && e.param === 'max_tokens');
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
                        (e) => e.status === 404 && e.code === 'model_not_found');
-  const raw = await fetch(server.url + '/v1/chat/completions', { method: 'POST', body: '{"messages": [' });
+  const raw = await fetch(server.url + '/v1/chat/completions', { method: 'POST', headers: JSON_TYPE, body: '{"messages": [' });
   assert.equal(raw.status, 400);
   const err = (await raw.json()).error;
   assert.equal(err.type, 'invalid_request_error');
   assert.ok(err.message.length > 0);
-  const noMessages = await fetch(server.url + '/v1/chat/completions', { method: 'POST', body: '{"model": "stories260k"}' });
+  const noMessages = await fetch(server.url + '/v1/chat/completions', { method: 'POST', headers: JSON_TYPE, body: '{"model": "stories260k"}' });
   assert.equal(noMessages.status, 400);
   assert.equal((await noMessages.json()).error.param, 'messages');
 });

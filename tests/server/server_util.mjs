@@ -7,6 +7,8 @@ import { join } from 'node:path';
 
 export const BINARY = process.env.ATELIER_BINARY;
 export const FIXTURES = process.env.ATELIER_FIXTURES_DIR;
+// JSON routes take JSON only (415 otherwise); fetch labels a string body text/plain.
+export const JSON_TYPE = { 'Content-Type': 'application/json' };
 if (!BINARY || !FIXTURES) throw new Error('set ATELIER_BINARY and ATELIER_FIXTURES_DIR (ctest does)');
 
 export function makeHome() {

@@ -146,6 +146,14 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, con
 // one image, OUT-1.png ... OUT-N.png (the stem numbered) for several.
 std::string numbered_output_path(const std::string& out, int index, int count);
 
+// The rule for a file named by someone who may name files only inside FOLDER
+// (an API client's output or picture, a batch line's output): NAME is
+// relative, holds no ".." part and no NUL byte, and no part of it that exists
+// below FOLDER is a symbolic link (refused, never followed: checked with
+// lstat). Returns FOLDER/NAME; InvalidArgument saying which rule NAME broke.
+// Whether the file itself exists is the caller's question.
+Result<std::string> file_inside(const std::string& folder, const std::string& name);
+
 // Writes a progress report's preview as an RGB PNG. InvalidArgument when it has none; Io on failure.
 Status write_preview_png(const ImageProgress& progress, const std::string& path);
 

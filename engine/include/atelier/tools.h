@@ -261,5 +261,9 @@ struct ModelFile {
 };
 // Lists the model files directly inside the given folders (missing folders are skipped).
 std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders);
+// One file (or diffusers folder) as scan_model_folders describes it, headers
+// only: NotFound, InvalidArgument when it is no model file, InvalidModel
+// (with the reason) when it is one that cannot load.
+Result<ModelFile> inspect_model_file(const std::string& path);
 
 }  // namespace atelier

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
@@ -76,46 +77,65 @@ bool model_extension(const std::string& ext) {
 
 }  // namespace
 
+namespace {
+// What PATH is, from its bytes; nullopt for what is no model (a vocabulary, a
+// plain folder, a file without a model's name or header).
+std::optional<ModelFile> describe(const fs::path& path) {
+  std::error_code ec;
+  const bool dir = fs::is_directory(path, ec);
+  if (!dir && !fs::is_regular_file(path, ec)) return std::nullopt;  // FIFOs, sockets, devices: never opened
+  ModelFile m;
+  m.path = path.string();
+  // What the file is comes from its bytes (formats/sniff.h), not its name.
+  const formats::Sniffed kind = formats::sniff_model_file(m.path);
+  using K = formats::FileKind;
+  if (dir && kind.kind != K::diffusers) return std::nullopt;
+  if (kind.kind == K::llama2c_tokenizer || kind.kind == K::clip_vocab || kind.kind == K::missing) return std::nullopt;
+  if (kind.kind == K::unknown && !model_extension(path.extension().string())) return std::nullopt;
+  m.bytes = dir ? 0 : static_cast<int64_t>(fs::file_size(path, ec));
+  m.format = kind.kind == K::unknown ? "unknown" : formats::file_kind_name(kind.kind);
+  // Image models come as safetensors, PyTorch archives or diffusers folders (text models as GGUF and llama2.c).
+  m.kind = kind.kind == K::gguf || kind.kind == K::llama2c ? "text" : "image";
+  if (kind.kind == K::unknown) {  // listed where its name says, with why it cannot load
+    const std::string ext = path.extension().string();
+    m.kind = ext == ".gguf" || ext == ".bin" ? "text" : "image";
+  }
+  Status st = guarded([&]() -> Status {
+    switch (kind.kind) {
+      case K::gguf: m.summary = describe_gguf(m.path); break;
+      case K::llama2c: m.summary = describe_llama2c(m.path); break;
+      case K::safetensors: m.summary = describe_safetensors(m.path); break;
+      case K::pytorch_zip: m.summary = describe_torch(m.path); break;
+      case K::diffusers: m.summary = describe_diffusers(m.path); break;
+      default: formats::throw_if_unusable(kind);
+    }
+    return Status{};
+  });
+  if (!st.ok()) m.summary = "cannot load: " + st.message;
+  return m;
+}
+}  // namespace
+
 std::vector<ModelFile> scan_model_folders(const std::vector<std::string>& folders) {
   std::vector<ModelFile> out;
   for (const auto& folder : folders) {
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(folder, ec)) {
-      const bool dir = e.is_directory(ec);
-      if (!dir && !e.is_regular_file(ec)) continue;  // FIFOs, sockets, devices: never opened
-      ModelFile m;
-      m.path = e.path().string();
-      // What the file is comes from its bytes (formats/sniff.h), not its name.
-      const formats::Sniffed kind = formats::sniff_model_file(m.path);
-      using K = formats::FileKind;
-      if (dir && kind.kind != K::diffusers) continue;
-      if (kind.kind == K::llama2c_tokenizer || kind.kind == K::clip_vocab || kind.kind == K::missing) continue;
-      if (kind.kind == K::unknown && !model_extension(e.path().extension().string())) continue;
-      m.bytes = dir ? 0 : static_cast<int64_t>(e.file_size(ec));
-      m.format = kind.kind == K::unknown ? "unknown" : formats::file_kind_name(kind.kind);
-      // Image models come as safetensors, PyTorch archives or diffusers folders (text models as GGUF and llama2.c).
-      m.kind = kind.kind == K::gguf || kind.kind == K::llama2c ? "text" : "image";
-      if (kind.kind == K::unknown) {  // listed where its name says, with why it cannot load
-        const std::string ext = e.path().extension().string();
-        m.kind = ext == ".gguf" || ext == ".bin" ? "text" : "image";
-      }
-      Status st = guarded([&]() -> Status {
-        switch (kind.kind) {
-          case K::gguf: m.summary = describe_gguf(m.path); break;
-          case K::llama2c: m.summary = describe_llama2c(m.path); break;
-          case K::safetensors: m.summary = describe_safetensors(m.path); break;
-          case K::pytorch_zip: m.summary = describe_torch(m.path); break;
-          case K::diffusers: m.summary = describe_diffusers(m.path); break;
-          default: formats::throw_if_unusable(kind);
-        }
-        return Status{};
-      });
-      if (!st.ok()) m.summary = "cannot load: " + st.message;
-      out.push_back(std::move(m));
-    }
+    for (const auto& e : fs::directory_iterator(folder, ec))
+      if (auto m = describe(e.path())) out.push_back(std::move(*m));
   }
   std::sort(out.begin(), out.end(), [](const ModelFile& a, const ModelFile& b) { return a.path < b.path; });
   return out;
+}
+
+Result<ModelFile> inspect_model_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such file");
+  auto m = describe(path);
+  if (!m || m->format == "unknown")
+    return Status::error(StatusCode::InvalidArgument,
+                         path + " is not a model file (GGUF, llama2.c .bin, safetensors, PyTorch archive or diffusers folder)");
+  if (m->summary.rfind("cannot load: ", 0) == 0) return Status::error(StatusCode::InvalidModel, path + ": " + m->summary);
+  return *m;
 }
 
 }  // namespace atelier

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <random>
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
 
@@ -132,6 +133,13 @@ Status check_image_model_kind(const std::string& ref, const std::string& store_d
                          ref + " is a text model (" + (resolved->format.empty() ? text_model_kind(resolved->path) : resolved->format) +
                              "): image generation needs a Stable Diffusion 1.x/2.x checkpoint (.safetensors, .ckpt or a "
                              "diffusers folder) or the QuickDraw CVAE");
+  if (!resolved->in_store) {  // a plain file: at least a model's header, or the render fails long after the 201
+    const formats::Sniffed s = formats::sniff_model_file(resolved->path);
+    if (s.kind != formats::FileKind::safetensors && s.kind != formats::FileKind::pytorch_zip)
+      return Status::error(s.io ? StatusCode::Io : StatusCode::InvalidArgument,
+                           ref + " is not an image model file: image generation needs a Stable Diffusion 1.x/2.x "
+                                 "checkpoint (.safetensors, .ckpt or a diffusers folder) or the QuickDraw CVAE");
+  }
   return {};
   });
 }
@@ -149,6 +157,29 @@ Status check_image_output(const std::string& output) {
   if (::access(parent.c_str(), W_OK) != 0)
     return Status::error(StatusCode::Io, output + ": the folder " + parent.string() + " is not writable (" + std::strerror(errno) + ")");
   return {};
+}
+
+Result<std::string> file_inside(const std::string& folder, const std::string& name) {
+  namespace fs = std::filesystem;
+  const auto refuse = [&](const std::string& why) {
+    return Status::error(StatusCode::InvalidArgument, "\"" + name + "\" " + why);
+  };
+  if (name.empty()) return refuse("is empty: name a file");
+  if (name.find('\0') != std::string::npos) return refuse("holds a NUL byte");
+  const fs::path p(name);
+  if (p.is_absolute()) return refuse("is an absolute path: name a file inside " + folder);
+  for (const auto& part : p)
+    if (part == "..") return refuse("leaves the folder (a \"..\" part): name a file inside " + folder);
+  // lstat each existing part below FOLDER: a link there could point anywhere.
+  fs::path at(folder);
+  for (const auto& part : p.lexically_normal()) {
+    if (part.empty() || part == ".") continue;
+    at /= part;
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0) break;  // the rest does not exist yet
+    if (S_ISLNK(st.st_mode)) return refuse("goes through the symbolic link " + at.string() + ", which is not followed");
+  }
+  return (fs::path(folder) / p).lexically_normal().string();
 }
 
 std::string numbered_output_path(const std::string& out, int index, int count) {

@@ -162,6 +162,15 @@ Status validate_image_request(const ImageRequest& r) {
     if (!std::filesystem::is_regular_file(st) && !(folder_ok && std::filesystem::is_directory(st)))
       return bad(*f + " is not a regular file (a folder, FIFO or device): pass a picture or model file");
   }
+  // A picture that does not decode is the request's fault, told now rather than as a failed render.
+  for (auto [what, f] : {std::pair{"init image", &r.init_image}, std::pair{"mask", &r.mask}}) {
+    if (f->empty()) continue;
+    try {
+      image::read_rgb_file(*f);
+    } catch (const std::exception& e) {
+      return bad(std::string("the ") + what + " " + e.what());
+    }
+  }
   return {};
 }
 

@@ -94,14 +94,10 @@ bool is_llama2c_tokenizer(int fd, uint64_t size) {
   return tokens >= 3;  // <unk>, <s>, </s> at least
 }
 
-std::string hex_prefix(const uint8_t* p, size_t n) {
-  std::string s;
-  char buf[4];
-  for (size_t i = 0; i < n && i < 8; ++i) {
-    std::snprintf(buf, sizeof buf, i ? " %02x" : "%02x", p[i]);
-    s += buf;
-  }
-  return s;
+bool looks_like_text(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n && i < 64; ++i)
+    if (p[i] < 0x20 && p[i] != '\n' && p[i] != '\r' && p[i] != '\t') return false;
+  return n > 0;
 }
 
 Sniffed unknown(const std::string& path, const std::string& found) {
@@ -192,7 +188,8 @@ Sniffed sniff_model_file(const std::string& path) {
                                : " (the header or the file is corrupt)")};
   }
   if (is_llama2c_tokenizer(fd.get(), size)) return {FileKind::llama2c_tokenizer, {}};
-  return unknown(path, std::to_string(size) + (size == 1 ? " byte" : " bytes") + " starting " + hex_prefix(head, n));
+  // Not the bytes themselves: this message reaches API clients, who must not read a file through it.
+  return unknown(path, std::to_string(size) + (size == 1 ? " byte" : " bytes") + " of " + (looks_like_text(head, n) ? "text" : "other data"));
 }
 
 }  // namespace atelier::formats

@@ -107,7 +107,8 @@ void write_png_file(const std::string& path, const PngImage& image,
                     const std::vector<std::pair<std::string, std::string>>& text) {
   const std::vector<uint8_t> bytes = encode_png(image, text);
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a link planted at PATH.tmp is refused, not written through (the rename replaces a link at PATH, never its target).
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) throw IoError("cannot write " + path + ": " + errno_text(errno) + " (does the folder exist and is it writable?)");
   size_t done = 0;
   while (done < bytes.size()) {

@@ -182,6 +182,9 @@ nlohmann::json read_json(const fs::path& p) {
   if (!in) return nlohmann::json();
   try {
     return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    // The position only: nlohmann's message quotes the bytes it read ("last read: ...").
+    throw Error(p.string() + ": not valid JSON (a syntax error at byte " + std::to_string(e.byte) + ")");
   } catch (const std::exception& e) {
     throw Error(p.string() + ": not valid JSON (" + e.what() + ")");
   }

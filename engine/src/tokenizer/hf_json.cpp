@@ -72,6 +72,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
   json j;
   try {
     j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    // The position only: nlohmann's message quotes the bytes it read ("last read: ..."), and
+    // this message reaches API clients, who must not read a file through it.
+    throw Error(path + ": not a valid tokenizer.json: a JSON syntax error at byte " + std::to_string(e.byte));
   } catch (const json::exception& e) {
     throw Error(path + ": not a valid tokenizer.json: " + e.what());
   }
