@@ -36,6 +36,12 @@ async function until(cond, ms, what) {
 async function connect(url, options = {}) {
   const { hostname, port } = new URL(url);
   const sock = net.connect({ host: hostname, port: Number(port), ...options });
+  // The requests below say `Host: x`; the server answers only its own
+  // address and port (app/server/access.cpp), so each socket names it.
+  const named = (s) => (typeof s === 'string' ? s.replace(/Host: x(\r?\n)/g, `Host: ${hostname}:${port}$1`) : s);
+  const [write, end] = [sock.write.bind(sock), sock.end.bind(sock)];
+  sock.write = (s, ...rest) => write(named(s), ...rest);
+  sock.end = (s, ...rest) => (s === undefined ? end() : end(named(s), ...rest));
   const c = { sock, data: '', closed: false, error: null, waiters: [] };
   const wakeAll = () => c.waiters.splice(0).forEach((r) => r());
   c.wait = () => new Promise((r) => c.waiters.push(r));
@@ -101,7 +107,7 @@ test('bad chunked framing is a 400 that says what is wrong', { timeout: 10000 },
   for (const [body, words] of [['zz\r\nab\r\n0\r\n\r\n', /hexadecimal/], ['2\r\nabcd\r\n0\r\n\r\n', /longer than its size/],
                                ['0\r\nX-Trailer: 1\r\n\r\n', /trailer/]]) {
     const c = await connect(server.url);
-    c.sock.write(`POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n${body}`);
+    c.sock.write(`POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n${body}`);
     const r = await firstResponse(c, 3000, 'answer to a malformed chunked body');
     assert.equal(r.status, 400, body);
     assert.equal(r.json.error.code, 'bad_chunked_body');
@@ -153,7 +159,7 @@ test('a head that does not parse and a body cut short are told so', { timeout: 1
   assert.match(r.json.error.message, /CRLF/);
   bareLf.sock.destroy();
   const cut = await connect(server.url, { allowHalfOpen: true });
-  cut.sock.end('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model":');
+  cut.sock.end('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":');
   r = await firstResponse(cut, 2000, 'answer to a body cut short');
   assert.equal(r.status, 400);
   assert.equal(r.json.error.code, 'incomplete_body');
@@ -184,7 +190,7 @@ test('a request head or body that trickles in gets 408 after --header-timeout / 
     head.sock.destroy();
   }
   const body = await connect(server.url);
-  body.sock.write('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model"');
+  body.sock.write('POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model"');
   const r = await firstResponse(body, 4000, '408 for a slow body');
   assert.equal(r.status, 408);
   assert.match(r.json.error.message, /--body-timeout/);
