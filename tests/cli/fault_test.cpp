@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -467,4 +469,132 @@ TEST(HardFault, RequestsLargerThanMemoryAreRefusedFirst) {
 #if ATELIER_UNDER_ASAN || ATELIER_UNDER_TSAN
   GTEST_SKIP() << "the ulimit -v case: a sanitizer build cannot run under ulimit -v";
 #endif
+}
+
+// Issue 31, item 3: a full disk is an error, never a crash. A 3 MB private
+// tmpfs as ATELIER_HOME holds the default models (stories260k, quickdraw),
+// the queue and the batch output, filled to about 150 KB free; a 40-line
+// QuickDraw batch then runs out of room. Before: `batch` aborted (134) with
+// no results and no list of failed lines, `--headless` aborted at every
+// restart, and read-only commands could not open the databases ("cannot open
+// (switching to WAL journaling)"). Now: `batch` exits 1 naming the full disk
+// and every line that did not complete; the queue keeps every row;
+// `queue list` and `models verify` work; `--headless` says the disk is full,
+// twice alike; `serve` answers 507 to a request that needs a write and keeps
+// running. With room again the same batch finishes every line, once.
+TEST(HardFault, AFullDiskIsAnErrorNeverACrash) {
+  Sandbox sb("fulldisk");
+  const std::string mnt = sb.path("mnt"), batch = sb.path("lines.jsonl");
+  fs::create_directories(mnt);
+  {
+    std::ofstream f(batch);
+    for (int i = 1; i <= 40; ++i)
+      f << json{{"kind", "image"}, {"model", "quickdraw"}, {"prompt", i % 2 ? "airplane" : "apple"}, {"width", 64}, {"height", 64}, {"seed", i}}
+               .dump()
+        << "\n";
+  }
+  const std::string out = mnt + "/out";
+  auto cmd = [&](const std::vector<std::string>& a, const std::string& tag) {
+    return atelier_cmd(a) + " >" + shell_quote(sb.path(tag + ".out")) + " 2>" + shell_quote(sb.path(tag + ".err")) + "; echo $? >" +
+           shell_quote(sb.path(tag + ".code")) + "; ";
+  };
+  // serve: a request that must write (queue a job) on the full disk, then /health: still up.
+  const std::string serve_bin = (fs::path(atelier::test::atelier_binary()).parent_path() / "atelier-serve").string();
+  const std::string client =
+      "const u = process.argv[1]; (async () => {"
+      " const r = await fetch(u + '/v1/jobs', {method: 'POST', headers: {'content-type': 'application/json'},"
+      "   body: JSON.stringify({kind: 'image', model: 'quickdraw', prompt: 'airplane'})});"
+      " const b = await r.json(); const h = await fetch(u + '/health');"
+      " console.log(JSON.stringify({status: r.status, body: b, health: h.status}));"
+      "})().catch(e => { console.log(JSON.stringify({error: String(e)})); });";
+  const std::string serve =
+      shell_quote(serve_bin) + " serve --port 0 >" + shell_quote(sb.path("serve.out")) + " 2>" + shell_quote(sb.path("serve.err")) +
+      " & SP=$!; for i in $(seq 200); do grep -q listening " + shell_quote(sb.path("serve.out")) +
+      " 2>/dev/null && break; sleep 0.05; done; URL=$(sed -n 's/.*listening on //p' " + shell_quote(sb.path("serve.out")) +
+      "); node -e " + shell_quote(client) + " \"$URL\" >" + shell_quote(sb.path("http.out")) + " 2>&1; kill -0 $SP; echo $? >" +
+      shell_quote(sb.path("serve.alive")) + "; kill $SP; wait $SP; ";
+  const std::string script =
+      "export ATELIER_HOME=" + shell_quote(mnt) + "; " +
+      cmd({"models", "pull", "stories260k", "--mirror", kFixtures}, "pull1") + cmd({"models", "pull", "quickdraw", "--mirror", kFixtures}, "pull2") +
+      // About 150 KB free: fill the rest, then give 150 KiB back.
+      "cat /dev/zero >" + shell_quote(mnt + "/fill") + " 2>/dev/null; truncate -s -150K " + shell_quote(mnt + "/fill") + "; " +
+      cmd({"batch", batch, "--out", out}, "batch") + "df -k " + shell_quote(mnt) + " >" + shell_quote(sb.path("df")) + "; " +
+      cmd({"queue", "list", "--json", "--limit", "1000"}, "list") + cmd({"models", "verify"}, "verify") +
+      cmd({"--headless"}, "headless1") + cmd({"--headless"}, "headless2") + serve +
+      // Room again (a larger disk): the same batch finishes what is left.
+      "rm -f " + shell_quote(mnt + "/fill") + "; mount -o remount,size=32m " + shell_quote(mnt) + "; " + cmd({"batch", batch, "--out", out}, "again") + "cp " +
+      shell_quote(out + "/results.jsonl") + " " + shell_quote(sb.path("results.jsonl")) + " 2>/dev/null; " +
+      cmd({"queue", "list", "--json", "--limit", "1000"}, "final");
+  const int rc = with_failing_writes("full", mnt, 3 * 1024, script);
+  if (rc == 99) GTEST_SKIP() << "no private mount namespace here (unshare -rm)";
+  auto code = [&](const std::string& tag) { return slurp(sb.path(tag + ".code")); };
+  auto err = [&](const std::string& tag) { return slurp(sb.path(tag + ".err")); };
+  ASSERT_EQ(code("pull1"), "0\n") << err("pull1");
+  ASSERT_EQ(code("pull2"), "0\n") << err("pull2");
+  std::printf("after the first batch:\n%s", slurp(sb.path("df")).c_str());
+
+  // The batch: an error naming the full disk and the lines, no crash.
+  const std::string berr = err("batch");
+  EXPECT_EQ(code("batch"), "1\n") << berr;
+  expect_no_crash(std::stoi(code("batch")), berr, "batch on a full disk");
+  EXPECT_NE(berr.find("disk is full"), std::string::npos) << berr;
+  EXPECT_NE(berr.find("jobs did not complete:"), std::string::npos) << berr;
+  // Every line that did not complete is listed by number with its job (0:
+  // not queued: the disk was full already) and the reason.
+  std::map<int, std::pair<int64_t, std::string>> listed;  // line -> job, reason
+  {
+    std::istringstream in(berr);
+    for (std::string l; std::getline(in, l);) {
+      int line = 0;
+      long long job = -1;
+      if (std::sscanf(l.c_str(), "  line %d (job %lld): ", &line, &job) == 2) listed[line] = {job, l.substr(l.find("): ") + 3)};
+    }
+  }
+  EXPECT_FALSE(listed.empty()) << berr;
+  // The queue keeps every queued line's job, and shows them on the full disk.
+  EXPECT_EQ(code("list"), "0\n") << err("list");
+  std::map<int64_t, json> rows;
+  for (const auto& r : jsonl(slurp(sb.path("list.out")))) rows[r["id"].get<int64_t>()] = r;
+  size_t completed_first = 0;
+  for (const auto& [id, r] : rows) completed_first += r["state"] == "completed";
+  EXPECT_EQ(completed_first + listed.size(), 40u) << "each line either completed or is listed: " << berr;
+  for (const auto& [line, what] : listed) {
+    EXPECT_NE(what.second.find("disk is full"), std::string::npos) << "line " << line << ": " << what.second;
+    if (what.first != 0) {
+      ASSERT_TRUE(rows.count(what.first)) << "line " << line << ": job " << what.first << " is gone from the queue";
+      EXPECT_NE(rows[what.first]["state"], "completed") << "line " << line;
+    }
+  }
+  std::printf("first batch: %zu line(s) completed, %zu listed as not completed\n", completed_first, listed.size());
+  EXPECT_EQ(code("verify"), "0\n") << err("verify");
+  EXPECT_EQ(err("verify").find("cannot open"), std::string::npos) << err("verify");
+  // The runner, started twice on the full disk: the same clear error, no crash loop.
+  for (const std::string tag : {"headless1", "headless2"}) {
+    const std::string e = err(tag);
+    expect_no_crash(std::stoi(code(tag)), e, tag);
+    if (code(tag) != "0\n") {
+      EXPECT_NE(e.find("disk is full"), std::string::npos) << tag << ": " << e;
+    }
+  }
+  std::printf("--headless on the full disk: exit %s%s", code("headless1").c_str(), err("headless1").c_str());
+  std::printf("serve: %s", slurp(sb.path("http.out")).c_str());
+  // serve: 507 with the reason, and still answering.
+  const auto http = json::parse(slurp(sb.path("http.out")), nullptr, false);
+  ASSERT_TRUE(http.is_object()) << slurp(sb.path("http.out")) << slurp(sb.path("serve.err"));
+  EXPECT_EQ(http.value("status", 0), 507) << http.dump();
+  EXPECT_NE(http.dump().find("disk is full"), std::string::npos) << http.dump();
+  EXPECT_EQ(http.value("health", 0), 200) << http.dump();
+  EXPECT_EQ(slurp(sb.path("serve.alive")), "0\n") << "serve died: " << slurp(sb.path("serve.err"));
+  EXPECT_EQ(slurp(sb.path("serve.err")).find("terminate called"), std::string::npos) << slurp(sb.path("serve.err"));
+
+  // With room: every line completes, each by one job, nothing run twice.
+  EXPECT_EQ(code("again"), "0\n") << err("again");
+  const auto results = jsonl(slurp(sb.path("results.jsonl")));
+  ASSERT_EQ(results.size(), 40u);
+  for (const auto& r : results) EXPECT_EQ(r["state"], "completed") << r.dump();
+  std::map<std::string, int> runs;  // line files -> completed jobs that wrote them
+  for (const auto& r : jsonl(slurp(sb.path("final.out"))))
+    if (r["state"] == "completed") ++runs[r["files"].dump()];
+  EXPECT_EQ(runs.size(), 40u);
+  for (const auto& [files, n] : runs) EXPECT_EQ(n, 1) << files << " was written by " << n << " jobs";
 }

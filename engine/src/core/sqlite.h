@@ -27,12 +27,19 @@
 
 namespace atelier::sql {
 
+// True when SQLite's last error on DB is a full disk: SQLITE_FULL, or the
+// "disk I/O error" SQLite reports when growing its -shm or -wal file met ENOSPC.
+inline bool disk_full(sqlite3* db) {
+  if (!db) return false;
+  return (sqlite3_extended_errcode(db) & 0xff) == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC;
+}
+
 // What SQLite's last error on DB means for the user and what to do, or "".
 inline std::string advice(sqlite3* db) {
   if (!db) return "";
   const int rc = sqlite3_extended_errcode(db) & 0xff;
   // SQLite says "disk I/O error" for a full disk too; say what it means.
-  if (rc == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC)
+  if (disk_full(db))
     return " (the disk is full: free some space and try again; nothing already saved was lost)";
   // "database is locked" alone does not say whose lock or what to do.
   if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
@@ -43,6 +50,10 @@ inline std::string advice(sqlite3* db) {
 
 template <const char* Noun>
 [[noreturn]] inline void fail(sqlite3* db, const std::string& path, const std::string& what) {
+  // A full disk is said plainly: which statement met it says nothing to the user.
+  if (disk_full(db))
+    throw DiskFullError(std::string(Noun) + " " + path + ": cannot write: the disk is full (" + sqlite3_errmsg(db) +
+                        "): free some space and try again; nothing already saved was lost");
   std::string msg = std::string(Noun) + " " + path + ": " + what;
   if (db) msg += ": " + std::string(sqlite3_errmsg(db)) + advice(db);
   throw IoError(msg);
@@ -109,6 +120,9 @@ inline void exec(sqlite3* db, const std::string& path, const char* sql) {
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db);
     sqlite3_free(err);
+    if (disk_full(db))
+      throw DiskFullError(std::string(Noun) + " " + path + ": cannot write: the disk is full (" + msg +
+                          "): free some space and try again; nothing already saved was lost");
     throw IoError(std::string(Noun) + " " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg + advice(db));
   }
 }
@@ -146,6 +160,34 @@ inline bool damaged_code(sqlite3* db) {
   return rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB;
 }
 
+// A full disk: opening a WAL database needs its -shm file (the shared
+// wal-index, 32 KiB), which a full disk cannot give; SQLite then fails even
+// a read ("disk I/O error"). Reopens PATH into *DB in EXCLUSIVE locking mode,
+// where the wal-index lives in this process's heap and no -shm is made
+// (sqlite.org/wal.html#noshm): reads work, writes fail with SQLITE_FULL
+// (DiskFullError) until there is room. The price: while this connection is
+// open, other processes wait for the file (the busy timeout). It is only
+// taken when no other process has the database open (one that had would
+// have sized the -shm already). False when it fails too (*DB then holds its error).
+inline bool open_without_shm(const std::string& path, int busy_timeout_ms, sqlite3** db, std::string* mode) {
+  // The failed connection goes first: its locks would keep this one out.
+  sqlite3_close_v2(*db);
+  *db = nullptr;
+  // The file must be there already: a new database cannot be made on a full disk.
+  if (sqlite3_open_v2(path.c_str(), db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) != SQLITE_OK) return false;
+  sqlite3_extended_result_codes(*db, 1);
+  sqlite3_busy_timeout(*db, busy_timeout_ms);
+  sqlite3_stmt* s = nullptr;
+  const bool ok = sqlite3_exec(*db, "PRAGMA locking_mode = EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK &&
+                  sqlite3_prepare_v2(*db, "PRAGMA journal_mode", -1, &s, nullptr) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW;
+  if (ok) {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+    *mode = p ? p : "";
+  }
+  sqlite3_finalize(s);
+  return ok;
+}
+
 template <const char* Noun>
 inline void open_wal_unchecked(const std::string& path, int busy_timeout_ms, const std::string& wal_advice, sqlite3** db) {
   const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
@@ -169,6 +211,7 @@ inline void open_wal_unchecked(const std::string& path, int busy_timeout_ms, con
     }
     sqlite3_finalize(s);
     if (rc == SQLITE_ROW) break;
+    if (disk_full(*db) && open_without_shm(path, busy_timeout_ms, db, &mode)) break;
     if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline)
       fail<Noun>(*db, path, "cannot open (switching to WAL journaling)");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
