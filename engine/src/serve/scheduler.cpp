@@ -40,6 +40,17 @@ int64_t live_positions(const TextSlot& slot, int64_t positions) {
   if (slot.sliding_window <= 0) return positions;
   return std::min<int64_t>(positions, 2 * int64_t{slot.sliding_window} + slot.kv->block_tokens());
 }
+// A model reference that no longer resolves when its job starts. Submit
+// checked it, so it went away since the job was queued (`models remove
+// --force`, a deleted file). Nothing pins a version at submit (the reference
+// is resolved when the job starts, so a promoted channel applies), so the job
+// fails, text and image alike, saying so.
+Status gone_since_queued(const std::string& ref, Status st) {
+  if (st.code == StatusCode::NotFound)
+    st.message = "model \"" + ref + "\" was removed after this job was queued (" + st.message +
+                 "); import or pull it again, then retry the job";
+  return st;
+}
 // A sentence or paragraph ends at the last ". ", "! ", "? " (or before a newline) or blank line.
 size_t segment_end(const std::string& s) {
   size_t end = std::string::npos;
@@ -246,7 +257,7 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   ro.check_digest = true;
   auto resolved = resolve_model(ref, config_.store_dir, ro);
   if (!resolved.ok()) {
-    error = resolved.status();
+    error = gone_since_queued(ref, resolved.status());
     return nullptr;
   }
   const std::string path = resolved->path;
@@ -1177,7 +1188,7 @@ void Scheduler::admit_images(int64_t now) {
     if (!j.run) {
       const Result<ResolvedModel> resolved = resolve_image_model(j.req.model, config_.store_dir);
       if (!resolved.ok()) {
-        finish_image(j, JobState::Failed, resolved.status());
+        finish_image(j, JobState::Failed, gone_since_queued(j.req.model, resolved.status()));
         continue;
       }
       if (runner_->is_one_pass(resolved.value())) {
