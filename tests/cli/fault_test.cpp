@@ -537,8 +537,13 @@ TEST(HardFault, AFullDiskIsAnErrorNeverACrash) {
       "const u = process.argv[1]; (async () => {"
       " const r = await fetch(u + '/v1/jobs', {method: 'POST', headers: {'content-type': 'application/json'},"
       "   body: JSON.stringify({kind: 'image', model: 'quickdraw', prompt: 'airplane'})});"
-      " const b = await r.json(); const h = await fetch(u + '/health');"
-      " console.log(JSON.stringify({status: r.status, body: b, health: h.status}));"
+      " const b = await r.json();"
+      " const t = await fetch(u + '/sdapi/v1/txt2img', {method: 'POST', headers: {'content-type': 'application/json'},"
+      "   body: JSON.stringify({prompt: 'airplane', width: 64, height: 64})});"
+      " const tb = await t.json(); const m = await fetch(u + '/v1/models'); const mb = await m.json();"
+      " const h = await fetch(u + '/health');"
+      " console.log(JSON.stringify({status: r.status, body: b, txt2img: t.status, txt2img_body: tb, models: m.status,"
+      "   model_ids: (mb.data || []).map(x => x.id), health: h.status}));"
       "})().catch(e => { console.log(JSON.stringify({error: String(e)})); });";
   const std::string serve =
       shell_quote(serve_bin) + " serve --port 0 >" + shell_quote(sb.path("serve.out")) + " 2>" + shell_quote(sb.path("serve.err")) +
@@ -616,6 +621,10 @@ TEST(HardFault, AFullDiskIsAnErrorNeverACrash) {
   ASSERT_TRUE(http.is_object()) << slurp(sb.path("http.out")) << slurp(sb.path("serve.err"));
   EXPECT_EQ(http.value("status", 0), 507) << http.dump();
   EXPECT_NE(http.dump().find("disk is full"), std::string::npos) << http.dump();
+  EXPECT_EQ(http.value("txt2img", 0), 507) << "txt2img must say the disk is full, not that there is no image model: " << http.dump();
+  EXPECT_NE(http["txt2img_body"].dump().find("disk is full"), std::string::npos) << http.dump();
+  EXPECT_EQ(http.value("models", 0), 200) << "reading the store works on a full disk: " << http.dump();
+  EXPECT_NE(http["model_ids"].dump().find("quickdraw"), std::string::npos) << http.dump();
   EXPECT_EQ(http.value("health", 0), 200) << http.dump();
   EXPECT_EQ(slurp(sb.path("serve.alive")), "0\n") << "serve died: " << slurp(sb.path("serve.err"));
   EXPECT_EQ(slurp(sb.path("serve.err")).find("terminate called"), std::string::npos) << slurp(sb.path("serve.err"));
