@@ -131,7 +131,7 @@ JobRow read_row(const Stmt& s) {
 JobDb::JobDb(std::string path) : path_(std::move(path)) {}
 
 JobDb::~JobDb() {
-  if (db_) sqlite3_close_v2(db_);
+  sql::close(db_);  // not sqlite3_close_v2: see sql::open_without_shm
 }
 
 std::unique_ptr<JobDb> JobDb::open(const std::string& path) {
