@@ -247,7 +247,11 @@ void EngineBridge::setPaused(bool paused) {
 }
 
 void EngineBridge::clearFinished(std::function<void(int)> done) {
-  run<int>([](Engine* e) { return e ? e->clear_finished() : 0; },
+  run<int>([](Engine* e) {
+             if (!e) return 0;
+             const auto n = e->clear_finished();
+             return n.ok() ? n.value() : 0;
+           },
            [this, done](int n) {
              if (done) done(n);
              refreshJobs();

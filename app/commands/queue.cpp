@@ -141,11 +141,23 @@ int run_headless(const RunnerOptions& o, bool watch) {
   std::signal(SIGTERM, on_signal);
   subscribe_log(e);
   std::fprintf(stderr, "running the queue in %s%s\n", o.data_dir.c_str(), watch ? " (until stopped)" : " until it is empty");
+  int code = 0;
+  int blocked_s = 0;  // seconds in a row the runner could not write its database with nothing running
   while (!g_interrupted) {
     const bool idle = e.wait_idle(1000);
     const EngineMetrics m = e.metrics();
     write_metrics_snapshot(o.data_dir, m);
     if (idle && !watch) break;
+    // A full disk: nothing can start. --watch waits for room (the alert said
+    // why); a run "until the queue is empty" would never end, so it stops.
+    const Status storage = e.storage_status();
+    blocked_s = storage.ok() || m.running > 0 ? 0 : blocked_s + 1;
+    if (!watch && blocked_s >= 3) {
+      std::fprintf(stderr, "atelier: error: %s\natelier: %d job(s) stay queued: free some space, then run `atelier --headless` again\n",
+                   storage.message.c_str(), m.queue_depth);
+      code = 1;
+      break;
+    }
     if (!watch && e.paused() && m.running == 0) {
       std::fprintf(stderr, "the queue is paused with %d job(s) waiting; `atelier queue resume` lets them run\n", m.queue_depth);
       break;
@@ -153,7 +165,7 @@ int run_headless(const RunnerOptions& o, bool watch) {
   }
   if (g_interrupted) std::fprintf(stderr, "stopping: running jobs go back to the queue\n");
   if (o.metrics) print_json_line(metrics_json(e.metrics()));
-  return 0;
+  return code;
 }
 
 struct BatchOptions {
@@ -178,10 +190,11 @@ Result<std::string> line_key(const std::string& out_dir_abs, int number, const s
 Status write_file_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
   auto io = [&](const std::string& what) {
-    const std::string why = std::strerror(errno);
+    const int err = errno;  // before unlink() can change it
     ::unlink(tmp.c_str());
-    return Status::error(StatusCode::Io, path.string() + ": " + what + ": " + why +
-                                             (errno == ENOSPC ? " (the disk is full: free some space and rerun the same command)" : ""));
+    return Status::error(err == ENOSPC ? StatusCode::DiskFull : StatusCode::Io,
+                         path.string() + ": " + what + ": " + std::strerror(err) +
+                             (err == ENOSPC ? " (the disk is full: free some space and rerun the same command)" : ""));
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return io("cannot create the temporary file");
@@ -429,6 +442,8 @@ int run_batch(const BatchOptions& o) {
   const bool tty = ::isatty(STDERR_FILENO);
   std::map<JobId, JobInfo> finished;
   int last_decile = -1;
+  Status stuck;        // the runner here cannot write the job database (a full disk) and runs nothing
+  int stuck_polls = 0;
   while (!g_interrupted) {
     int64_t tokens = 0;
     for (const auto& l : lines) {
@@ -456,6 +471,14 @@ int run_batch(const BatchOptions& o) {
     else if (decile != last_decile) std::fprintf(stderr, "%s\n", bar);
     last_decile = decile;
     if (done >= total) break;
+    // Nothing can start while the database takes no writes: after 3 s of
+    // that with nothing running, the lines not run are reported as failed.
+    const Status storage = e.storage_status();
+    stuck_polls = storage.ok() || e.metrics().running > 0 ? 0 : stuck_polls + 1;
+    if (stuck_polls >= 15) {
+      stuck = storage;
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   if (tty) std::fprintf(stderr, "\n");
@@ -495,8 +518,10 @@ int run_batch(const BatchOptions& o) {
       r["state"] = "not_queued";
       r["error"] = "not queued: the batch was interrupted while queueing; run the same command again to queue and run it";
     } else if (!complete) {
-      r["error"] = pending ? std::string("interrupted before it finished: the job stays queued; rerun the same command to finish it")
-                           : (j.error.empty() ? std::string(job_state_name(j.state)) : j.error);
+      r["error"] = pending && !stuck.ok()
+                       ? "not run (" + stuck.message + "); the job stays queued: rerun the same command once there is room"
+                   : pending ? std::string("interrupted before it finished: the job stays queued; rerun the same command to finish it")
+                             : (j.error.empty() ? std::string(job_state_name(j.state)) : j.error);
       failed.push_back("line " + std::to_string(l.number) + " (job " + std::to_string(l.job) + "): " + r["error"].get<std::string>());
     }
     body += r.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -522,6 +547,7 @@ int run_batch(const BatchOptions& o) {
     std::fprintf(stderr, "interrupted: unfinished jobs stay in the queue (rerun the same command, or `atelier --headless`, to finish them)\n");
     return 1;
   }
+  if (!stuck.ok()) std::fprintf(stderr, "atelier: error: %s\n", stuck.message.c_str());
   return failed.empty() ? 0 : 1;
 }
 
@@ -653,14 +679,14 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   pause->callback([client, &exit_code] {
     auto e = client();
     if (!e.ok()) return void(exit_code = fail(e.status()));
-    e.value()->pause();
+    if (Status st = e.value()->pause(); !st.ok()) return void(exit_code = fail(st));
     exit_code = 0;
   });
   CLI::App* resume = queue->add_subcommand("resume", "Start jobs again");
   resume->callback([client, &exit_code] {
     auto e = client();
     if (!e.ok()) return void(exit_code = fail(e.status()));
-    e.value()->resume();
+    if (Status st = e.value()->resume(); !st.ok()) return void(exit_code = fail(st));
     exit_code = 0;
   });
   auto also_queued = std::make_shared<bool>(false);
@@ -669,10 +695,13 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   clear->callback([client, also_queued, &exit_code] {
     auto e = client();
     if (!e.ok()) return void(exit_code = fail(e.status()));
-    const int cancelled = *also_queued ? e.value()->cancel_queued() : 0;
-    const int cleared = e.value()->clear_finished();
-    std::fprintf(stderr, "cleared %d finished job(s)%s\n", cleared,
-                 *also_queued ? (", cancelled " + std::to_string(cancelled) + " queued").c_str() : "");
+    Result<int> cancelled = 0;
+    if (*also_queued) cancelled = e.value()->cancel_queued();
+    if (!cancelled.ok()) return void(exit_code = fail(cancelled.status()));
+    const Result<int> cleared = e.value()->clear_finished();
+    if (!cleared.ok()) return void(exit_code = fail(cleared.status()));
+    std::fprintf(stderr, "cleared %d finished job(s)%s\n", cleared.value(),
+                 *also_queued ? (", cancelled " + std::to_string(cancelled.value()) + " queued").c_str() : "");
     exit_code = 0;
   });
 

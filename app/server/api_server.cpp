@@ -46,6 +46,8 @@ ApiError from_status(const Status& s, const std::string& param) {
     case StatusCode::NotFound: return ApiError(404, s.message, param, "invalid_request_error", "model_not_found");
     case StatusCode::Unsupported: return ApiError(400, s.message, param, "invalid_request_error", "unsupported");
     case StatusCode::Cancelled: return ApiError(499, s.message, param, "invalid_request_error", "cancelled");
+    // 507 Insufficient Storage (RFC 4918): the request needed a write the full disk refused.
+    case StatusCode::DiskFull: return ApiError(507, s.message, param, "server_error", "disk_full");
     default: return ApiError(500, s.message, param, "server_error", std::string(status_code_name(s.code)));
   }
 }

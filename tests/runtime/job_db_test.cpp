@@ -1016,49 +1016,120 @@ TEST(RunnerLock, MissingDataDirIsAClearError) {
   EXPECT_EQ(RunnerLock::holder_pid(dir), 0);
 }
 
-// Crash-loop protection (issue 14): a job found running at two process
-// deaths is failed, not re-run forever; one death (or a clean requeue) is not counted against it.
-TEST(JobDbCrashLoop, AJobRunningAtTwoDeathsIsFailedWithAReason) {
+// Crash-loop protection (issue 14, reworked in issue 31): only a job that
+// was running ALONE at two process deaths is failed. Jobs that were running
+// together when the process died are suspects, requeued however often that
+// happens (with continuous batching every job in flight is "running", and
+// two deaths used to fail them all); one death alone is not counted twice,
+// and a clean requeue is no death at all.
+TEST(JobDbCrashLoop, OnlyAJobRunningAloneAtTwoDeathsIsFailed) {
   TempDir t;
-  int64_t victim = 0, once = 0, requeued = 0;
+  int64_t a = 0, b = 0, c = 0, requeued = 0;
   {
     auto db = JobDb::open(t.db());
-    victim = db->insert("{\"n\":1}", 0, false, 0, 1);
-    once = db->insert("{\"n\":2}", 0, false, 0, 1);
-    requeued = db->insert("{\"n\":3}", 0, false, 0, 1);
-    ASSERT_TRUE(db->mark_running(victim, 10));
+    a = db->insert("{\"n\":1}", 0, false, 0, 1);
+    b = db->insert("{\"n\":2}", 0, false, 0, 1);
+    c = db->insert("{\"n\":3}", 0, false, 0, 1);
+    requeued = db->insert("{\"n\":4}", 0, false, 0, 1);
     // A clean shutdown's requeue is no interruption, however often.
     for (int i = 0; i < 3; ++i) {
       ASSERT_TRUE(db->mark_running(requeued, 10));
       ASSERT_TRUE(db->requeue(requeued));
     }
-  }  // first death: the victim was running
+    for (int64_t id : {a, b, c}) ASSERT_TRUE(db->mark_running(id, 10));
+  }  // first death: a, b and c running together
+  for (int death = 2; death <= 3; ++death) {
+    auto db = JobDb::open(t.db());
+    EXPECT_EQ(db->recover(), 3) << "death " << death - 1;
+    for (int64_t id : {a, b, c}) {
+      const JobRow r = *db->get(id);
+      EXPECT_EQ(r.state, "queued") << "a job that died in company is a suspect, not failed: " << id;
+      EXPECT_TRUE(r.suspect);
+      EXPECT_EQ(r.died_alone, 0);
+      EXPECT_EQ(r.interrupted, death - 1);
+      ASSERT_TRUE(db->mark_running(id, 20));
+    }
+  }  // the second and third deaths: the three together again
+  {
+    auto db = JobDb::open(t.db());
+    EXPECT_EQ(db->recover(), 3);
+    for (int64_t id : {a, b, c}) EXPECT_EQ(state_of(*db, id), "queued");
+    EXPECT_FALSE(db->get(requeued)->suspect);
+    EXPECT_EQ(db->get(requeued)->interrupted, 0);
+    ASSERT_TRUE(db->mark_running(b, 30));
+  }  // b dies alone once: counted, still queued
   {
     auto db = JobDb::open(t.db());
     EXPECT_EQ(db->recover(), 1);
-    EXPECT_EQ(state_of(*db, victim), "queued");
-    EXPECT_EQ(db->get(victim)->interrupted, 1);
-    ASSERT_TRUE(db->mark_running(victim, 20));
-    ASSERT_TRUE(db->mark_running(once, 20));
-    ASSERT_TRUE(db->mark_running(requeued, 20));
-  }  // second death: all three running; the victim for the second time
+    EXPECT_EQ(state_of(*db, b), "queued");
+    EXPECT_EQ(db->get(b)->died_alone, 1);
+    ASSERT_TRUE(db->mark_running(a, 40));
+    ASSERT_TRUE(db->complete(a, "{}", "v", 41));
+    ASSERT_TRUE(db->mark_running(b, 42));
+  }  // b dies alone a second time: failed, with the reason
   auto db = JobDb::open(t.db());
-  EXPECT_EQ(db->recover(), 2);
-  const JobRow v = *db->get(victim);
+  EXPECT_EQ(db->recover(), 1);
+  const JobRow v = *db->get(b);
   EXPECT_EQ(v.state, "failed");
   EXPECT_EQ(v.error_message.rfind("interrupted twice; retry to run it again", 0), 0u) << v.error_message;
+  EXPECT_NE(v.error_message.find("alone"), std::string::npos) << v.error_message;
   EXPECT_EQ(v.error_code, "internal");
+  EXPECT_EQ(v.died_alone, 2);
   EXPECT_GT(v.finished_ms, 0);
-  EXPECT_EQ(v.attempts, 2);
-  EXPECT_EQ(state_of(*db, once), "queued");
+  EXPECT_EQ(state_of(*db, a), "completed");
+  EXPECT_EQ(state_of(*db, c), "queued");
   EXPECT_EQ(state_of(*db, requeued), "queued");
-  EXPECT_EQ(db->get(requeued)->interrupted, 1);
   EXPECT_EQ(db->recover(), 0);
-  EXPECT_EQ(state_of(*db, victim), "failed");
+  EXPECT_EQ(state_of(*db, b), "failed");
 }
 
-// A kill -9 while the job runs, twice, in real processes.
-TEST(JobDbCrashLoop, TwoKillsWhileRunningFailTheJob) {
+// A job whose cancel was requested is cancelled by recovery, and still counts
+// as company: the one beside it did not die alone.
+TEST(JobDbCrashLoop, ACancelledNeighbourIsCompanyAndIsCancelled) {
+  TempDir t;
+  int64_t lone = 0, cancelled = 0;
+  {
+    auto db = JobDb::open(t.db());
+    lone = db->insert("{}", 0, false, 0, 1);
+    cancelled = db->insert("{}", 0, false, 0, 1);
+    ASSERT_TRUE(db->mark_running(lone, 10));
+    ASSERT_TRUE(db->mark_running(cancelled, 10));
+    ASSERT_TRUE(db->request_cancel(cancelled, 11));
+  }
+  auto db = JobDb::open(t.db());
+  EXPECT_EQ(db->recover(), 1);
+  EXPECT_EQ(state_of(*db, cancelled), "cancelled");
+  EXPECT_EQ(state_of(*db, lone), "queued");
+  EXPECT_TRUE(db->get(lone)->suspect);
+  EXPECT_EQ(db->get(lone)->died_alone, 0);
+}
+
+// With nothing running, recovery writes nothing: a runner can start on a
+// database that takes no writes (a full disk). Seen here as a read-only file.
+TEST(JobDbCrashLoop, RecoveryWithNothingRunningWritesNothing) {
+  TempDir t;
+  int64_t id = 0;
+  {
+    auto db = JobDb::open(t.db());
+    id = db->insert("{}", 0, false, 0, 1);
+  }
+  {
+    auto db = JobDb::open(t.db());
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(t.db().c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    // Another connection holds the write lock: any write of recover() would wait 5 s and throw.
+    ASSERT_EQ(sqlite3_exec(raw, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(db->recover(), 0);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "recover() waited for the write lock";
+    sqlite3_exec(raw, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close_v2(raw);
+  }
+  EXPECT_EQ(state_of(*JobDb::open(t.db()), id), "queued");
+}
+
+// A kill -9 while the job runs alone, twice, in real processes.
+TEST(JobDbCrashLoop, TwoKillsWhileRunningAloneFailTheJob) {
   TempDir t;
   int64_t id = 0;
   {

@@ -4,6 +4,7 @@
 // while an image step is in flight. Expected tokens come from the fake's
 // formula applied to the prompt's ids here, independently of the scheduler.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <chrono>
@@ -368,4 +369,42 @@ TEST(Scheduler, AnImageJobPreemptedByAHigherOneResumesToTheSamePicture) {
   EXPECT_GE(m.preemptions, 1);
   ASSERT_EQ(el.files.size(), 1u);
   EXPECT_EQ(file_bytes(el.files[0]), alone);
+}
+
+// Issue 31, item 3: a job whose end cannot be written (a full disk; here the
+// same failed write made by another connection holding the write lock past
+// the busy timeout) no longer ends the process (before: std::terminate on
+// the executor thread, "serve dies while marking a job completed"). The job
+// is reported failed with the reason, the engine says so while the database
+// still says "running", the next job runs once writes work, and the failed
+// end reaches the database then.
+TEST(SchedulerStorage, AJobWhoseEndCannotBeWrittenFailsAndTheRunnerCarriesOn) {
+  EngineConfig c;
+  Harness h("storage", c, 20, 0);
+  const JobId a = h.add(text_job("Once upon a time", 30));
+  ASSERT_TRUE(h.wait_started(a));
+  sqlite3* lock = nullptr;
+  ASSERT_EQ(sqlite3_open_v2((h.dir / "jobs.db").string().c_str(), &lock, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(lock, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  const Event end = h.wait_end(a);
+  EXPECT_EQ(end.type, EventType::Failed);
+  EXPECT_EQ(end.code, StatusCode::Io);
+  EXPECT_NE(end.message.find("job " + std::to_string(a) + " could not be saved"), std::string::npos) << end.message;
+  EXPECT_NE(end.message.find("locked by another process"), std::string::npos) << end.message;
+  EXPECT_FALSE(h.sched->storage_status().ok());
+  EXPECT_EQ(h.db->get(a)->state, "running");  // not written yet
+  const auto unsaved = h.sched->unsaved_end(a);
+  ASSERT_TRUE(unsaved.has_value());
+  EXPECT_EQ(unsaved->first, JobState::Failed);
+  sqlite3_exec(lock, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close_v2(lock);
+  const JobId b = h.add(text_job("Twice upon a time", 4));
+  EXPECT_EQ(h.wait_end(b).type, EventType::Completed);
+  for (int i = 0; i < 6000 && h.db->get(a)->state == "running"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto row = h.db->get(a);
+  EXPECT_EQ(row->state, "failed");
+  EXPECT_NE(row->error_message.find("could not be saved"), std::string::npos) << row->error_message;
+  EXPECT_EQ(row->error_code, "io");
+  EXPECT_TRUE(h.sched->storage_status().ok());
+  EXPECT_FALSE(h.sched->unsaved_end(a).has_value());
 }

@@ -178,13 +178,18 @@ class Engine {
   Result<JobId> find_submitted(const std::string& key) const;
   Status cancel(JobId id);                    // takes effect within one step; NotFound / InvalidArgument if finished
   Status set_priority(JobId id, int priority);
-  void pause();                               // stop admitting new jobs (persistent); running ones finish
-  void resume();
-  bool paused() const;
+  Status pause();                             // stop admitting new jobs (persistent); running ones finish
+  Status resume();
+  bool paused() const;                        // false when the database cannot be read
   Result<JobInfo> job(JobId id) const;
-  std::vector<JobInfo> list(const JobFilter& filter = {}) const;
-  int clear_finished();                       // forget completed/failed/cancelled jobs
-  int cancel_queued();                        // cancel every queued job
+  std::vector<JobInfo> list(const JobFilter& filter = {}) const;  // empty when the database cannot be read
+  Result<int> clear_finished();               // forget completed/failed/cancelled jobs; how many
+  Result<int> cancel_queued();                // cancel every queued job; how many
+  // Ok, or why the queue runner cannot write the job database (DiskFull when
+  // the disk is full): no job starts until it can, and a job that ends
+  // meanwhile is reported failed (job() says so; the database catches up
+  // when it takes writes again). Always Ok for an engine that does not execute.
+  Status storage_status() const;
 
   // Events of one job (id) or of all jobs (0), delivered on an engine thread
   // per subscription through a bounded buffer: a slow sink never stalls the

@@ -22,10 +22,11 @@ enum class StatusCode {
   Io,               // reading or writing failed (disk full, permissions)
   Internal,         // a bug: please report it
   Cancelled,        // the caller cancelled the work (e.g. a progress callback said stop)
+  DiskFull,         // the disk is full (ENOSPC, SQLITE_FULL): nothing was written; free some space and retry
 };
 
 // "ok", "invalid_argument", "not_found", "invalid_model", "unsupported", "io",
-// "internal", "cancelled": what the job database records as a failed job's error_code.
+// "internal", "cancelled", "disk_full": what the job database records as a failed job's error_code.
 std::string_view status_code_name(StatusCode code);
 
 struct Status {

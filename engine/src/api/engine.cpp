@@ -34,6 +34,7 @@ std::string_view status_code_name(StatusCode c) {
     case StatusCode::Io: return "io";
     case StatusCode::Internal: return "internal";
     case StatusCode::Cancelled: return "cancelled";
+    case StatusCode::DiskFull: return "disk_full";
   }
   return "internal";
 }
@@ -311,23 +312,53 @@ Status Engine::set_priority(JobId id, int priority) {
   });
 }
 
-void Engine::pause() {
-  impl_->db->set_paused(true);
-  if (impl_->scheduler) impl_->scheduler->notify();
+Status Engine::pause() {
+  return guarded([&]() -> Status {
+    impl_->db->set_paused(true);
+    if (impl_->scheduler) impl_->scheduler->notify();
+    return Status{};
+  });
 }
 
-void Engine::resume() {
-  impl_->db->set_paused(false);
-  if (impl_->scheduler) impl_->scheduler->notify();
+Status Engine::resume() {
+  return guarded([&]() -> Status {
+    impl_->db->set_paused(false);
+    if (impl_->scheduler) impl_->scheduler->notify();
+    return Status{};
+  });
 }
 
-bool Engine::paused() const { return impl_->db->paused(); }
+bool Engine::paused() const {
+  try {
+    return impl_->db->paused();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+Status Engine::storage_status() const { return impl_->scheduler ? impl_->scheduler->storage_status() : Status{}; }
+
+namespace {
+// A job whose end the runner could not write (a full disk) ended all the
+// same: say how, not the "running" the database still holds.
+void apply_unsaved_end(const Scheduler* scheduler, JobInfo& info) {
+  if (!scheduler || info.state != JobState::Running) return;
+  if (auto end = scheduler->unsaved_end(info.id)) {
+    info.state = end->first;
+    if (!end->second.ok()) {
+      info.error = end->second.message;
+      info.error_code = std::string(status_code_name(end->second.code));
+    }
+  }
+}
+}  // namespace
 
 Result<JobInfo> Engine::job(JobId id) const {
   return guarded([&]() -> Result<JobInfo> {
     auto row = impl_->db->get(id);
     if (!row) return Status::error(StatusCode::NotFound, "no job " + std::to_string(id));
     JobInfo info = to_info(*row);
+    apply_unsaved_end(impl_->scheduler.get(), info);
     if (info.state == JobState::Running && impl_->scheduler)
       info.stats.new_tokens = std::max(0, impl_->scheduler->live_new_tokens(id));
     return info;
@@ -336,17 +367,27 @@ Result<JobInfo> Engine::job(JobId id) const {
 
 std::vector<JobInfo> Engine::list(const JobFilter& f) const {
   std::vector<JobInfo> out;
-  for (const auto& row : impl_->db->list(f.state ? std::string(job_state_name(*f.state)) : "", f.limit, f.newest_first))
-    out.push_back(to_info(row));
+  try {
+    for (const auto& row : impl_->db->list(f.state ? std::string(job_state_name(*f.state)) : "", f.limit, f.newest_first)) {
+      out.push_back(to_info(row));
+      apply_unsaved_end(impl_->scheduler.get(), out.back());
+    }
+  } catch (const std::exception&) {
+    out.clear();
+  }
   return out;
 }
 
-int Engine::clear_finished() { return impl_->db->clear_finished(); }
+Result<int> Engine::clear_finished() {
+  return guarded([&]() -> Result<int> { return impl_->db->clear_finished(); });
+}
 
-int Engine::cancel_queued() {
-  const int n = impl_->db->clear_queued();
-  if (impl_->scheduler) impl_->scheduler->notify();
-  return n;
+Result<int> Engine::cancel_queued() {
+  return guarded([&]() -> Result<int> {
+    const int n = impl_->db->clear_queued();
+    if (impl_->scheduler) impl_->scheduler->notify();
+    return n;
+  });
 }
 
 uint64_t Engine::subscribe(JobId id, EventSink sink) { return impl_->hub.subscribe(id, std::move(sink)); }
@@ -355,7 +396,13 @@ void Engine::unsubscribe(uint64_t subscription) { impl_->hub.unsubscribe(subscri
 EngineMetrics Engine::metrics() const {
   EngineMetrics m;
   if (impl_->scheduler) impl_->scheduler->fill_metrics(m);
-  else m.queue_depth = static_cast<int>(impl_->db->count("queued"));
+  else {
+    try {
+      m.queue_depth = static_cast<int>(impl_->db->count("queued"));
+    } catch (const std::exception&) {
+      // unreadable now: the depth stays 0
+    }
+  }
   impl_->metrics->fill(m, epoch_ms());
   return m;
 }
@@ -369,7 +416,12 @@ void Engine::set_alert_rules(const AlertRules& rules) {
 bool Engine::wait_idle(int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
-    const bool empty = impl_->db->count("queued") == 0 && impl_->db->count("running") == 0;
+    bool empty = false;
+    try {
+      empty = impl_->db->count("queued") == 0 && impl_->db->count("running") == 0;
+    } catch (const std::exception&) {
+      // unreadable now: not idle; the deadline ends the wait
+    }
     if (empty && (!impl_->scheduler || impl_->scheduler->idle())) return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

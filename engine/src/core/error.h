@@ -9,6 +9,7 @@
 //   throw NotFoundError(msg)             no such file, model, version
 //   throw InvalidArgumentError(msg)      a bad name, reference, option value
 //   throw IoError(msg)                   disk or system failure (open, write, sync, lock)
+//   throw DiskFullError(msg)             a write found the disk full (ENOSPC, SQLITE_FULL)
 //   throw UnsupportedError(msg)          a valid input we do not implement
 #pragma once
 
@@ -52,6 +53,16 @@ class InvalidArgumentError : public Error {
 class IoError : public Error {
  public:
   explicit IoError(const std::string& message) : Error(StatusCode::Io, message) {}
+
+ protected:
+  IoError(StatusCode code, const std::string& message) : Error(code, message) {}
+};
+
+// A write that found the disk full: a Status of its own (DiskFull, the
+// server's 507), so callers can tell "free some space" from other I/O errors.
+class DiskFullError : public IoError {
+ public:
+  explicit DiskFullError(const std::string& message) : IoError(StatusCode::DiskFull, message) {}
 };
 
 // A database file that is itself damaged (truncated, overwritten): the

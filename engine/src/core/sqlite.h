@@ -12,10 +12,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <set>
 #include <iterator>
 #include <vector>
 #include <exception>
@@ -27,12 +30,19 @@
 
 namespace atelier::sql {
 
+// True when SQLite's last error on DB is a full disk: SQLITE_FULL, or the
+// "disk I/O error" SQLite reports when growing its -shm or -wal file met ENOSPC.
+inline bool disk_full(sqlite3* db) {
+  if (!db) return false;
+  return (sqlite3_extended_errcode(db) & 0xff) == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC;
+}
+
 // What SQLite's last error on DB means for the user and what to do, or "".
 inline std::string advice(sqlite3* db) {
   if (!db) return "";
   const int rc = sqlite3_extended_errcode(db) & 0xff;
   // SQLite says "disk I/O error" for a full disk too; say what it means.
-  if (rc == SQLITE_FULL || sqlite3_system_errno(db) == ENOSPC)
+  if (disk_full(db))
     return " (the disk is full: free some space and try again; nothing already saved was lost)";
   // "database is locked" alone does not say whose lock or what to do.
   if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
@@ -43,6 +53,10 @@ inline std::string advice(sqlite3* db) {
 
 template <const char* Noun>
 [[noreturn]] inline void fail(sqlite3* db, const std::string& path, const std::string& what) {
+  // A full disk is said plainly: which statement met it says nothing to the user.
+  if (disk_full(db))
+    throw DiskFullError(std::string(Noun) + " " + path + ": cannot write: the disk is full (" + sqlite3_errmsg(db) +
+                        "): free some space and try again; nothing already saved was lost");
   std::string msg = std::string(Noun) + " " + path + ": " + what;
   if (db) msg += ": " + std::string(sqlite3_errmsg(db)) + advice(db);
   throw IoError(msg);
@@ -115,6 +129,9 @@ inline void exec(sqlite3* db, const std::string& path, const char* sql) {
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db);
     sqlite3_free(err);
+    if (disk_full(db))
+      throw DiskFullError(std::string(Noun) + " " + path + ": cannot write: the disk is full (" + msg +
+                          "): free some space and try again; nothing already saved was lost");
     throw IoError(std::string(Noun) + " " + path + ": \"" + std::string(sql).substr(0, 60) + "\" failed: " + msg + advice(db));
   }
 }
@@ -152,6 +169,87 @@ inline bool damaged_code(sqlite3* db) {
   return rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB;
 }
 
+// A full disk: opening a WAL database needs its -shm file (the shared
+// wal-index, 32 KiB), which a full disk cannot give; SQLite then fails even
+// a read ("disk I/O error"). open_without_shm() reopens PATH into *DB in
+// EXCLUSIVE locking mode, where the wal-index lives in this process's heap
+// and no -shm is made (sqlite.org/wal.html#noshm): reads work, writes fail
+// with SQLITE_FULL (DiskFullError) until there is room. The price: while
+// such a connection is open, other connections wait for the file (another
+// process: the busy timeout; this process: shmless_slots() below, in turn,
+// since SQLite's polling let one thread starve behind two others for 5 s).
+// It is only taken when nobody has the database open normally (one who had
+// would have sized the -shm already).
+struct ShmlessSlots {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<std::string> busy;              // paths with such a connection open in this process
+  std::map<sqlite3*, std::string> owners;  // that connection -> its path
+};
+inline ShmlessSlots& shmless_slots() {
+  static ShmlessSlots slots;
+  return slots;
+}
+
+// Closes a connection made by open_wal (use it instead of sqlite3_close_v2):
+// one opened without its -shm gives its turn to the next.
+inline void close(sqlite3* db) {
+  if (!db) return;
+  ShmlessSlots& s = shmless_slots();
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (auto it = s.owners.find(db); it != s.owners.end()) {
+      path = it->second;
+      s.owners.erase(it);
+    }
+  }
+  sqlite3_close_v2(db);
+  if (path.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.busy.erase(path);
+  }
+  s.cv.notify_all();
+}
+
+// Returns 1 when *DB is open without its -shm, 0 when SQLite refused (*DB then
+// holds its error), -1 when this process's turn did not come by DEADLINE.
+inline int open_without_shm(const std::string& path, int busy_timeout_ms, std::chrono::steady_clock::time_point deadline,
+                            sqlite3** db, std::string* mode) {
+  ShmlessSlots& slots = shmless_slots();
+  {
+    std::unique_lock<std::mutex> lock(slots.mu);
+    if (!slots.cv.wait_until(lock, deadline, [&] { return !slots.busy.count(path); })) return -1;
+    slots.busy.insert(path);
+  }
+  // The failed connection goes first: its locks would keep this one out.
+  sqlite3_close_v2(*db);
+  *db = nullptr;
+  // The file must be there already: a new database cannot be made on a full disk.
+  bool ok = sqlite3_open_v2(path.c_str(), db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) == SQLITE_OK;
+  if (ok) {
+    sqlite3_extended_result_codes(*db, 1);
+    sqlite3_busy_timeout(*db, busy_timeout_ms);
+    sqlite3_stmt* s = nullptr;
+    ok = sqlite3_exec(*db, "PRAGMA locking_mode = EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK &&
+         sqlite3_prepare_v2(*db, "PRAGMA journal_mode", -1, &s, nullptr) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW;
+    if (ok) {
+      const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+      *mode = p ? p : "";
+    }
+    sqlite3_finalize(s);
+  }
+  std::lock_guard<std::mutex> lock(slots.mu);
+  if (ok) {
+    slots.owners[*db] = path;
+    return 1;
+  }
+  slots.busy.erase(path);
+  slots.cv.notify_all();
+  return 0;
+}
+
 template <const char* Noun>
 inline void open_wal_unchecked(const std::string& path, int busy_timeout_ms, const std::string& wal_advice, sqlite3** db) {
   const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
@@ -163,18 +261,34 @@ inline void open_wal_unchecked(const std::string& path, int busy_timeout_ms, con
   // calling the busy handler; retry it for as long as the busy timeout.
   std::string mode;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(busy_timeout_ms);
+  bool without_shm = false;  // the disk is full: open_without_shm() from now on
   for (;;) {
-    sqlite3_stmt* s = nullptr;
-    int rc = sqlite3_prepare_v2(*db, "PRAGMA journal_mode = WAL", -1, &s, nullptr);
-    if (rc == SQLITE_OK) {
-      rc = sqlite3_step(s);
-      if (rc == SQLITE_ROW) {
-        const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
-        mode = p ? p : "";
+    int rc = SQLITE_OK;
+    if (!without_shm) {
+      sqlite3_stmt* s = nullptr;
+      rc = sqlite3_prepare_v2(*db, "PRAGMA journal_mode = WAL", -1, &s, nullptr);
+      if (rc == SQLITE_OK) {
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+          const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+          mode = p ? p : "";
+        }
       }
+      sqlite3_finalize(s);
+      if (rc == SQLITE_ROW) break;
+      without_shm = disk_full(*db);
     }
-    sqlite3_finalize(s);
-    if (rc == SQLITE_ROW) break;
+    if (without_shm) {
+      // Another connection in exclusive mode (another process's, on the same
+      // full disk) holds the file for a moment: waited for like a lock.
+      const int opened = open_without_shm(path, busy_timeout_ms, deadline, db, &mode);
+      if (opened == 1) break;
+      if (opened < 0)
+        throw DiskFullError(std::string(Noun) + " " + path +
+                            ": cannot open: the disk is full, and another part of this process holds the file (without "
+                            "room for its shared index, one at a time) for longer than Atelier waits: free some space and try again");
+      rc = *db ? sqlite3_extended_errcode(*db) : SQLITE_CANTOPEN;
+    }
     if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline)
       fail<Noun>(*db, path, "cannot open (switching to WAL journaling)");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -118,13 +118,15 @@ void write_png_file(const std::string& path, const PngImage& image,
       const int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      throw IoError("cannot write " + path + ": " + errno_text(e) + (e == ENOSPC ? " (free some disk space)" : ""));
+      if (e == ENOSPC) throw DiskFullError("cannot write " + path + ": " + errno_text(e) + " (the disk is full: free some disk space)");
+      throw IoError("cannot write " + path + ": " + errno_text(e));
     }
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
+    if (e == ENOSPC) throw DiskFullError("cannot write " + path + ": " + errno_text(e) + " (the disk is full: free some disk space)");
     throw IoError("cannot write " + path + ": " + errno_text(e));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

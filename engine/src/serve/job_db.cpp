@@ -72,12 +72,19 @@ ALTER TABLE jobs ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN submit_key TEXT NOT NULL DEFAULT '';
 CREATE INDEX jobs_submit_key ON jobs (submit_key) WHERE submit_key != '';
 )sql",
+    // 7: crash recovery that finds the job that kills the process (recover()):
+    // suspect = running when its process died, run alone until it ends;
+    // died_alone = process deaths while it was the only running job.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN suspect INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN died_alone INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 static_assert(std::size(kMigrations) == JobDb::kSchemaVersion, "one migration per schema version");
 
 constexpr const char* kColumns =
     "id, state, priority, interactive, request_json, created_ms, started_ms, finished_ms, seed, "
-    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name, interrupted, submit_key";
+    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name, interrupted, submit_key, suspect, died_alone";
 
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -114,6 +121,8 @@ JobRow read_row(const Stmt& s) {
   r.model_name = s.col_text(15);
   r.interrupted = static_cast<int>(s.col_i64(16));
   r.submit_key = s.col_text(17);
+  r.suspect = s.col_i64(18) != 0;
+  r.died_alone = static_cast<int>(s.col_i64(19));
   return r;
 }
 
@@ -122,7 +131,7 @@ JobRow read_row(const Stmt& s) {
 JobDb::JobDb(std::string path) : path_(std::move(path)) {}
 
 JobDb::~JobDb() {
-  if (db_) sqlite3_close_v2(db_);
+  sql::close(db_);  // not sqlite3_close_v2: see sql::open_without_shm
 }
 
 std::unique_ptr<JobDb> JobDb::open(const std::string& path) {
@@ -314,22 +323,42 @@ bool JobDb::requeue(int64_t id) {
 int JobDb::recover() {
   std::lock_guard lock(mu_);
   const int64_t now = system_now_ms();
+  // Read first: with nothing running there is nothing to write, so a runner
+  // starts on a full disk (or a database opened without its -shm) too.
+  int64_t running = 0, counted = 0;
+  {
+    Stmt c(db_, path_, "SELECT count(*), coalesce(sum(cancel_requested = 0), 0) FROM jobs WHERE state = 'running'");
+    if (c.step()) {
+      running = c.col_i64(0);
+      counted = c.col_i64(1);
+    }
+  }
+  if (running == 0) return 0;
   Txn txn(db_, path_);
-  // A job that was running at a process death once before is failed, not
-  // re-run: if it is what kills the process, re-running it would loop forever.
-  Stmt twice(db_, path_,
-             "UPDATE jobs SET state = 'failed', error_code = 'internal', error_message = ?2, finished_ms = ?1, "
-             "  interrupted = interrupted + 1 "
-             "WHERE state = 'running' AND cancel_requested = 0 AND interrupted >= 1");
-  twice.i64(1, now).text(2, kInterruptedTwice).run();
-  Stmt c(db_, path_, "SELECT count(*) FROM jobs WHERE state = 'running' AND cancel_requested = 0");
-  const int requeued = c.step() ? static_cast<int>(c.col_i64(0)) : 0;
-  Stmt n(db_, path_, "UPDATE jobs SET interrupted = interrupted + 1 WHERE state = 'running' AND cancel_requested = 0");
-  n.run();
+  // The process died with these jobs running. When one ran alone, it is the
+  // only one that can have killed it: a second such death fails it, instead
+  // of re-running it forever. Jobs that ran together are only suspects: they
+  // run one at a time (the scheduler's quarantine) until each ends, so a job
+  // that kills the process soon dies alone, and its neighbours finish.
+  if (running == 1) {
+    Stmt alone(db_, path_,
+               "UPDATE jobs SET died_alone = died_alone + 1, "
+               "  state = CASE WHEN died_alone + 1 >= 2 THEN 'failed' ELSE state END, "
+               "  error_code = CASE WHEN died_alone + 1 >= 2 THEN 'internal' ELSE error_code END, "
+               "  error_message = CASE WHEN died_alone + 1 >= 2 THEN ?2 ELSE error_message END, "
+               "  finished_ms = CASE WHEN died_alone + 1 >= 2 THEN ?1 ELSE finished_ms END, "
+               "  interrupted = interrupted + 1 "
+               "WHERE state = 'running' AND cancel_requested = 0");
+    alone.i64(1, now).text(2, kInterruptedTwice).run();
+  }
+  Stmt n(db_, path_,
+         "UPDATE jobs SET suspect = 1, interrupted = interrupted + (?1 > 1) "
+         "WHERE state = 'running' AND cancel_requested = 0");
+  n.i64(1, running).run();
   Stmt s(db_, path_, kRequeueSet);
   s.i64(1, now).run();
   txn.commit();
-  return requeued;
+  return static_cast<int>(counted);
 }
 
 std::optional<JobRow> JobDb::get(int64_t id) const {

@@ -15,7 +15,7 @@
 //                              sees it in cancel_requests() and calls cancel())
 //   running --requeue / recover--> queued   (or cancelled when a cancel was
 //                              requested while it ran)
-//   running --recover-->       failed   (the second time its process died while it ran)
+//   running --recover-->       failed   (the second time its process died while it ran alone)
 //
 // One JobDb may be shared by many threads (calls are serialized by a mutex);
 // several JobDb objects, in one process or many, may use the same file.
@@ -49,6 +49,8 @@ struct JobRow {
   bool cancel_requested = false;
   int interrupted = 0;          // times it was running when its process died (recover())
   std::string submit_key;       // NewJob::key; "" = none
+  bool suspect = false;         // it was running when its process died: the scheduler runs it alone (recover())
+  int died_alone = 0;           // process deaths while it was the only running job (recover())
 };
 
 // One job for insert_many().
@@ -63,14 +65,15 @@ struct NewJob {
   std::string key;
 };
 
-// The error of a job that recover() found running for the second time.
+// The error of a job that recover() found running alone for the second time.
 inline constexpr const char kInterruptedTwice[] =
-    "interrupted twice; retry to run it again (its process died while this job ran, two times)";
+    "interrupted twice; retry to run it again (its process died two times while this job ran alone: it may be what "
+    "kills it)";
 
 class JobDb {
  public:
   // The schema version this build creates and understands.
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
 
   // Opens or creates PATH (SQLite, WAL, synchronous=FULL, busy timeout 5 s,
   // foreign keys on) and applies pending migrations, each in its own
@@ -129,10 +132,15 @@ class JobDb {
   // requested while it ran goes to cancelled instead. True when the job left
   // "running"; false if it was not running.
   bool requeue(int64_t id);
-  // At engine start: every running job -> queued (or cancelled when a cancel
-  // was requested), its `interrupted` count + 1; a job found running a second
-  // time -> failed with kInterruptedTwice (crash-loop protection). Returns
-  // how many were counted as interrupted this time (cancelled ones not counted).
+  // At engine start, after a process death: every running job -> queued (or
+  // cancelled when a cancel was requested) and marked `suspect`. Crash-loop
+  // protection that finds the job that kills the process, not its
+  // neighbours: when exactly one job was running, its `died_alone` count + 1,
+  // and at 2 it is failed with kInterruptedTwice; jobs that died together
+  // are only suspects, which the scheduler runs one at a time until each
+  // ends (so a job that kills the process dies alone next time). `interrupted`
+  // counts every death. Writes nothing when nothing was running. Returns how
+  // many running jobs were found (cancelled ones not counted).
   int recover();
 
   std::optional<JobRow> get(int64_t id) const;

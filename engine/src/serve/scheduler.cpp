@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/thread_pool.h"
@@ -20,6 +23,8 @@ using nlohmann::json;
 namespace {
 // Prompt tokens per step while no sequence is decoding (bounds the scratch memory of one step).
 constexpr int kIdlePrefillTokens = 1024;
+// After a failed database write (a full disk) no job starts for this long; then admission tries again.
+constexpr int64_t kStorageRetryMs = 1000;
 
 int64_t epoch_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -34,6 +39,17 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 int64_t live_positions(const TextSlot& slot, int64_t positions) {
   if (slot.sliding_window <= 0) return positions;
   return std::min<int64_t>(positions, 2 * int64_t{slot.sliding_window} + slot.kv->block_tokens());
+}
+// A model reference that no longer resolves when its job starts. Submit
+// checked it, so it went away since the job was queued (`models remove
+// --force`, a deleted file). Nothing pins a version at submit (the reference
+// is resolved when the job starts, so a promoted channel applies), so the job
+// fails, text and image alike, saying so.
+Status gone_since_queued(const std::string& ref, Status st) {
+  if (st.code == StatusCode::NotFound)
+    st.message = "model \"" + ref + "\" was removed after this job was queued (" + st.message +
+                 "); import or pull it again, then retry the job";
+  return st;
 }
 // A sentence or paragraph ends at the last ". ", "! ", "? " (or before a newline) or blank line.
 size_t segment_end(const std::string& s) {
@@ -54,6 +70,7 @@ struct JobBase {
   int64_t created_ms = 0, started_ms = 0;
   Clock::time_point enqueued, started;
   bool started_once = false, cancel = false, done = false;
+  bool poison = false;  // its prompt holds $ATELIER_TEST_CRASH_PROMPT: starting it kills the process (fault tests)
 };
 
 struct LoadedModel {
@@ -91,6 +108,7 @@ struct ImageJob : JobBase {
 Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics,
                      std::unique_ptr<Runner> runner)
     : config_(config), db_(db), hub_(hub), metrics_(metrics), runner_(std::move(runner)) {
+  if (const char* p = std::getenv("ATELIER_TEST_CRASH_PROMPT"); p && *p) poison_prompt_ = p;
   image_thread_ = std::thread([this] { image_loop(); });
   thread_ = std::thread([this] { run(); });
 }
@@ -206,10 +224,21 @@ Job* Scheduler::preemption_victim(std::vector<std::unique_ptr<Job>>& running, co
 
 bool Scheduler::start_job(JobBase& j, int64_t now) {
   if (j.started_once) return true;
-  if (!db_.mark_running(j.id, now)) {  // cancelled meanwhile
-    j.done = true;
+  bool marked = false;
+  try {
+    marked = db_.mark_running(j.id, now);
+    storage_recovered();
+  } catch (const std::exception& e) {
+    storage_failed(e);  // not started: it waits (not done) until the database takes writes
     return false;
   }
+  if (!marked) {  // cancelled meanwhile
+    j.done = true;
+    release_quarantine(j.id);
+    return false;
+  }
+  // The fault tests' poison job: a deterministic process death while it runs.
+  if (j.poison) std::raise(SIGKILL);
   j.started_once = true;
   j.started_ms = now;
   j.started = Clock::now();
@@ -228,7 +257,7 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   ro.check_digest = true;
   auto resolved = resolve_model(ref, config_.store_dir, ro);
   if (!resolved.ok()) {
-    error = resolved.status();
+    error = gone_since_queued(ref, resolved.status());
     return nullptr;
   }
   const std::string path = resolved->path;
@@ -303,7 +332,11 @@ void Scheduler::run() {
   std::deque<Clock::time_point> arrivals;  // recent submissions, for the adaptive batching window
   int64_t last_alert_check = 0;
   while (!stop_) {
+   // A database call that throws (a full disk, an I/O error) must not end
+   // the process: it is reported, and the loop tries again a little later.
+   try {
     const int64_t now = epoch_ms();
+    retry_unsaved(now);
     std::set<JobId> cancels;
     bool woken;
     {
@@ -373,7 +406,7 @@ void Scheduler::run() {
     if (!hold) admit(now);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_depth_ = static_cast<int>(waiting_.size());
+      queue_depth_ = static_cast<int>(waiting_.size()) + held_back_;
       running_count_ = static_cast<int>(running_.size());
       kv_stats_ = {};
       for (const auto& [path, m] : models_) {
@@ -406,11 +439,25 @@ void Scheduler::run() {
     }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return wake_ || stop_.load(); });
+   } catch (const std::exception& e) {
+    storage_failed(e);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(kStorageRetryMs), [this] { return stop_.load(); });
+   }
   }
   // Shutdown: what was running goes back to the queue; its partial output is discarded.
-  for (auto& s : running_) db_.requeue(s->id);
+  // (A job whose requeue cannot be written stays "running": the next start recovers it.)
+  const auto requeue = [this](JobId id) {
+    try {
+      db_.requeue(id);
+    } catch (const std::exception& e) {
+      storage_failed(e);
+    }
+  };
+  for (auto& s : running_) requeue(s->id);
   for (auto& s : waiting_)
-    if (s->started_once) db_.requeue(s->id);
+    if (s->started_once) requeue(s->id);
+  retry_unsaved(std::numeric_limits<int64_t>::max());
 }
 
 void Scheduler::refresh_queue(int64_t now) {
@@ -424,8 +471,28 @@ void Scheduler::refresh_queue(int64_t now) {
     image_paused_ = true;
   }
   std::set<JobId> queued;
-  for (const runtime::JobRow& row : db_.next_queued(0)) {
+  const std::vector<runtime::JobRow> rows = db_.next_queued(0);
+  // Quarantine (job_db.h, recover()): while suspects of a process death wait,
+  // jobs run one at a time, suspects first (the fewest lone deaths first,
+  // then queue order), so the one that kills the process dies alone.
+  const runtime::JobRow* suspect = nullptr;
+  for (const runtime::JobRow& row : rows)
+    if (row.suspect && !known_.count(row.id) && (!suspect || row.died_alone < suspect->died_alone)) suspect = &row;
+  const bool quarantine = suspect || quarantined_.load() != 0;
+  const bool empty_here = running_.empty() && waiting_.empty() && [this] {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    return lane_ids_.empty();
+  }();
+  held_back_ = 0;
+  for (const runtime::JobRow& row : rows) {
     queued.insert(row.id);
+    if (quarantine && !known_.count(row.id)) {
+      if (&row != suspect || !empty_here || quarantined_.load() != 0) {
+        ++held_back_;
+        continue;
+      }
+      quarantined_ = row.id;
+    }
     if (known_.count(row.id)) {
       for (auto& s : waiting_)
         if (s->id == row.id) s->priority = row.priority;
@@ -443,6 +510,7 @@ void Scheduler::refresh_queue(int64_t now) {
         j->priority = row.priority;
         j->interactive = j->req.interactive;
         j->created_ms = row.created_ms;
+        j->poison = !poison_prompt_.empty() && j->req.prompt.find(poison_prompt_) != std::string::npos;
         hand_to_lane(std::move(j));
         continue;
       }
@@ -461,6 +529,7 @@ void Scheduler::refresh_queue(int64_t now) {
     s->interactive = s->req.interactive;
     s->created_ms = row.created_ms;
     s->enqueued = Clock::now();
+    s->poison = !poison_prompt_.empty() && s->req.prompt.find(poison_prompt_) != std::string::npos;
     waiting_.push_back(std::move(s));
   }
   // Jobs another process cancelled or cleared while they waited here (the
@@ -513,7 +582,7 @@ bool Scheduler::preempt_lowest(const Sequence* requester) {
 }
 
 bool Scheduler::admit(int64_t now) {
-  if (db_.paused()) return false;
+  if (db_.paused() || storage_blocked(now)) return false;
   // Jobs queued (or a resume) since this iteration's refresh compete for admission too.
   bool fresh;
   {
@@ -587,6 +656,8 @@ bool Scheduler::admit(int64_t now) {
     if (!s.started_once) {
       if (!start_job(s, now)) {
         s.kv.reset();
+        s.n_past = 0;
+        if (!s.done) break;  // the database takes no writes: it waits, and so do the jobs after it
         continue;
       }
       s.cached_prompt_tokens = cached;
@@ -828,20 +899,41 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
 
 void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string& result_json, const std::string& version,
                         const std::string& name, const Status& error) {
-  if (state == JobState::Completed) {
-    ev.type = EventType::Completed;
-    if (!db_.complete(ev.job, result_json, version, now, name)) {
-      state = JobState::Cancelled;  // cancelled by another process in the same instant
+  try {
+    if (state == JobState::Completed) {
+      ev.type = EventType::Completed;
+      if (!db_.complete(ev.job, result_json, version, now, name)) {
+        state = JobState::Cancelled;  // cancelled by another process in the same instant
+        ev.type = EventType::Cancelled;
+      }
+    } else if (state == JobState::Cancelled) {
+      db_.cancel(ev.job, now);
       ev.type = EventType::Cancelled;
+    } else {
+      db_.fail(ev.job, std::string(status_code_name(error.code)), error.message, now);
+      ev.type = EventType::Failed;
+      ev.code = error.code;
+      ev.message = error.message;
     }
-  } else if (state == JobState::Cancelled) {
-    db_.cancel(ev.job, now);
-    ev.type = EventType::Cancelled;
-  } else {
-    db_.fail(ev.job, std::string(status_code_name(error.code)), error.message, now);
-    ev.type = EventType::Failed;
-    ev.code = error.code;
-    ev.message = error.message;
+    storage_recovered();
+  } catch (const std::exception& e) {
+    // The end cannot be written (a full disk). A result that cannot be saved
+    // is no result: the job fails with the reason (a cancel stays a cancel),
+    // which unsaved_ holds and retry_unsaved() writes when it can; until then
+    // the database says "running" and Engine::job() says what happened.
+    const Status st = storage_failed(e);
+    Status end;
+    if (state != JobState::Cancelled) {
+      state = JobState::Failed;
+      end = Status::error(st.code, "job " + std::to_string(ev.job) + " could not be saved: " + st.message);
+      ev.type = EventType::Failed;
+      ev.code = end.code;
+      ev.message = end.message;
+      ev.result = {};
+      ev.files.clear();
+    }
+    std::lock_guard<std::mutex> lock(storage_mu_);
+    unsaved_[ev.job] = {state, end};
   }
   // Published before the job leaves the lane: once idle() holds (wait_idle),
   // every job's last event is in its subscribers' queues.
@@ -852,6 +944,7 @@ void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string
     lane_ids_.erase(ev.job);
   }
   metrics_.on_finish(state, now);
+  release_quarantine(ev.job);
 }
 
 void Scheduler::announce_cancelled(JobId id, int64_t now) {
@@ -860,10 +953,18 @@ void Scheduler::announce_cancelled(JobId id, int64_t now) {
   ev.job = id;
   hub_.publish(ev);
   metrics_.on_finish(JobState::Cancelled, now);
+  release_quarantine(id);
 }
 
 void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
-  db_.fail(id, std::string(status_code_name(StatusCode::InvalidArgument)), error.message, now);
+  try {
+    db_.fail(id, std::string(status_code_name(StatusCode::InvalidArgument)), error.message, now);
+  } catch (const std::exception& e) {
+    storage_failed(e);
+    std::lock_guard<std::mutex> lock(storage_mu_);
+    unsaved_[id] = {JobState::Failed, Status::error(StatusCode::InvalidArgument, error.message)};
+  }
+  release_quarantine(id);
   Event ev;
   ev.type = EventType::Failed;
   ev.job = id;
@@ -871,6 +972,76 @@ void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
   ev.message = error.message;
   hub_.publish(ev);
   metrics_.on_finish(JobState::Failed, now);
+}
+
+// ---- storage errors and quarantine ------------------------------------------
+
+Status Scheduler::storage_failed(const std::exception& e) {
+  const auto* err = dynamic_cast<const Error*>(&e);
+  const Status st = Status::error(err ? err->code() : StatusCode::Io, e.what());
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(storage_mu_);
+    first = storage_error_.ok();
+    storage_error_ = st;
+  }
+  storage_bad_ = true;
+  storage_retry_ms_ = epoch_ms() + kStorageRetryMs;
+  if (first) {  // once per episode, not once per retry
+    Event ev;
+    ev.type = EventType::Alert;
+    ev.code = st.code;
+    ev.message = "no job starts until the job database can be written again: " + st.message;
+    hub_.publish(ev);
+  }
+  return st;
+}
+
+void Scheduler::storage_recovered() {
+  if (!storage_bad_.load()) return;
+  storage_bad_ = false;
+  std::lock_guard<std::mutex> lock(storage_mu_);
+  storage_error_ = {};
+}
+
+bool Scheduler::storage_blocked(int64_t now) const { return storage_bad_.load() && now < storage_retry_ms_.load(); }
+
+Status Scheduler::storage_status() const {
+  std::lock_guard<std::mutex> lock(storage_mu_);
+  return storage_error_;
+}
+
+std::optional<std::pair<JobState, Status>> Scheduler::unsaved_end(JobId id) const {
+  std::lock_guard<std::mutex> lock(storage_mu_);
+  auto it = unsaved_.find(id);
+  if (it == unsaved_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Scheduler::retry_unsaved(int64_t now) {
+  std::map<JobId, std::pair<JobState, Status>> todo;
+  {
+    std::lock_guard<std::mutex> lock(storage_mu_);
+    if (unsaved_.empty() || now < storage_retry_ms_.load()) return;
+    todo = unsaved_;
+  }
+  for (const auto& [id, end] : todo) {
+    try {
+      if (end.first == JobState::Cancelled) db_.cancel(id, epoch_ms());
+      else db_.fail(id, std::string(status_code_name(end.second.code)), end.second.message, epoch_ms());
+      storage_recovered();
+    } catch (const std::exception& e) {
+      storage_failed(e);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(storage_mu_);
+    unsaved_.erase(id);
+  }
+}
+
+void Scheduler::release_quarantine(JobId id) {
+  JobId held = id;
+  if (quarantined_.compare_exchange_strong(held, 0)) notify();  // the next suspect may start
 }
 
 // ---- image jobs ----------------------------------------------------------------
@@ -886,6 +1057,7 @@ void Scheduler::image_loop() {
     std::erase_if(jobs, [](const auto& j) { return !j || j->done; });
   };
   while (!stop_) {
+   try {
     const int64_t now = epoch_ms();
     std::vector<std::unique_ptr<ImageJob>> inbox;
     std::set<JobId> cancels;
@@ -938,11 +1110,23 @@ void Scheduler::image_loop() {
     // Waiting jobs (a paused queue) are looked at again every poll_ms.
     lane_cv_.wait_for(lock, std::chrono::milliseconds(std::max(1, config_.poll_ms)),
                       [this] { return lane_wake_ || stop_.load(); });
+   } catch (const std::exception& e) {
+    storage_failed(e);  // as in run(): reported, tried again later
+    std::unique_lock<std::mutex> lock(lane_mu_);
+    lane_cv_.wait_for(lock, std::chrono::milliseconds(kStorageRetryMs), [this] { return stop_.load(); });
+   }
   }
   // Shutdown: what was running goes back to the queue; its partial output is discarded.
-  for (auto& j : image_running_) db_.requeue(j->id);
+  const auto requeue = [this](JobId id) {
+    try {
+      db_.requeue(id);
+    } catch (const std::exception& e) {
+      storage_failed(e);
+    }
+  };
+  for (auto& j : image_running_) requeue(j->id);
   for (auto& j : image_waiting_)
-    if (j->started_once && !j->done) db_.requeue(j->id);
+    if (j->started_once && !j->done) requeue(j->id);
 }
 
 LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {
@@ -983,7 +1167,7 @@ bool Scheduler::preempt_image_for(const ImageJob& requester, int64_t now) {
 }
 
 void Scheduler::admit_images(int64_t now) {
-  if (lane_paused_ || image_waiting_.empty()) return;
+  if (lane_paused_ || image_waiting_.empty() || storage_blocked(now)) return;
   order_for_admission(image_waiting_, now);
   const auto running_images = [&] {
     int images = 0;
@@ -1004,14 +1188,17 @@ void Scheduler::admit_images(int64_t now) {
     if (!j.run) {
       const Result<ResolvedModel> resolved = resolve_image_model(j.req.model, config_.store_dir);
       if (!resolved.ok()) {
-        finish_image(j, JobState::Failed, resolved.status());
+        finish_image(j, JobState::Failed, gone_since_queued(j.req.model, resolved.status()));
         continue;
       }
       if (runner_->is_one_pass(resolved.value())) {
         // A one-pass generator (QuickDraw) has no steps to share: made here, whole.
         j.version = resolved->digest;
         j.name = resolved->in_store ? resolved->display : resolved->path;
-        if (!start_job(j, now)) continue;
+        if (!start_job(j, now)) {
+          if (j.done) continue;
+          break;  // the database takes no writes: it waits
+        }
         auto made = runner_->generate_one_pass(j.req);
         if (!made.ok()) {
           finish_image(j, JobState::Failed, made.status());
@@ -1027,7 +1214,10 @@ void Scheduler::admit_images(int64_t now) {
         finish_image(j, JobState::Failed, err);
         continue;
       }
-      if (!start_job(j, now)) continue;
+      if (!start_job(j, now)) {
+        if (j.done) continue;
+        break;  // the database takes no writes: it waits
+      }
       j.model = m;
       // Encodes the prompts (and an init image): a model call, done once.
       err = guarded([&]() -> Status {

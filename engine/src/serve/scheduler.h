@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -68,6 +69,13 @@ class Scheduler {
   int live_new_tokens(JobId id) const;
   const AlertRules& alert_rules() const { return rules_; }
   void set_alert_rules(const AlertRules& rules);
+  // The job database could not be written (a full disk): the last such
+  // error, Ok once a write succeeds again. Meanwhile no job starts.
+  Status storage_status() const;
+  // A job that ended here while its end could not be written: the state and
+  // error it ended with (the database still says "running" until a retry
+  // writes it). Nothing for other jobs.
+  std::optional<std::pair<JobState, Status>> unsaved_end(JobId id) const;
 
  private:
   void run();
@@ -95,6 +103,14 @@ class Scheduler {
   void fail_unreadable(JobId id, const Status& error, int64_t now_ms);  // a stored request that does not parse
   void announce_cancelled(JobId id, int64_t now_ms);  // a job cancelled before it ran here: event and count
   bool preempt_lowest(const Sequence* keep);
+  // A database call failed (a full disk, an I/O error): records it, says so
+  // once (an Alert), and holds admission back for kStorageRetryMs. Returns it as a Status.
+  Status storage_failed(const std::exception& e);
+  void storage_recovered();
+  bool storage_blocked(int64_t now_ms) const;
+  void retry_unsaved(int64_t now_ms);  // writes the ends unsaved_ holds, when the database takes them
+  // Quarantine (job_db.h, recover()): the suspect held here, 0 when none; a job's end releases it.
+  void release_quarantine(JobId id);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
   // The model cache (both threads, each its own models): unloads this
   // thread's least recently used idle models until NEED_BYTES more fit.
@@ -119,6 +135,16 @@ class Scheduler {
   MetricsRecorder& metrics_;
   AlertRules rules_;
   std::unique_ptr<Runner> runner_;
+  std::string poison_prompt_;  // $ATELIER_TEST_CRASH_PROMPT (the fault tests' poison job), "" = none
+
+  // Storage errors (both threads).
+  mutable std::mutex storage_mu_;
+  Status storage_error_;                              // Ok, or the last failed write
+  std::map<JobId, std::pair<JobState, Status>> unsaved_;  // ends not yet written
+  std::atomic<bool> storage_bad_{false};
+  std::atomic<int64_t> storage_retry_ms_{0};          // admission waits until then
+  std::atomic<JobId> quarantined_{0};                 // the suspect held here (executor takes, either thread releases)
+  int held_back_ = 0;                                 // queued jobs quarantine keeps out (executor thread)
 
   mutable std::mutex mu_;             // guards the fields below shared with API threads
   std::condition_variable cv_;

@@ -453,7 +453,7 @@ struct StoreSql {
 ModelStore::ModelStore(std::string root) : root_(std::move(root)) {}
 
 ModelStore::~ModelStore() {
-  if (db_) sqlite3_close_v2(db_);
+  sql::close(db_);  // not sqlite3_close_v2: see sql::open_without_shm
 }
 
 std::string ModelStore::blob_path(const std::string& digest) const { return root_ + "/blobs/sha256/" + digest; }
