@@ -14,12 +14,17 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <span>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/safetensors.h"
+#include "fake_device.h"
 #include "image/clip_text.h"
 #include "image/sd_model.h"
+#include "image/taesd.h"
+#include "image/unet.h"
+#include "image/vae.h"
 
 namespace atelier::image {
 namespace {
@@ -1144,6 +1149,61 @@ TEST(SdFlops, Sd15PerStep) {
   // Widely quoted: about 0.4 T multiply-adds per 512x512 step.
   EXPECT_GT(f64, 2 * 0.3e12);
   EXPECT_LT(f64, 2 * 0.5e12);
+}
+
+// ---- on a device that is not the host (tests/fake_device.h): CLIP, the
+// UNet, the VAE (decoder and encoder) and TAESD loaded onto it are handed
+// only device memory by their ops (no mapped file page, no host vector of
+// weights), and give the CPU's bits.
+
+TEST(SdFakeDevice, NetworksRunOnDeviceMemoryOnlyWithTheCpuBits) {
+  const auto cpu = SdModel::open(synth("sd15", "f16"));
+  test::FakeDevice fake;
+  const auto dev = SdModel::open(synth("sd15", "f16"), {}, fake);
+  kernels::Backend& host = kernels::default_cpu_backend();
+
+  const auto ids = prompt_ids(3);
+  std::vector<float> ctx_cpu(static_cast<size_t>(77 * cpu->context_dim())), ctx_dev(ctx_cpu.size());
+  cpu->text_encoder().encode(ids.data(), ctx_cpu.data(), host);
+  dev->text_encoder().encode(ids.data(), ctx_dev.data(), fake);
+  EXPECT_EQ(ctx_cpu, ctx_dev) << "CLIP";
+
+  // Two samples with their own timesteps and contexts.
+  const auto x = randoms(2 * 4 * 8 * 8, 5);
+  const float t[2] = {613.0f, 21.0f};
+  const auto ctx2 = randoms(ctx_cpu.size(), 9, 0.5f);
+  UnetBatch b;
+  b.batch = 2, b.height = 8, b.width = 8, b.x = x.data(), b.timesteps = t;
+  b.context = {std::span<const float>(ctx_cpu), std::span<const float>(ctx2)};
+  std::vector<float> eps_cpu(x.size()), eps_dev(x.size());
+  cpu->unet_net().forward(b, eps_cpu.data(), host);
+  dev->unet_net().forward(b, eps_dev.data(), fake);
+  EXPECT_EQ(eps_cpu, eps_dev) << "UNet";
+
+  const auto z = randoms(4 * 4 * 4, 23, 0.5f);
+  EXPECT_EQ(cpu->vae_net().decode(z.data(), 4, 4, host), dev->vae_net().decode(z.data(), 4, 4, fake)) << "VAE decoder";
+  const auto rgb = randoms(3 * 32 * 32, 29, 0.5f);
+  EXPECT_EQ(cpu->vae_net().encode(rgb.data(), 32, 32, host), dev->vae_net().encode(rgb.data(), 32, 32, fake))
+      << "VAE encoder";
+
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  EXPECT_GT(fake.live_bytes(), 0);
+}
+
+TEST(SdFakeDevice, TaesdRunsOnDeviceMemoryOnlyWithTheCpuBits) {
+  const std::string dir = std::string(ATELIER_FIXTURES_DIR) + "/image/";
+  test::FakeDevice fake;
+  kernels::Backend& host = kernels::default_cpu_backend();
+  for (const auto kind : {TaesdNet::Kind::decoder, TaesdNet::Kind::encoder}) {
+    const bool dec = kind == TaesdNet::Kind::decoder;
+    const std::string file = dir + (dec ? "taef2_decoder.pth" : "taef2_encoder.pth");
+    const auto cpu = TaesdNet::open(file, kind);
+    const auto dev = TaesdNet::open(file, kind, fake);
+    const int c = dec ? cpu->latent_channels() : 3, h = dec ? 4 : 32;
+    const auto in = randoms(static_cast<size_t>(c * h * h), 31, 0.5f);
+    EXPECT_EQ(cpu->run(in.data(), h, h, host), dev->run(in.data(), h, h, fake));
+  }
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
 }
 
 }  // namespace atelier::image
