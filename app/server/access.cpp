@@ -31,15 +31,6 @@ ApiError forbidden(const std::string& field, const std::string& message) {
   return ApiError(403, message, field, "invalid_request_error", "path_not_allowed");
 }
 
-// What resolve_model takes as a file rather than a store reference (store_api.cpp's rule).
-bool path_like(const std::string& ref) {
-  if (ref.find('/') != std::string::npos) return true;
-  const std::string ext = fs::path(ref).extension().string();
-  for (const char* e : {".gguf", ".bin", ".safetensors", ".pth", ".pt", ".ckpt", ".json"})
-    if (ext == e) return true;
-  return false;
-}
-
 fs::path normal(const fs::path& p) {
   fs::path n = fs::absolute(p).lexically_normal();
   if (n.has_filename() || n == n.root_path()) return n;
@@ -114,7 +105,7 @@ void check_new_file(const std::string& field, const std::string& path, const std
 
 std::string shared_model_ref(const Context& ctx, const std::string& field, const std::string& ref) {
   check_plain(field, ref);
-  if (path_like(ref)) return shared_path(ctx, field, ref);
+  if (model_ref_is_path(ref)) return shared_path(ctx, field, ref);
   // A store reference. The engine reads a file of that name in the server's
   // working folder first; the server shares no such file.
   std::error_code ec;

@@ -43,6 +43,18 @@ struct Sandbox : atelier::test::CliSandbox {
   std::vector<json> jobs(const std::string& data_dir) const {
     return jsonl(run({"queue", "--data-dir", data_dir, "list", "--json", "--limit", "100000"}).out);
   }
+  // Queues N story jobs in DATA_DIR: job i's prompt "Once upon a time <i>", TOKENS new
+  // tokens at temperature 0.9, seed SEED0 + i. False (each failure reported) when one was refused.
+  bool queue_stories(const std::string& data_dir, int n, int tokens, int seed0) const {
+    bool ok = true;
+    for (int i = 0; i < n; ++i) {
+      CliRun a = run({"queue", "--data-dir", data_dir, "add", "-m", kModel, "-p", "Once upon a time " + std::to_string(i), "-n",
+                      std::to_string(tokens), "--temp", "0.9", "--seed", std::to_string(seed0 + i)});
+      EXPECT_EQ(a.code, 0) << a.err;
+      ok = ok && a.code == 0;
+    }
+    return ok;
+  }
 };
 
 // Runs a shell command line; its exit code (128 + signal when killed).
@@ -133,13 +145,7 @@ TEST(HardFault, KillNineOfTheHeadlessRunnerAtTwentyRandomPoints) {
   Sandbox sb("headless");
   const int n = 40;  // ~0.1 s each: enough that 20 kills still find work
   const std::string killed = sb.path("killed"), calm = sb.path("calm");
-  auto add = [&](const std::string& d, int i) {
-    CliRun a = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Once upon a time " + std::to_string(i), "-n", "480",
-                       "--temp", "0.9", "--seed", std::to_string(100 + i)});
-    EXPECT_EQ(a.code, 0) << a.err;
-  };
-  for (const std::string& d : {killed, calm})
-    for (int i = 0; i < n; ++i) add(d, i);
+  for (const std::string& d : {killed, calm}) sb.queue_stories(d, n, 480, 100);
   const std::vector<std::string> runner = {"--max-batch", "1", "--threads", "1", "--kv-mib", "64"};
   auto headless = [&](const std::string& d) {
     std::vector<std::string> a = {"--headless", "--data-dir", d};
@@ -656,12 +662,7 @@ TEST(HardFault, KillNineOfAManyJobRunnerFailsOnlyAJobThatDiedAloneTwice) {
   Sandbox sb("group");
   const int n = 12;
   const std::string killed = sb.path("killed"), calm = sb.path("calm");
-  for (const std::string& d : {killed, calm})
-    for (int i = 0; i < n; ++i) {
-      CliRun a = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Once upon a time " + std::to_string(i), "-n", "400",
-                         "--temp", "0.9", "--seed", std::to_string(200 + i)});
-      ASSERT_EQ(a.code, 0) << a.err;
-    }
+  for (const std::string& d : {killed, calm}) ASSERT_TRUE(sb.queue_stories(d, n, 400, 200));
   auto headless = [&](const std::string& d) { return std::vector<std::string>{"--headless", "--data-dir", d, "--threads", "1"}; };
   ASSERT_EQ(sb.run(headless(calm)).code, 0);
   std::map<std::string, std::string> want;
@@ -791,12 +792,7 @@ TEST(HardFault, KillNineWhileABatchRunsFailsNoJob) {
   Sandbox sb("batchkill");
   const int n = 16;
   const std::string killed = sb.path("killed"), calm = sb.path("calm");
-  for (const std::string& d : {killed, calm})
-    for (int i = 0; i < n; ++i) {
-      CliRun a = sb.run({"queue", "--data-dir", d, "add", "-m", kModel, "-p", "Once upon a time " + std::to_string(i), "-n", "400",
-                         "--temp", "0.9", "--seed", std::to_string(400 + i)});
-      ASSERT_EQ(a.code, 0) << a.err;
-    }
+  for (const std::string& d : {killed, calm}) ASSERT_TRUE(sb.queue_stories(d, n, 400, 400));
   auto headless = [&](const std::string& d) {
     return std::vector<std::string>{"--headless", "--data-dir", d, "--threads", "1", "--max-batch", "4"};
   };

@@ -202,4 +202,9 @@ struct ResolveOptions {
 Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& store_dir = "",
                                     const ResolveOptions& options = {});
 
+// Whether resolve_model takes REF as a file path rather than a store
+// reference: it holds a '/' or ends in a model file's extension (.gguf,
+// .bin, .safetensors, .pth, .pt, .ckpt, .json).
+bool model_ref_is_path(const std::string& ref);
+
 }  // namespace atelier

@@ -114,14 +114,6 @@ std::string cached_sha256(const std::string& path) {
   return d;
 }
 
-bool looks_like_path(const std::string& ref) {
-  if (ref.find('/') != std::string::npos) return true;
-  const std::string ext = fs::path(ref).extension().string();
-  for (const char* e : {".gguf", ".bin", ".safetensors", ".pth", ".pt", ".ckpt", ".json"})
-    if (ext == e) return true;
-  return false;
-}
-
 }  // namespace
 
 std::string default_store_dir() {
@@ -135,6 +127,14 @@ std::string ResolvedModel::file(const std::string& role) const {
   for (const auto& [r, p] : files)
     if (r == role) return p;
   return "";
+}
+
+bool model_ref_is_path(const std::string& ref) {
+  if (ref.find('/') != std::string::npos) return true;
+  const std::string ext = fs::path(ref).extension().string();
+  for (const char* e : {".gguf", ".bin", ".safetensors", ".pth", ".pt", ".ckpt", ".json"})
+    if (ext == e) return true;
+  return false;
 }
 
 Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& store_dir, const ResolveOptions& options) {
@@ -152,7 +152,7 @@ Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& s
       if (options.check_digest) r.digest = "sha256:" + cached_sha256(ref);
       return r;
     }
-    if (looks_like_path(ref)) {
+    if (model_ref_is_path(ref)) {
       if (fs::exists(ref, ec))  // bad usage, as a folder or FIFO anywhere a file goes (exit 2)
         return Status::error(StatusCode::InvalidArgument, ref + " is not a regular file (a folder, FIFO or device); name a model file");
       return Status::error(StatusCode::NotFound, ref + ": no such model file");

@@ -445,18 +445,10 @@ void Scheduler::run() {
     cv_.wait_for(lock, std::chrono::milliseconds(kStorageRetryMs), [this] { return stop_.load(); });
    }
   }
-  // Shutdown: what was running goes back to the queue; its partial output is discarded.
-  // (A job whose requeue cannot be written stays "running": the next start recovers it.)
-  const auto requeue = [this](JobId id) {
-    try {
-      db_.requeue(id);
-    } catch (const std::exception& e) {
-      storage_failed(e);
-    }
-  };
-  for (auto& s : running_) requeue(s->id);
+  // Shutdown: what was running goes back to the queue.
+  for (auto& s : running_) requeue_at_shutdown(s->id);
   for (auto& s : waiting_)
-    if (s->started_once) requeue(s->id);
+    if (s->started_once) requeue_at_shutdown(s->id);
   retry_unsaved(std::numeric_limits<int64_t>::max());
 }
 
@@ -976,6 +968,14 @@ void Scheduler::fail_unreadable(JobId id, const Status& error, int64_t now) {
 
 // ---- storage errors and quarantine ------------------------------------------
 
+void Scheduler::requeue_at_shutdown(JobId id) {
+  try {
+    db_.requeue(id);
+  } catch (const std::exception& e) {
+    storage_failed(e);
+  }
+}
+
 Status Scheduler::storage_failed(const std::exception& e) {
   const auto* err = dynamic_cast<const Error*>(&e);
   const Status st = Status::error(err ? err->code() : StatusCode::Io, e.what());
@@ -1116,17 +1116,10 @@ void Scheduler::image_loop() {
     lane_cv_.wait_for(lock, std::chrono::milliseconds(kStorageRetryMs), [this] { return stop_.load(); });
    }
   }
-  // Shutdown: what was running goes back to the queue; its partial output is discarded.
-  const auto requeue = [this](JobId id) {
-    try {
-      db_.requeue(id);
-    } catch (const std::exception& e) {
-      storage_failed(e);
-    }
-  };
-  for (auto& j : image_running_) requeue(j->id);
+  // Shutdown: what was running goes back to the queue.
+  for (auto& j : image_running_) requeue_at_shutdown(j->id);
   for (auto& j : image_waiting_)
-    if (j->started_once && !j->done) requeue(j->id);
+    if (j->started_once && !j->done) requeue_at_shutdown(j->id);
 }
 
 LoadedImage* Scheduler::image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error) {

@@ -109,6 +109,10 @@ class Scheduler {
   void storage_recovered();
   bool storage_blocked(int64_t now_ms) const;
   void retry_unsaved(int64_t now_ms);  // writes the ends unsaved_ holds, when the database takes them
+  // At shutdown: a job that was running goes back to the queue (its partial
+  // output discarded); one whose requeue cannot be written stays "running"
+  // and the next start recovers it.
+  void requeue_at_shutdown(JobId id);
   // Quarantine (job_db.h, recover()): the suspect held here, 0 when none; a job's end releases it.
   void release_quarantine(JobId id);
   LoadedModel* model_for(const std::string& ref, Status& error);  // resolves REF in the model store
