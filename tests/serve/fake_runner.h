@@ -64,8 +64,7 @@ class FakeRunner final : public Runner {
       : config_(config), text_step_ms_(text_step_ms), image_step_ms_(image_step_ms), clip_vocab_(std::move(clip_vocab)) {}
 
   std::string device() const override { return "fake"; }
-  // The CPU runner's admission rules, over a pretend 64 GiB device.
-  kernels::DeviceMemory memory() const override { return {int64_t{64} << 30, int64_t{64} << 30, 0}; }
+  // The CPU runner's admission rules.
   int64_t model_budget_bytes() const override { return config_.model_cache_bytes; }
   int64_t estimate_text_bytes(const ResolvedModel& resolved) const override {
     return model_file_bytes(resolved.path) + config_.kv_memory_bytes;

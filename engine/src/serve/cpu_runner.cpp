@@ -28,7 +28,6 @@ class CpuRunner final : public Runner {
   explicit CpuRunner(const EngineConfig& config) : config_(config) {}
   std::string device() const override { return "cpu"; }
 
-  kernels::DeviceMemory memory() const override { return kernels::cpu_device().memory(); }
   int64_t model_budget_bytes() const override { return config_.model_cache_bytes; }
   int64_t estimate_text_bytes(const ResolvedModel& resolved) const override {
     return model_file_bytes(resolved.path) + config_.kv_memory_bytes;

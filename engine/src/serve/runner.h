@@ -65,14 +65,14 @@ class Runner {
   virtual ~Runner() = default;
   virtual std::string device() const = 0;  // "cpu"
 
-  // Memory admission (issue 32): the device's memory, the bytes loaded
-  // models may hold on it together (the model cache's budget), and what a
-  // model will hold once loaded (weights at the device's precision, its KV
-  // pool, workspaces). The scheduler unloads idle models until a new one's
+  // Memory admission (issue 32): the bytes loaded models may hold on the
+  // device together (the model cache's budget), and what a model will hold
+  // once loaded (weights at the device's precision, its KV pool,
+  // workspaces). The scheduler unloads idle models until a new one's
   // estimate fits the budget. On the CPU the budget is
   // EngineConfig::model_cache_bytes and a model's estimate its file's bytes
-  // (plus the KV budget for text), as before; a GPU's come from its memory.
-  virtual kernels::DeviceMemory memory() const = 0;
+  // (plus the KV budget for text), as before; a GPU runner's come from its
+  // kernels::Device::memory().
   virtual int64_t model_budget_bytes() const = 0;
   virtual int64_t estimate_text_bytes(const ResolvedModel& resolved) const = 0;
   virtual int64_t estimate_image_bytes(const ResolvedModel& resolved) const = 0;
