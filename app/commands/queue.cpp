@@ -344,8 +344,10 @@ int run_batch(const BatchOptions& o) {
 
   // Queue first, through an engine that runs nothing: no executor competes
   // with the inserts (its queue refresh after every chunk would read the
-  // whole queue each time), and a job an earlier run left running is
-  // recovered only when the queue is run, below.
+  // whole queue each time). A job an earlier run left running is recovered
+  // before: one the crash rule fails is then queued afresh for its line, as
+  // a rerun promises, rather than found "running" and failed after.
+  if (Status st = Engine::recover_queue(o.runner.data_dir); !st.ok()) return fail(st);
   auto opened = Engine::open(engine_config(o.runner, false));
   if (!opened.ok()) return fail(opened.status());
   std::unique_ptr<Engine> engine = std::move(opened.value());

@@ -156,6 +156,14 @@ class Engine {
   // fresh one. Refused while a process runs the queue. A healthy database is
   // left alone (damaged = false).
   static Result<QueueRepairReport> repair_queue(const std::string& data_dir);
+  // Recovers DATA_DIR's queue now, as Engine::open with execute does, when no
+  // process runs it: the jobs a dead runner left running go back to the
+  // queue, or fail by the crash rule (job_db.h). For a command that queues
+  // through an engine that runs nothing and only then runs the queue (atelier
+  // batch): what recovery fails must be seen failed before the same lines
+  // are queued again, or a rerun would not queue them afresh. Ok, doing
+  // nothing, while another process runs the queue (that one has recovered it).
+  static Status recover_queue(const std::string& data_dir);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 

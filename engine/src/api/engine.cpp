@@ -168,6 +168,17 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   });
 }
 
+Status Engine::recover_queue(const std::string& data_dir) {
+  return guarded([&]() -> Status {
+    std::error_code ec;
+    if (!fs::exists(fs::path(data_dir) / "jobs.db", ec)) return Status{};  // no queue yet: nothing ran
+    auto lock = runtime::RunnerLock::try_acquire(data_dir);
+    if (!lock) return Status{};  // a live runner recovered it when it started
+    runtime::JobDb::open((fs::path(data_dir) / "jobs.db").string())->recover();
+    return Status{};
+  });
+}
+
 Result<QueueRepairReport> Engine::repair_queue(const std::string& data_dir) {
   const std::string path = (fs::path(data_dir) / "jobs.db").string();
   std::error_code ec;
