@@ -20,14 +20,28 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 namespace atelier::test {
 
+// The activation type and image layout the fake device states. F32/NCHW
+// (the default) runs every op on the CPU backend as it is; any other is
+// emulated: each op's operands are converted to F32 NCHW, the CPU op runs,
+// and its outputs are converted back (rounded to F16/BF16 after every op, as
+// a device computing in that type stores them). NHWC with F32 is bit for bit
+// the CPU's, so a model's layout handling is checked exactly.
+struct FakeFormat {
+  kernels::DType act = kernels::DType::F32;
+  kernels::Layout layout = kernels::Layout::NCHW;
+};
+
 class FakeDevice final : public kernels::Backend {
  public:
-  explicit FakeDevice(kernels::Executor* ex = nullptr) : cpu_(kernels::make_cpu_backend(ex)) {}
+  explicit FakeDevice(kernels::Executor* ex = nullptr, FakeFormat fmt = {})
+      : cpu_(kernels::make_cpu_backend(ex)), fmt_(fmt) {}
 
   // ---- what the tests read
   std::vector<std::string> violations() const {
@@ -57,8 +71,12 @@ class FakeDevice final : public kernels::Backend {
     d.name = "fake";
     d.description = "host memory posing as a device (tests)";
     d.host_memory = false;
+    d.act_dtype = fmt_.act;
+    d.layout = fmt_.layout;
     return d;
   }
+  kernels::DType act_dtype() const override { return fmt_.act; }
+  kernels::Layout layout() const override { return fmt_.layout; }
 
   std::unique_ptr<kernels::Buffer> alloc(int64_t bytes) override {
     ++allocations_;
@@ -106,161 +124,219 @@ class FakeDevice final : public kernels::Backend {
     return v;
   }
 
-  void matmul(const kernels::WeightView& w, const float* x, float* y, int64_t rows) override {
-    dev(w.data, "matmul w"), dev(x, "matmul x"), dev(y, "matmul y");
+  void matmul(const kernels::WeightView& w, kernels::Act x, kernels::Act y, int64_t rows) override {
+    dev(w.data, "matmul w"), act(x, "matmul x"), any(y, "matmul y");
     row_counts_.push_back(rows);
-    cpu_->matmul(w, x, y, rows);
+    Emu e(*this);
+    cpu_->matmul(w, e.in(x, rows * w.cols), e.out(y, rows * w.rows), rows);
   }
-  void matmul_many(const kernels::WeightView* const* w, float* const* y, int count, const float* x,
+  void matmul_many(const kernels::WeightView* const* w, const kernels::Act* y, int count, kernels::Act x,
                    int64_t rows) override {
-    dev(x, "matmul_many x");
-    for (int i = 0; i < count; ++i) dev(w[i]->data, "matmul_many w"), dev(y[i], "matmul_many y");
+    act(x, "matmul_many x");
+    for (int i = 0; i < count; ++i) dev(w[i]->data, "matmul_many w"), act(y[i], "matmul_many y");
     row_counts_.push_back(rows);
-    cpu_->matmul_many(w, y, count, x, rows);
+    Emu e(*this);
+    std::vector<kernels::Act> ys;
+    for (int i = 0; i < count; ++i) ys.push_back(e.out(y[i], rows * w[i]->rows));
+    cpu_->matmul_many(w, ys.data(), count, e.in(x, rows * w[0]->cols), rows);
   }
-  void get_rows(const kernels::WeightView& table, const int32_t* ids, float* y, int64_t rows) override {
-    dev(table.data, "get_rows table"), meta(ids, "get_rows ids"), dev(y, "get_rows y");
+  void get_rows(const kernels::WeightView& table, const int32_t* ids, kernels::Act y, int64_t rows) override {
+    dev(table.data, "get_rows table"), meta(ids, "get_rows ids"), act(y, "get_rows y");
     row_counts_.push_back(rows);
-    cpu_->get_rows(table, ids, y, rows);
+    Emu e(*this);
+    cpu_->get_rows(table, ids, e.out(y, rows * table.cols), rows);
   }
-  void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) override {
-    dev(x, "copy_rows x"), meta(ids, "copy_rows ids"), dev(y, "copy_rows y");
+  void copy_rows(kernels::Act x, const int32_t* ids, kernels::Act y, int64_t rows, int64_t dim) override {
+    act(x, "copy_rows x"), meta(ids, "copy_rows ids"), act(y, "copy_rows y");
     row_counts_.push_back(rows);
-    cpu_->copy_rows(x, ids, y, rows, dim);
+    int64_t x_rows = 0;
+    for (int64_t r = 0; r < rows; ++r) x_rows = std::max<int64_t>(x_rows, int64_t{ids[r]} + 1);
+    Emu e(*this);
+    cpu_->copy_rows(e.in(x, x_rows * dim), ids, e.out(y, rows * dim), rows, dim);
   }
-  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
-    dev(x, "rms_norm x"), dev(weight, "rms_norm weight"), dev(y, "rms_norm y");
+  void rms_norm(kernels::Act x, const float* weight, kernels::Act y, int64_t rows, int64_t dim, float eps) override {
+    act(x, "rms_norm x"), dev(weight, "rms_norm weight"), act(y, "rms_norm y");
     row_counts_.push_back(rows);
-    cpu_->rms_norm(x, weight, y, rows, dim, eps);
+    Emu e(*this);
+    cpu_->rms_norm(e.in(x, rows * dim), weight, e.out(y, rows * dim), rows, dim, eps);
   }
-  void add_rms_norm(float* x, const float* delta, const float* weight, float* y, int64_t rows, int64_t dim,
+  void add_rms_norm(kernels::Act x, kernels::Act delta, const float* weight, kernels::Act y, int64_t rows, int64_t dim,
                     float eps) override {
-    dev(x, "add_rms_norm x"), dev(delta, "add_rms_norm delta"), opt(weight, "add_rms_norm weight");
-    dev(y, "add_rms_norm y");
+    act(x, "add_rms_norm x"), act(delta, "add_rms_norm delta"), opt(weight, "add_rms_norm weight");
+    act(y, "add_rms_norm y");
     row_counts_.push_back(rows);
-    cpu_->add_rms_norm(x, delta, weight, y, rows, dim, eps);
+    Emu e(*this);
+    cpu_->add_rms_norm(e.out(x, rows * dim), e.in(delta, rows * dim), weight, e.out(y, rows * dim), rows, dim, eps);
   }
-  void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
+  void layer_norm(kernels::Act x, kernels::Act y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
                   float eps) override {
-    dev(x, "layer_norm x"), dev(y, "layer_norm y"), opt(gamma, "layer_norm gamma"), opt(beta, "layer_norm beta");
-    cpu_->layer_norm(x, y, rows, dim, gamma, beta, eps);
+    act(x, "layer_norm x"), act(y, "layer_norm y"), opt(gamma, "layer_norm gamma"), opt(beta, "layer_norm beta");
+    Emu e(*this);
+    cpu_->layer_norm(e.in(x, rows * dim), e.out(y, rows * dim), rows, dim, gamma, beta, eps);
   }
-  void group_norm(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
+  void group_norm(kernels::Act x, kernels::Act y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
                   const float* beta, float eps, bool silu) override {
-    dev(x, "group_norm x"), dev(y, "group_norm y"), opt(gamma, "group_norm gamma"), opt(beta, "group_norm beta");
-    cpu_->group_norm(x, y, n, c, hw, groups, gamma, beta, eps, silu);
+    act(x, "group_norm x"), act(y, "group_norm y"), opt(gamma, "group_norm gamma"), opt(beta, "group_norm beta");
+    Emu e(*this);
+    cpu_->group_norm(e.img_in(x, n, c, hw), e.img_out(y, n, c, hw), n, c, hw, groups, gamma, beta, eps, silu);
   }
-  void rope(float* x, int64_t rows, const int32_t* positions, const kernels::RopeParams& p) override {
-    dev(x, "rope x"), meta(positions, "rope positions"), opt(p.freq_factors, "rope freq_factors");
+  void rope(kernels::Act x, int64_t rows, const int32_t* positions, const kernels::RopeParams& p) override {
+    act(x, "rope x"), meta(positions, "rope positions"), opt(p.freq_factors, "rope freq_factors");
     row_counts_.push_back(rows);
-    cpu_->rope(x, rows, positions, p);
+    Emu e(*this);
+    cpu_->rope(e.out(x, rows * p.n_heads * p.head_dim), rows, positions, p);
   }
-  void add(const float* a, const float* b, float* y, int64_t n) override {
-    dev(a, "add a"), dev(b, "add b"), dev(y, "add y");
-    cpu_->add(a, b, y, n);
+  void add(kernels::Act a, kernels::Act b, kernels::Act y, int64_t n) override {
+    act(a, "add a"), act(b, "add b"), act(y, "add y");
+    Emu e(*this);
+    cpu_->add(e.in(a, n), e.in(b, n), e.out(y, n), n);
   }
-  void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) override {
-    dev(x, "add_bias x"), dev(bias, "add_bias bias");
+  void add_bias(kernels::Act x, const float* bias, int64_t rows, int64_t dim) override {
+    act(x, "add_bias x"), dev(bias, "add_bias bias");
     row_counts_.push_back(rows);
-    cpu_->add_bias(x, bias, rows, dim);
+    Emu e(*this);
+    cpu_->add_bias(e.out(x, rows * dim), bias, rows, dim);
   }
-  void activation(kernels::Activation a, const float* x, float* y, int64_t n) override {
-    dev(x, "activation x"), dev(y, "activation y");
-    cpu_->activation(a, x, y, n);
+  void activation(kernels::Activation a, kernels::Act x, kernels::Act y, int64_t n) override {
+    act(x, "activation x"), act(y, "activation y");
+    Emu e(*this);
+    cpu_->activation(a, e.in(x, n), e.out(y, n), n);
   }
-  void swiglu(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) override {
-    dev(gate, "swiglu gate"), dev(up, "swiglu up"), dev(out, "swiglu out");
+  void swiglu(kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows, int64_t dim) override {
+    act(gate, "swiglu gate"), act(up, "swiglu up"), act(out, "swiglu out");
     row_counts_.push_back(rows);
-    cpu_->swiglu(gate, up, out, rows, dim);
+    Emu e(*this);
+    cpu_->swiglu(e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim);
   }
-  void geglu(const float* x, float* y, int64_t rows, int64_t dim) override {
-    dev(x, "geglu x"), dev(y, "geglu y");
-    cpu_->geglu(x, y, rows, dim);
+  void geglu(kernels::Act x, kernels::Act y, int64_t rows, int64_t dim) override {
+    act(x, "geglu x"), act(y, "geglu y");
+    Emu e(*this);
+    cpu_->geglu(e.in(x, rows * 2 * dim), e.out(y, rows * dim), rows, dim);
   }
-  void softmax(float* x, int64_t rows, int64_t n) override {
-    dev(x, "softmax x");
-    cpu_->softmax(x, rows, n);
+  void softmax(kernels::Act x, int64_t rows, int64_t n) override {
+    act(x, "softmax x");
+    Emu e(*this);
+    cpu_->softmax(e.out(x, rows * n), rows, n);
   }
-  void affine(const float* x, float* y, int64_t n, const kernels::Affine& a) override {
-    dev(x, "affine x"), dev(y, "affine y");
-    cpu_->affine(x, y, n, a);
+  void affine(kernels::Act x, kernels::Act y, int64_t n, const kernels::Affine& a) override {
+    act(x, "affine x"), act(y, "affine y");
+    Emu e(*this);
+    cpu_->affine(e.in(x, n), e.out(y, n), n, a);
   }
-  void relu(const float* x, float* y, int64_t n) override {
-    dev(x, "relu x"), dev(y, "relu y");
-    cpu_->relu(x, y, n);
+  void relu(kernels::Act x, kernels::Act y, int64_t n) override {
+    act(x, "relu x"), act(y, "relu y");
+    Emu e(*this);
+    cpu_->relu(e.in(x, n), e.out(y, n), n);
   }
-  void tanh_clamp(const float* x, float* y, int64_t n, float limit) override {
-    dev(x, "tanh_clamp x"), dev(y, "tanh_clamp y");
-    cpu_->tanh_clamp(x, y, n, limit);
+  void tanh_clamp(kernels::Act x, kernels::Act y, int64_t n, float limit) override {
+    act(x, "tanh_clamp x"), act(y, "tanh_clamp y");
+    Emu e(*this);
+    cpu_->tanh_clamp(e.in(x, n), e.out(y, n), n, limit);
   }
-  void copy(const float* x, float* y, int64_t n) override {
-    dev(x, "copy x"), dev(y, "copy y");
+  // copy and relayout convert between types and layouts themselves: the CPU's run on this memory directly.
+  void copy(kernels::Act x, kernels::Act y, int64_t n) override {
+    any(x, "copy x"), any(y, "copy y");
     cpu_->copy(x, y, n);
   }
-  void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) override {
-    dev(x, "add_plane_bias x"), dev(bias, "add_plane_bias bias");
-    cpu_->add_plane_bias(x, bias, planes, hw);
+  void relayout(kernels::Act x, kernels::Layout from, kernels::Act y, kernels::Layout to, int64_t n, int64_t c,
+                int64_t hw) override {
+    any(x, "relayout x"), any(y, "relayout y");
+    cpu_->relayout(x, from, y, to, n, c, hw);
   }
-  void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
-                     int64_t hw) override {
-    dev(a, "concat_planes a"), dev(b, "concat_planes b"), dev(y, "concat_planes y");
-    cpu_->concat_planes(a, planes_a, b, planes_b, y, n, hw);
+  void add_channel_bias(kernels::Act x, kernels::Act bias, int64_t n, int64_t c, int64_t hw) override {
+    act(x, "add_channel_bias x"), act(bias, "add_channel_bias bias");
+    Emu e(*this);
+    cpu_->add_channel_bias(e.img_out(x, n, c, hw), e.in(bias, n * c), n, c, hw);
   }
-  void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos,
+  void concat_channels(kernels::Act a, int64_t ca, kernels::Act b, int64_t cb, kernels::Act y, int64_t n,
+                       int64_t hw) override {
+    act(a, "concat_channels a"), act(b, "concat_channels b"), act(y, "concat_channels y");
+    Emu e(*this);
+    cpu_->concat_channels(e.img_in(a, n, ca, hw), ca, e.img_in(b, n, cb, hw), cb, e.img_out(y, n, ca + cb, hw), n, hw);
+  }
+  void timestep_embedding(const float* t, int64_t n, int64_t dim, kernels::Act out, bool flip_sin_to_cos,
                           float downscale_freq_shift, float max_period) override {
-    dev(t, "timestep_embedding t"), dev(out, "timestep_embedding out");
-    cpu_->timestep_embedding(t, n, dim, out, flip_sin_to_cos, downscale_freq_shift, max_period);
+    dev(t, "timestep_embedding t"), act(out, "timestep_embedding out");
+    Emu e(*this);
+    cpu_->timestep_embedding(t, n, dim, e.out(out, n * dim), flip_sin_to_cos, downscale_freq_shift, max_period);
   }
-  void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override {
-    dev(x, "transpose x"), dev(y, "transpose y");
-    cpu_->transpose(x, y, batch, rows, cols);
+  void pad2d(kernels::Act x, kernels::Act y, int64_t n, int64_t c, int64_t h, int64_t w,
+             const kernels::Pad2d& p) override {
+    act(x, "pad2d x"), act(y, "pad2d y");
+    Emu e(*this);
+    cpu_->pad2d(e.img_in(x, n, c, h * w), e.img_out(y, n, c, (p.top + h + p.bottom) * (p.left + w + p.right)), n, c, h,
+                w, p);
   }
-  void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const kernels::Pad2d& p) override {
-    dev(x, "pad2d x"), dev(y, "pad2d y");
-    cpu_->pad2d(x, y, planes, h, w, p);
-  }
-  void store_kv(const kernels::KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
+  void store_kv(const kernels::KvLayout& kv, int layer, kernels::Act k, kernels::Act v, const int32_t* slots,
                 int64_t rows) override {
-    kv_dev(kv, "store_kv"), dev(k, "store_kv k"), dev(v, "store_kv v"), meta(slots, "store_kv slots");
+    kv_dev(kv, "store_kv"), act(k, "store_kv k"), act(v, "store_kv v"), meta(slots, "store_kv slots");
     row_counts_.push_back(rows);
-    cpu_->store_kv(kv, layer, k, v, slots, rows);
+    Emu e(*this);
+    cpu_->store_kv(kv, layer, e.in(k, rows * kv.row_elems), e.in(v, rows * kv.row_elems), slots, rows);
   }
-  void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions,
+  void rope_store_kv(kernels::Act q, kernels::Act k, kernels::Act v, int64_t rows, const int32_t* positions,
                      const kernels::RopeParams& rq, const kernels::RopeParams& rk, const kernels::KvLayout& kv,
                      int layer, const int32_t* slots) override {
-    dev(q, "rope_store_kv q"), dev(k, "rope_store_kv k"), dev(v, "rope_store_kv v");
+    act(q, "rope_store_kv q"), act(k, "rope_store_kv k"), act(v, "rope_store_kv v");
     meta(positions, "rope_store_kv positions"), meta(slots, "rope_store_kv slots");
     opt(rq.freq_factors, "rope_store_kv freq_factors"), kv_dev(kv, "rope_store_kv");
     row_counts_.push_back(rows);
-    cpu_->rope_store_kv(q, k, v, rows, positions, rq, rk, kv, layer, slots);
+    Emu e(*this);
+    cpu_->rope_store_kv(e.out(q, rows * rq.n_heads * rq.head_dim), e.out(k, rows * kv.row_elems),
+                        e.in(v, rows * kv.row_elems), rows, positions, rq, rk, kv, layer, slots);
   }
-  void paged_attention(const kernels::KvLayout& kv, const kernels::PagedAttention& a, const float* q,
-                       float* out) override {
-    kv_dev(kv, "paged_attention"), dev(q, "paged_attention q"), dev(out, "paged_attention out");
+  void paged_attention(const kernels::KvLayout& kv, const kernels::PagedAttention& a, kernels::Act q,
+                       kernels::Act out) override {
+    kv_dev(kv, "paged_attention"), act(q, "paged_attention q"), act(out, "paged_attention out");
     meta(a.row_len, "paged_attention row_len"), meta(a.row_table, "paged_attention row_table");
     meta(a.block_tables, "paged_attention block_tables");
     row_counts_.push_back(a.rows);
-    cpu_->paged_attention(kv, a, q, out);
+    row_counts_.push_back(a.max_len);  // a launch bound: constant while a captured step replays
+    const int64_t n = a.rows * a.n_head * a.head_dim;
+    Emu e(*this);
+    cpu_->paged_attention(kv, a, e.in(q, n), e.out(out, n));
   }
-  void attention(const kernels::AttentionShape& s, const float* q, const float* k, const float* v,
-                 float* out) override {
-    dev(q, "attention q"), dev(k, "attention k"), dev(v, "attention v"), dev(out, "attention out");
-    cpu_->attention(s, q, k, v, out);
+  void attention(const kernels::AttentionShape& s, kernels::Act q, kernels::Act k, kernels::Act v,
+                 kernels::Act out) override {
+    act(q, "attention q"), act(k, "attention k"), act(v, "attention v"), act(out, "attention out");
+    const int64_t w = s.heads * s.head_dim;
+    Emu e(*this);
+    cpu_->attention(s, e.in(q, s.batch * s.lq * w), e.in(k, s.batch * s.lk * w), e.in(v, s.batch * s.lk * w),
+                    e.out(out, s.batch * s.lq * w));
   }
-  void causal_attention(const kernels::AttentionShape& s, const float* q, const float* k, const float* v,
-                        int64_t stride, float* out) override {
-    dev(q, "causal_attention q"), dev(k, "causal_attention k"), dev(v, "causal_attention v");
-    dev(out, "causal_attention out");
-    cpu_->causal_attention(s, q, k, v, stride, out);
+  void causal_attention(const kernels::AttentionShape& s, kernels::Act q, kernels::Act k, kernels::Act v,
+                        int64_t stride, kernels::Act out) override {
+    act(q, "causal_attention q"), act(k, "causal_attention k"), act(v, "causal_attention v");
+    act(out, "causal_attention out");
+    const int64_t w = s.heads * s.head_dim, extent = (s.batch * s.lq - 1) * stride + w;
+    Emu e(*this);
+    cpu_->causal_attention(s, e.in(q, extent), e.in(k, extent), e.in(v, extent), stride,
+                           e.out(out, s.batch * s.lq * w));
   }
-  void conv2d(const kernels::Conv2dShape& s, const float* x, kernels::DType w_type, const void* weight,
-              const float* bias, float* y) override {
-    dev(x, "conv2d x"), dev(weight, "conv2d weight"), opt(bias, "conv2d bias"), dev(y, "conv2d y");
-    cpu_->conv2d(s, x, w_type, weight, bias, y);
+  void conv2d(const kernels::Conv2dShape& s, kernels::Act x, kernels::DType w_type, const void* weight,
+              const float* bias, kernels::Act y) override {
+    act(x, "conv2d x"), dev(weight, "conv2d weight"), opt(bias, "conv2d bias"), act(y, "conv2d y");
+    // This device's weights are in its layout's order (conv_weights_for); the CPU reads OIHW.
+    std::vector<uint8_t> oihw;
+    if (fmt_.layout == kernels::Layout::NHWC && s.kh * s.kw > 1) {
+      const int64_t e = w_type == kernels::DType::F32 ? 4 : 2, k = s.kh * s.kw;
+      oihw.resize(static_cast<size_t>(s.c_out * s.c_in * k * e));
+      const auto* src = static_cast<const uint8_t*>(weight);
+      for (int64_t o = 0; o < s.c_out; ++o)
+        for (int64_t i = 0; i < s.c_in; ++i)
+          for (int64_t p = 0; p < k; ++p)
+            std::memcpy(&oihw[static_cast<size_t>(((o * s.c_in + i) * k + p) * e)], src + ((o * k + p) * s.c_in + i) * e,
+                        static_cast<size_t>(e));
+      weight = oihw.data();
+    }
+    Emu e(*this);
+    cpu_->conv2d(s, e.img_in(x, s.n, s.c_in, s.h * s.w), w_type, weight, bias,
+                 e.img_out(y, s.n, s.c_out, s.out_h() * s.out_w()));
   }
-  void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w) override {
-    dev(x, "upsample_nearest2x x"), dev(y, "upsample_nearest2x y");
-    cpu_->upsample_nearest2x(x, y, planes, h, w);
+  void upsample_nearest2x(kernels::Act x, kernels::Act y, int64_t n, int64_t c, int64_t h, int64_t w) override {
+    act(x, "upsample_nearest2x x"), act(y, "upsample_nearest2x y");
+    Emu e(*this);
+    cpu_->upsample_nearest2x(e.img_in(x, n, c, h * w), e.img_out(y, n, c, 4 * h * w), n, c, h, w);
   }
 
  private:
@@ -301,6 +377,65 @@ class FakeDevice final : public kernels::Backend {
   void dev(const void* p, const char* what) {
     if (!p || !on_device(p)) violation(std::string(what) + ": not device memory of this backend");
   }
+  // An activation of this device's type (matmul's output may be F32 logits).
+  void act(kernels::Act a, const char* what) {
+    dev(a.data(), what);
+    if (a.type() != fmt_.act)
+      violation(std::string(what) + ": " + std::string(kernels::dtype_name(a.type())) + " activations where " +
+                std::string(kernels::dtype_name(fmt_.act)) + " belong");
+  }
+  void any(kernels::Act a, const char* what) {
+    dev(a.data(), what);
+    if (a.type() != fmt_.act && a.type() != kernels::DType::F32)
+      violation(std::string(what) + ": activations of type " + std::string(kernels::dtype_name(a.type())));
+  }
+  // One op's operands as the CPU backend sees them: F32 NCHW host copies
+  // when this device's format is another (written back when the op ends),
+  // the device memory itself otherwise.
+  class Emu {
+   public:
+    explicit Emu(FakeDevice& d) : d_(d), pass_(d.fmt_.act == kernels::DType::F32 && d.fmt_.layout == kernels::Layout::NCHW) {}
+    ~Emu() {
+      for (auto it = ops_.rbegin(); it != ops_.rend(); ++it) {
+        if (!it->out) continue;
+        const kernels::Act f(it->v.data(), kernels::DType::F32);
+        if (it->c > 0) d_.cpu_->relayout(f, kernels::Layout::NCHW, it->dev, d_.fmt_.layout, it->n, it->c, it->hw);
+        else d_.cpu_->copy(f, it->dev, it->n);
+      }
+    }
+    Emu(const Emu&) = delete;
+    Emu& operator=(const Emu&) = delete;
+    kernels::Act in(kernels::Act a, int64_t n) { return take(a, n, 0, 0, false); }
+    kernels::Act out(kernels::Act a, int64_t n) { return take(a, n, 0, 0, true); }
+    kernels::Act img_in(kernels::Act a, int64_t n, int64_t c, int64_t hw) { return take(a, n, c, hw, false); }
+    kernels::Act img_out(kernels::Act a, int64_t n, int64_t c, int64_t hw) { return take(a, n, c, hw, true); }
+
+   private:
+    struct Operand {
+      kernels::Act dev;
+      int64_t n, c, hw;
+      bool out;
+      std::vector<float> v;
+    };
+    // c > 0: an image of n x c x hw in the device's layout; else n elements.
+    kernels::Act take(kernels::Act a, int64_t n, int64_t c, int64_t hw, bool out) {
+      if (pass_ || !a) return a;
+      const bool image = c > 0 && d_.fmt_.layout != kernels::Layout::NCHW;
+      const bool convert = a.type() != kernels::DType::F32;
+      if (!image && !convert) return a;
+      Operand o{a, n, image ? c : 0, hw, out, std::vector<float>(static_cast<size_t>(c > 0 ? n * c * hw : n))};
+      const kernels::Act f(o.v.data(), kernels::DType::F32);
+      if (image) d_.cpu_->relayout(a, d_.fmt_.layout, f, kernels::Layout::NCHW, n, c, hw);
+      else d_.cpu_->copy(a, f, static_cast<int64_t>(o.v.size()));
+      if (!image) o.n = static_cast<int64_t>(o.v.size());
+      ops_.push_back(std::move(o));
+      return f;
+    }
+    FakeDevice& d_;
+    bool pass_;
+    std::vector<Operand> ops_;
+  };
+
   void opt(const void* p, const char* what) {
     if (p) dev(p, what);
   }
@@ -325,6 +460,7 @@ class FakeDevice final : public kernels::Backend {
   }
 
   std::unique_ptr<kernels::Backend> cpu_;
+  FakeFormat fmt_;
   mutable std::mutex mu_;
   std::map<uintptr_t, uintptr_t> live_;  // buffer begin -> end
   std::vector<std::string> violations_;

@@ -113,6 +113,48 @@ void run_axpy_queries(int nq, const float* const* w, const int64_t* w_stride, Q8
   axpy_q8_0_heads_queries(nq, w, w_stride, rows, a...);
 }
 
+// n activations from x's type to y's (F32, F16, BF16); a plain copy when
+// they are the same.
+void convert_acts(Act x, Act y, int64_t n) {
+  if (n <= 0) return;
+  if (x.type() == y.type()) {
+    std::memmove(y.data(), x.data(), static_cast<size_t>(act_bytes(x.type(), n)));
+    return;
+  }
+  constexpr int64_t kChunk = 4096;
+  float tmp[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    const Act xi = x + i, yi = y + i;
+    if (x.type() == DType::F32) std::memcpy(tmp, xi.data(), static_cast<size_t>(m) * 4);
+    else dequantize_row(x.type(), xi.data(), tmp, m);
+    if (y.type() == DType::F32) std::memcpy(yi.data(), tmp, static_cast<size_t>(m) * 4);
+    else quantize_row(y.type(), tmp, yi.data(), m);
+  }
+}
+
+// n images of c x hw elements between layouts (and types, as convert_acts).
+void relayout_acts(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) {
+  if (from == to) return convert_acts(x, y, n * c * hw);
+  // Element (i, ch, p) lies at i*c*hw + ch*hw + p (NCHW) or i*c*hw + p*c + ch (NHWC).
+  const int64_t rows = from == Layout::NCHW ? c : hw, cols = from == Layout::NCHW ? hw : c;
+  if (x.type() == DType::F32 && y.type() == DType::F32) {
+    const float* xf = x.f32();
+    float* yf = y.f32();
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = xf + (b * rows + r) * cols;
+        float* dst = yf + b * rows * cols + r;
+        for (int64_t j = 0; j < cols; ++j) dst[j * rows] = src[j];
+      }
+    return;
+  }
+  std::vector<float> a(static_cast<size_t>(n * c * hw)), t(a.size());
+  convert_acts(x, Act(a.data(), DType::F32), n * c * hw);
+  relayout_acts(Act(a.data(), DType::F32), from, Act(t.data(), DType::F32), to, n, c, hw);
+  convert_acts(Act(t.data(), DType::F32), y, n * c * hw);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(Executor* ex) : ex_(ex) {}
@@ -166,152 +208,176 @@ class CpuBackend final : public Backend {
     return v;
   }
 
-  void matmul(const WeightView& w, const float* x, float* y, int64_t rows) override {
-    kernels::matmul(w, x, y, rows, ex_);
+  void matmul(const WeightView& w, Act x, Act y, int64_t rows) override {
+    kernels::matmul(w, x.f32(), y.f32(), rows, ex_);
   }
-  void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t rows) override {
-    kernels::matmul_many(w, y, count, x, rows, ex_);
+  void matmul_many(const WeightView* const* w, const Act* y, int count, Act x, int64_t rows) override {
+    float* ys[8];
+    if (count > 8) throw std::logic_error("matmul_many takes at most 8 products");
+    for (int i = 0; i < count; ++i) ys[i] = y[i].f32();
+    kernels::matmul_many(w, ys, count, x.f32(), rows, ex_);
   }
-  void get_rows(const WeightView& table, const int32_t* ids, float* y, int64_t rows) override {
-    for (int64_t r = 0; r < rows; ++r) dequantize_weight_row(table, ids[r], y + r * table.cols);
+  void get_rows(const WeightView& table, const int32_t* ids, Act y, int64_t rows) override {
+    float* yf = y.f32();
+    for (int64_t r = 0; r < rows; ++r) dequantize_weight_row(table, ids[r], yf + r * table.cols);
   }
-  void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) override {
+  void copy_rows(Act x, const int32_t* ids, Act y, int64_t rows, int64_t dim) override {
+    const float* xf = x.f32();
+    float* yf = y.f32();
     for_rows(rows, [&](int64_t r) {
-      std::memcpy(y + r * dim, x + int64_t{ids[r]} * dim, sizeof(float) * static_cast<size_t>(dim));
+      std::memcpy(yf + r * dim, xf + int64_t{ids[r]} * dim, sizeof(float) * static_cast<size_t>(dim));
     });
   }
 
-  void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) override {
-    for_rows(rows, [&](int64_t r) { kernels::rms_norm(x + r * dim, weight, y + r * dim, dim, eps); });
+  void rms_norm(Act x, const float* weight, Act y, int64_t rows, int64_t dim, float eps) override {
+    const float* xf = x.f32();
+    float* yf = y.f32();
+    for_rows(rows, [&](int64_t r) { kernels::rms_norm(xf + r * dim, weight, yf + r * dim, dim, eps); });
   }
-  void add_rms_norm(float* x, const float* delta, const float* weight, float* y, int64_t rows, int64_t dim,
-                    float eps) override {
+  void add_rms_norm(Act x, Act delta, const float* weight, Act y, int64_t rows, int64_t dim, float eps) override {
+    float* xf = x.f32();
+    const float* df = delta.f32();
+    float* yf = y.f32();
     for_rows(rows, [&](int64_t r) {
-      float* xr = x + r * dim;
-      const float* dr = delta + r * dim;
+      float* xr = xf + r * dim;
+      const float* dr = df + r * dim;
       for (int64_t j = 0; j < dim; ++j) xr[j] += dr[j];
-      if (weight) kernels::rms_norm(xr, weight, y + r * dim, dim, eps);
+      if (weight) kernels::rms_norm(xr, weight, yf + r * dim, dim, eps);
     });
   }
-  void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
-                  float eps) override {
-    kernels::layer_norm(x, y, rows, dim, gamma, beta, eps, ex_);
+  void layer_norm(Act x, Act y, int64_t rows, int64_t dim, const float* gamma, const float* beta, float eps) override {
+    kernels::layer_norm(x.f32(), y.f32(), rows, dim, gamma, beta, eps, ex_);
   }
-  void group_norm(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
+  void group_norm(Act x, Act y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
                   const float* beta, float eps, bool silu) override {
-    kernels::group_norm(x, y, n, c, hw, groups, gamma, beta, eps, silu, ex_);
+    kernels::group_norm(x.f32(), y.f32(), n, c, hw, groups, gamma, beta, eps, silu, ex_);
   }
 
-  void rope(float* x, int64_t rows, const int32_t* positions, const RopeParams& p) override {
+  void rope(Act x, int64_t rows, const int32_t* positions, const RopeParams& p) override {
     const int64_t width = p.n_heads * p.head_dim;
+    float* xf = x.f32();
     for_rows(rows, [&](int64_t r) {
-      kernels::rope(x + r * width, p.n_heads, p.head_dim, p.rot_dim, positions[r], p.freq_base, p.freq_scale, p.neox,
+      kernels::rope(xf + r * width, p.n_heads, p.head_dim, p.rot_dim, positions[r], p.freq_base, p.freq_scale, p.neox,
                     p.freq_factors, p.yarn);
     });
   }
-  void add(const float* a, const float* b, float* y, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  void add(Act a, Act b, Act y, int64_t n) override {
+    const float *af = a.f32(), *bf = b.f32();
+    float* yf = y.f32();
+    for (int64_t i = 0; i < n; ++i) yf[i] = af[i] + bf[i];
   }
-  void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) override {
+  void add_bias(Act x, const float* bias, int64_t rows, int64_t dim) override {
+    float* xf = x.f32();
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < dim; ++j) x[r * dim + j] += bias[j];
+      for (int64_t j = 0; j < dim; ++j) xf[r * dim + j] += bias[j];
   }
-  void activation(Activation a, const float* x, float* y, int64_t n) override { kernels::activation(a, x, y, n, ex_); }
-  void swiglu(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) override {
+  void activation(Activation a, Act x, Act y, int64_t n) override { kernels::activation(a, x.f32(), y.f32(), n, ex_); }
+  void swiglu(Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
+    const float *gf = gate.f32(), *uf = up.f32();
+    float* of = out.f32();
     // Row by row: the SIMD loop's tail would round a row's last elements
     // differently if rows were run as one long array.
-    for_rows(rows, [&](int64_t r) { kernels::swiglu(gate + r * dim, up + r * dim, out + r * dim, dim); });
+    for_rows(rows, [&](int64_t r) { kernels::swiglu(gf + r * dim, uf + r * dim, of + r * dim, dim); });
   }
-  void geglu(const float* x, float* y, int64_t rows, int64_t dim) override { kernels::geglu(x, y, rows, dim, ex_); }
-  void softmax(float* x, int64_t rows, int64_t n) override {
-    for_rows(rows, [&](int64_t r) { kernels::softmax(x + r * n, n); });
+  void geglu(Act x, Act y, int64_t rows, int64_t dim) override { kernels::geglu(x.f32(), y.f32(), rows, dim, ex_); }
+  void softmax(Act x, int64_t rows, int64_t n) override {
+    float* xf = x.f32();
+    for_rows(rows, [&](int64_t r) { kernels::softmax(xf + r * n, n); });
   }
 
-  void affine(const float* x, float* y, int64_t n, const Affine& a) override {
+  void affine(Act x, Act y, int64_t n, const Affine& a) override {
+    const float* xf = x.f32();
+    float* yf = y.f32();
     const bool add = a.add != 0.0f, mul = a.mul != 1.0f, div = a.div != 1.0f;
     const bool clamp = a.lo != -INFINITY || a.hi != INFINITY;
     for (int64_t i = 0; i < n; ++i) {
-      float v = x[i];
+      float v = xf[i];
       if (add) v += a.add;
       if (mul) v *= a.mul;
       if (div) v /= a.div;
       if (clamp) v = std::clamp(v, a.lo, a.hi);
-      y[i] = v;
+      yf[i] = v;
     }
   }
-  void copy(const float* x, float* y, int64_t n) override {
-    if (n > 0) std::memcpy(y, x, sizeof(float) * static_cast<size_t>(n));
-  }
-  void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) override {
-    for (int64_t p = 0; p < planes; ++p) {
-      float* r = x + p * hw;
-      const float v = bias[p];
+  void copy(Act x, Act y, int64_t n) override { convert_acts(x, y, n); }
+  void add_channel_bias(Act x, Act bias, int64_t n, int64_t c, int64_t hw) override {
+    float* xf = x.f32();
+    const float* bf = bias.f32();
+    for (int64_t p = 0; p < n * c; ++p) {
+      float* r = xf + p * hw;
+      const float v = bf[p];
       for (int64_t i = 0; i < hw; ++i) r[i] += v;
     }
   }
-  void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
-                     int64_t hw) override {
+  void concat_channels(Act a, int64_t ca, Act b, int64_t cb, Act y, int64_t n, int64_t hw) override {
+    const float *af = a.f32(), *bf = b.f32();
+    float* yf = y.f32();
     for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(a + i * planes_a * hw, planes_a * hw, y + i * (planes_a + planes_b) * hw);
-      std::copy_n(b + i * planes_b * hw, planes_b * hw, y + (i * (planes_a + planes_b) + planes_a) * hw);
+      std::copy_n(af + i * ca * hw, ca * hw, yf + i * (ca + cb) * hw);
+      std::copy_n(bf + i * cb * hw, cb * hw, yf + (i * (ca + cb) + ca) * hw);
     }
   }
-  void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos,
+  void timestep_embedding(const float* t, int64_t n, int64_t dim, Act out, bool flip_sin_to_cos,
                           float downscale_freq_shift, float max_period) override {
-    kernels::timestep_embedding(t, n, dim, out, flip_sin_to_cos, downscale_freq_shift, max_period);
+    kernels::timestep_embedding(t, n, dim, out.f32(), flip_sin_to_cos, downscale_freq_shift, max_period);
   }
-  void relu(const float* x, float* y, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
+  void relu(Act x, Act y, int64_t n) override {
+    const float* xf = x.f32();
+    float* yf = y.f32();
+    for (int64_t i = 0; i < n; ++i) yf[i] = std::max(xf[i], 0.0f);
   }
-  void tanh_clamp(const float* x, float* y, int64_t n, float limit) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i] / limit) * limit;
+  void tanh_clamp(Act x, Act y, int64_t n, float limit) override {
+    const float* xf = x.f32();
+    float* yf = y.f32();
+    for (int64_t i = 0; i < n; ++i) yf[i] = std::tanh(xf[i] / limit) * limit;
   }
-  void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override {
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* src = x + (b * rows + r) * cols;
-        float* dst = y + b * rows * cols + r;
-        for (int64_t c = 0; c < cols; ++c) dst[c * rows] = src[c];
-      }
+  void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) override {
+    relayout_acts(x, from, y, to, n, c, hw);
   }
-  void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const Pad2d& p) override {
-    const int64_t oh = p.top + h + p.bottom, ow = p.left + w + p.right;
-    std::fill(y, y + planes * oh * ow, 0.0f);
-    for (int64_t c = 0; c < planes; ++c)
+  void pad2d(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w, const Pad2d& p) override {
+    const float* xf = x.f32();
+    float* yf = y.f32();
+    const int64_t planes = n * c, oh = p.top + h + p.bottom, ow = p.left + w + p.right;
+    std::fill(yf, yf + planes * oh * ow, 0.0f);
+    for (int64_t pl = 0; pl < planes; ++pl)
       for (int64_t r = 0; r < h; ++r)
-        std::copy_n(x + (c * h + r) * w, w, y + (c * oh + p.top + r) * ow + p.left);
+        std::copy_n(xf + (pl * h + r) * w, w, yf + (pl * oh + p.top + r) * ow + p.left);
   }
 
-  void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
-                int64_t rows) override {
+  void store_kv(const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) override {
     const int64_t n = kv.row_elems;
-    for_rows(rows, [&](int64_t r) { store_row(kv, layer, k + r * n, v + r * n, slots[r]); });
+    const float *kf = k.f32(), *vf = v.f32();
+    for_rows(rows, [&](int64_t r) { store_row(kv, layer, kf + r * n, vf + r * n, slots[r]); });
   }
 
-  void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions, const RopeParams& rq,
+  void rope_store_kv(Act q, Act k, Act v, int64_t rows, const int32_t* positions, const RopeParams& rq,
                      const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) override {
     const int64_t qw = rq.n_heads * rq.head_dim, n = kv.row_elems;
+    float *qf = q.f32(), *kf = k.f32();
+    const float* vf = v.f32();
     for_rows(rows, [&](int64_t r) {
-      kernels::rope(q + r * qw, rq.n_heads, rq.head_dim, rq.rot_dim, positions[r], rq.freq_base, rq.freq_scale, rq.neox,
-                    rq.freq_factors, rq.yarn);
-      kernels::rope(k + r * n, rk.n_heads, rk.head_dim, rk.rot_dim, positions[r], rk.freq_base, rk.freq_scale, rk.neox,
-                    rk.freq_factors, rk.yarn);
-      store_row(kv, layer, k + r * n, v + r * n, slots[r]);
+      kernels::rope(qf + r * qw, rq.n_heads, rq.head_dim, rq.rot_dim, positions[r], rq.freq_base, rq.freq_scale,
+                    rq.neox, rq.freq_factors, rq.yarn);
+      kernels::rope(kf + r * n, rk.n_heads, rk.head_dim, rk.rot_dim, positions[r], rk.freq_base, rk.freq_scale,
+                    rk.neox, rk.freq_factors, rk.yarn);
+      store_row(kv, layer, kf + r * n, vf + r * n, slots[r]);
     });
   }
-  void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) override;
+  void paged_attention(const KvLayout& kv, const PagedAttention& a, Act q, Act out) override {
+    paged_attention_f32(kv, a, q.f32(), out.f32());
+  }
 
-  void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) override {
-    kernels::attention(s, q, k, v, out, ex_);
+  void attention(const AttentionShape& s, Act q, Act k, Act v, Act out) override {
+    kernels::attention(s, q.f32(), k.f32(), v.f32(), out.f32(), ex_);
   }
-  void causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
-                        float* out) override;
-  void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias,
-              float* y) override {
-    kernels::conv2d(s, x, w_type, weight, bias, y, ex_);
+  void causal_attention(const AttentionShape& s, Act q, Act k, Act v, int64_t stride, Act out) override {
+    causal_attention_f32(s, q.f32(), k.f32(), v.f32(), stride, out.f32());
   }
-  void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w) override {
-    kernels::upsample_nearest2x(x, y, planes, h, w, ex_);
+  void conv2d(const Conv2dShape& s, Act x, DType w_type, const void* weight, const float* bias, Act y) override {
+    kernels::conv2d(s, x.f32(), w_type, weight, bias, y.f32(), ex_);
+  }
+  void upsample_nearest2x(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w) override {
+    kernels::upsample_nearest2x(x.f32(), y.f32(), n * c, h, w, ex_);
   }
 
  private:
@@ -341,10 +407,14 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void paged_attention_f32(const KvLayout& kv, const PagedAttention& a, const float* q, float* out);
+  void causal_attention_f32(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
+                            float* out);
+
   Executor* ex_;
 };
 
-void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {
+void CpuBackend::paged_attention_f32(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {
   const int64_t hd = a.head_dim, qd = a.n_head * hd;
   const int group = a.n_head / a.n_head_kv;
   // A task is a group of rows' heads h0..h1. A group is up to kRows
@@ -497,8 +567,8 @@ void CpuBackend::paged_attention(const KvLayout& kv, const PagedAttention& a, co
   else task(0, tasks);
 }
 
-void CpuBackend::causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v,
-                                  int64_t stride, float* out) {
+void CpuBackend::causal_attention_f32(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                      int64_t stride, float* out) {
   const int64_t T = s.lq, hd = s.head_dim, H = s.heads, w = H * hd;
   const float scale = s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(hd));
   // One task per (sequence, head), each on one thread: scores = q K^T by
@@ -549,6 +619,23 @@ std::unique_ptr<Backend> make_cpu_backend(Executor* ex) { return std::make_uniqu
 Backend& default_cpu_backend() {
   static CpuBackend cpu(nullptr);
   return cpu;
+}
+
+const char* layout_name(Layout l) { return l == Layout::NHWC ? "nhwc" : "nchw"; }
+
+void conv_weights_for(Layout layout, DType w_type, const void* oihw, void* dst, int64_t c_out, int64_t c_in, int64_t kh,
+                      int64_t kw) {
+  const int64_t e = w_type == DType::F32 ? 4 : 2, k = kh * kw;
+  const auto* src = static_cast<const uint8_t*>(oihw);
+  auto* out = static_cast<uint8_t*>(dst);
+  if (layout == Layout::NCHW || k == 1) {
+    std::memcpy(out, src, static_cast<size_t>(c_out * c_in * k * e));
+    return;
+  }
+  for (int64_t o = 0; o < c_out; ++o)
+    for (int64_t i = 0; i < c_in; ++i)
+      for (int64_t p = 0; p < k; ++p)
+        std::memcpy(out + ((o * k + p) * c_in + i) * e, src + ((o * c_in + i) * k + p) * e, static_cast<size_t>(e));
 }
 
 namespace {

@@ -145,7 +145,7 @@ void bm_decode_attention(benchmark::State& state, DType t) {
   for (auto _ : state) {
     for (int l = 0; l < kLayers; ++l) {
       a.layer = l;
-      be->paged_attention(kv, a, q.data(), out.data());
+      be->paged_attention(kv, a, Act(q.data(), DType::F32), Act(out.data(), DType::F32));
     }
     benchmark::DoNotOptimize(out.data());
   }

@@ -1154,20 +1154,44 @@ TEST(SdFlops, Sd15PerStep) {
 // ---- on a device that is not the host (tests/fake_device.h): CLIP, the
 // UNet, the VAE (decoder and encoder) and TAESD loaded onto it are handed
 // only device memory by their ops (no mapped file page, no host vector of
-// weights), and give the CPU's bits.
+// weights), and activations only of the device's type. In the device's
+// layout: NCHW and NHWC give the CPU's bits (the layout only moves
+// elements); BF16 activations give them within BF16's rounding.
 
-TEST(SdFakeDevice, NetworksRunOnDeviceMemoryOnlyWithTheCpuBits) {
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    den += double{a[i]} * a[i];
+  }
+  return a.size() != b.size() ? 1e9 : std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct FakeCase {
+  const char* name;
+  test::FakeFormat fmt;
+  double tol;  // 0: bit for bit
+};
+
+const FakeCase kFakeCases[] = {
+    {"f32-nchw", {kernels::DType::F32, kernels::Layout::NCHW}, 0},
+    {"f32-nhwc", {kernels::DType::F32, kernels::Layout::NHWC}, 0},
+    {"bf16-nhwc", {kernels::DType::BF16, kernels::Layout::NHWC}, 0.03},
+};
+
+#define EXPECT_CLOSE(want, got, fc, what)                                                      \
+  do {                                                                                         \
+    if ((fc).tol == 0) EXPECT_EQ(want, got) << (fc).name << " " << (what);                    \
+    else EXPECT_LE(rel_diff(want, got), (fc).tol) << (fc).name << " " << (what);               \
+    if ((fc).tol != 0) EXPECT_GT(rel_diff(want, got), 0.0) << (fc).name << " " << (what) << ": not rounded"; \
+  } while (0)
+
+TEST(SdFakeDevice, NetworksRunOnDeviceMemoryOnlyInTheDevicesTypeAndLayout) {
   const auto cpu = SdModel::open(synth("sd15", "f16"));
-  test::FakeDevice fake;
-  const auto dev = SdModel::open(synth("sd15", "f16"), {}, fake);
   kernels::Backend& host = kernels::default_cpu_backend();
-
   const auto ids = prompt_ids(3);
-  std::vector<float> ctx_cpu(static_cast<size_t>(77 * cpu->context_dim())), ctx_dev(ctx_cpu.size());
+  std::vector<float> ctx_cpu(static_cast<size_t>(77 * cpu->context_dim()));
   cpu->text_encoder().encode(ids.data(), ctx_cpu.data(), host);
-  dev->text_encoder().encode(ids.data(), ctx_dev.data(), fake);
-  EXPECT_EQ(ctx_cpu, ctx_dev) << "CLIP";
-
   // Two samples with their own timesteps and contexts.
   const auto x = randoms(2 * 4 * 8 * 8, 5);
   const float t[2] = {613.0f, 21.0f};
@@ -1175,35 +1199,52 @@ TEST(SdFakeDevice, NetworksRunOnDeviceMemoryOnlyWithTheCpuBits) {
   UnetBatch b;
   b.batch = 2, b.height = 8, b.width = 8, b.x = x.data(), b.timesteps = t;
   b.context = {std::span<const float>(ctx_cpu), std::span<const float>(ctx2)};
-  std::vector<float> eps_cpu(x.size()), eps_dev(x.size());
+  std::vector<float> eps_cpu(x.size());
   cpu->unet_net().forward(b, eps_cpu.data(), host);
-  dev->unet_net().forward(b, eps_dev.data(), fake);
-  EXPECT_EQ(eps_cpu, eps_dev) << "UNet";
-
   const auto z = randoms(4 * 4 * 4, 23, 0.5f);
-  EXPECT_EQ(cpu->vae_net().decode(z.data(), 4, 4, host), dev->vae_net().decode(z.data(), 4, 4, fake)) << "VAE decoder";
   const auto rgb = randoms(3 * 32 * 32, 29, 0.5f);
-  EXPECT_EQ(cpu->vae_net().encode(rgb.data(), 32, 32, host), dev->vae_net().encode(rgb.data(), 32, 32, fake))
-      << "VAE encoder";
+  const auto dec_cpu = cpu->vae_net().decode(z.data(), 4, 4, host);
+  const auto enc_cpu = cpu->vae_net().encode(rgb.data(), 32, 32, host);
 
-  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
-  EXPECT_GT(fake.live_bytes(), 0);
+  for (const FakeCase& fc : kFakeCases) {
+    test::FakeDevice fake(nullptr, fc.fmt);
+    const auto dev = SdModel::open(synth("sd15", "f16"), {}, fake);
+    std::vector<float> ctx_dev(ctx_cpu.size());
+    dev->text_encoder().encode(ids.data(), ctx_dev.data(), fake);
+    EXPECT_CLOSE(ctx_cpu, ctx_dev, fc, "CLIP");
+
+    std::vector<float> eps_dev(x.size());
+    dev->unet_net().forward(b, eps_dev.data(), fake);
+    EXPECT_CLOSE(eps_cpu, eps_dev, fc, "UNet");
+    // A second step of the same shape reuses the workspace: no device
+    // allocation inside a step.
+    const int64_t allocs = fake.allocations();
+    dev->unet_net().forward(b, eps_dev.data(), fake);
+    EXPECT_EQ(fake.allocations(), allocs) << fc.name << ": a UNet step allocated device memory";
+
+    EXPECT_CLOSE(dec_cpu, dev->vae_net().decode(z.data(), 4, 4, fake), fc, "VAE decoder");
+    EXPECT_CLOSE(enc_cpu, dev->vae_net().encode(rgb.data(), 32, 32, fake), fc, "VAE encoder");
+    EXPECT_EQ(fake.violations(), std::vector<std::string>{}) << fc.name;
+    EXPECT_GT(fake.live_bytes(), 0);
+  }
 }
 
-TEST(SdFakeDevice, TaesdRunsOnDeviceMemoryOnlyWithTheCpuBits) {
+TEST(SdFakeDevice, TaesdRunsOnDeviceMemoryOnlyInTheDevicesTypeAndLayout) {
   const std::string dir = std::string(ATELIER_FIXTURES_DIR) + "/image/";
-  test::FakeDevice fake;
   kernels::Backend& host = kernels::default_cpu_backend();
-  for (const auto kind : {TaesdNet::Kind::decoder, TaesdNet::Kind::encoder}) {
-    const bool dec = kind == TaesdNet::Kind::decoder;
-    const std::string file = dir + (dec ? "taef2_decoder.pth" : "taef2_encoder.pth");
-    const auto cpu = TaesdNet::open(file, kind);
-    const auto dev = TaesdNet::open(file, kind, fake);
-    const int c = dec ? cpu->latent_channels() : 3, h = dec ? 4 : 32;
-    const auto in = randoms(static_cast<size_t>(c * h * h), 31, 0.5f);
-    EXPECT_EQ(cpu->run(in.data(), h, h, host), dev->run(in.data(), h, h, fake));
+  for (const FakeCase& fc : kFakeCases) {
+    test::FakeDevice fake(nullptr, fc.fmt);
+    for (const auto kind : {TaesdNet::Kind::decoder, TaesdNet::Kind::encoder}) {
+      const bool dec = kind == TaesdNet::Kind::decoder;
+      const std::string file = dir + (dec ? "taef2_decoder.pth" : "taef2_encoder.pth");
+      const auto cpu = TaesdNet::open(file, kind);
+      const auto dev = TaesdNet::open(file, kind, fake);
+      const int c = dec ? cpu->latent_channels() : 3, h = dec ? 4 : 32;
+      const auto in = randoms(static_cast<size_t>(c * h * h), 31, 0.5f);
+      EXPECT_CLOSE(cpu->run(in.data(), h, h, host), dev->run(in.data(), h, h, fake), fc, dec ? "decoder" : "encoder");
+    }
+    EXPECT_EQ(fake.violations(), std::vector<std::string>{}) << fc.name;
   }
-  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
 }
 
 }  // namespace atelier::image

@@ -7,6 +7,7 @@
 // a captured step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -43,10 +44,12 @@ struct Steps {
   std::vector<int64_t> allocs, downloads;      // per decode step (fake device only)
 };
 
-Steps run_steps(const text::LlamaWeights& w, kernels::Backend& be, test::FakeDevice* fake, int decodes) {
+Steps run_steps(const text::LlamaWeights& w, kernels::Backend& be, test::FakeDevice* fake, int decodes,
+                int reserve_rows = 0) {
   const auto g = golden();
   KvPool pool(w.hp, 16, KvPool::block_bytes_for(w.hp, 16, KvType::F16) * 12, KvType::F16, be);
   text::LlamaRunner runner(w, be);
+  if (reserve_rows > 0) runner.reserve(reserve_rows, 3);
   const int lens[3] = {9, 5, 2};
   std::vector<std::vector<int32_t>> toks(3);
   std::vector<std::unique_ptr<PagedSeq>> kv;
@@ -74,12 +77,12 @@ Steps run_steps(const text::LlamaWeights& w, kernels::Backend& be, test::FakeDev
     }
     const int64_t a0 = fake ? fake->allocations() : 0, d0 = fake ? fake->downloads() : 0;
     runner.forward_batch(in);
-    if (fake && step >= 0) {
+    if (fake && (step >= 0 || reserve_rows > 0)) {
       out.meta.push_back(fake->take_metadata_pointers());
       out.shapes.push_back(fake->take_row_counts());
       out.allocs.push_back(fake->allocations() - a0);
       out.downloads.push_back(fake->downloads() - d0);
-    } else if (fake) {
+    } else if (fake) {  // the prefill step: its workspace grows here unless reserved
       fake->take_metadata_pointers();
       fake->take_row_counts();
     }
@@ -139,5 +142,42 @@ TEST(FakeDevice, SteadyStepsAllocateNothingDownloadOnceAndKeepTheirMetadataAddre
     for (int64_t n : r.shapes[s]) EXPECT_EQ(n & (n - 1), 0) << "decode step " << s << " ran an op on " << n << " rows";
     for (size_t o = 0; o < s; ++o)
       if (r.shapes[o].front() == r.shapes[s].front()) EXPECT_EQ(r.shapes[s], r.shapes[o]) << "steps " << o << " and " << s;
+  }
+}
+
+// A device runner sizes its workspace once from max_batch and the prefill
+// budget (LlamaRunner::reserve): then the prefill step allocates nothing
+// either, and it hands the ops the metadata addresses the decode steps use.
+TEST(FakeDevice, AReservedWorkspaceAllocatesNothingFromTheFirstStep) {
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const Steps r = run_steps(w, fake, &fake, 8, /*reserve_rows=*/16);
+  ASSERT_EQ(r.meta.size(), 9u);  // the prefill and 8 decodes
+  for (size_t s = 0; s < r.meta.size(); ++s) {
+    EXPECT_EQ(r.allocs[s], 0) << "step " << s << " allocated device memory";
+    EXPECT_EQ(r.meta[s], r.meta[0]) << "step " << s << " moved its metadata";
+  }
+}
+
+// Activations of another type (BF16, as a GPU computes in): every op is
+// handed BF16 activations (the fake device refuses any other), and the
+// logits are the CPU's within BF16's rounding; they come down as F32.
+TEST(FakeDevice, Bf16ActivationsGiveTheCpuLogitsWithinBf16Rounding) {
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const Steps want = run_steps(cpu_w, kernels::default_cpu_backend(), nullptr, 0);
+  test::FakeDevice fake(nullptr, {kernels::DType::BF16, kernels::Layout::NHWC});
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const Steps got = run_steps(w, fake, &fake, 0);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  ASSERT_EQ(want.logits.size(), got.logits.size());
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    double num = 0, den = 0;
+    for (size_t j = 0; j < want.logits[i].size(); ++j) {
+      num += (double{want.logits[i][j]} - got.logits[i][j]) * (double{want.logits[i][j]} - got.logits[i][j]);
+      den += double{want.logits[i][j]} * want.logits[i][j];
+    }
+    const double rel = std::sqrt(num / den);
+    EXPECT_LE(rel, 0.03) << "logits row " << i;
+    EXPECT_GT(rel, 0.0) << "logits row " << i << ": BF16 activations changed nothing (not emulated?)";
   }
 }

@@ -158,7 +158,7 @@ int64_t ClipTextEncoder::workspace_floats() const {
   int64_t hidden = 0;
   for (const auto& L : layers_) hidden = std::max(hidden, L->fc1.rows);
   const int64_t T = cfg_.positions, w = cfg_.width;
-  return T * (5 * w + 3 * w + hidden) + T;
+  return T * (6 * w + 3 * w + hidden) + T;
 }
 
 void ClipTextEncoder::encode(const int32_t* ids, float* out, kernels::Executor* ex) const {
@@ -178,12 +178,13 @@ void ClipTextEncoder::run(Workspace::Lease& ws, const int32_t* ids, float* out) 
   const int64_t T = cfg_.positions, w = cfg_.width, H = cfg_.heads, hd = w / H;
   int64_t max_hidden = 0;
   for (const auto& L : layers_) max_hidden = std::max(max_hidden, L->fc1.rows);
-  float *x = ws.take(T * w), *h = ws.take(T * w), *qkv = ws.take(T * 3 * w), *attn = ws.take(T * w),
-        *tmp = ws.take(T * w), *m = ws.take(T * max_hidden);
+  const kernels::Act x = ws.take(T * w), h = ws.take(T * w), qkv = ws.take(T * 3 * w), attn = ws.take(T * w),
+                     tmp = ws.take(T * w), m = ws.take(T * max_hidden);
+  const kernels::Act out_f32 = ws.take_f32(T * w);  // the host's F32 output passes through here
   int32_t* d_ids = ws.take_i32(T);
   ws.upload(d_ids, ids, T * int64_t{sizeof(int32_t)});
   be.get_rows(tokens_.view(), d_ids, x, T);
-  be.add(x, positions_.data(), x, T * w);
+  be.add_bias(x, positions_.data(), 1, T * w);  // row t += position t (a bias over the T x w block)
   kernels::AttentionShape as;
   as.batch = 1;
   as.heads = H;
@@ -210,7 +211,8 @@ void ClipTextEncoder::run(Workspace::Lease& ws, const int32_t* ids, float* out) 
     be.add(x, tmp, x, T * w);
   }
   be.layer_norm(x, h, T, w, final_w_.data(), final_b_.data(), 1e-5f);
-  ws.download(h, out, T * w * int64_t{sizeof(float)});
+  be.copy(h, out_f32, T * w);
+  ws.download(out_f32.data(), out, T * w * int64_t{sizeof(float)});
 }
 
 }  // namespace atelier::image

@@ -339,7 +339,8 @@ std::shared_ptr<DeviceCopy> Placement::add(const void* host, int64_t bytes) {
 int64_t Placement::place(kernels::Backend& be) {
   auto pending = std::move(pending_);
   pending_.clear();
-  if (be.device().host_memory) return 0;
+  const bool reorder = be.layout() != kernels::Layout::NCHW;
+  if (be.device().host_memory && !reorder) return 0;
   // A parameter whose owner is gone (only this list holds it) is skipped.
   auto round = [](int64_t b) { return (b + 63) / 64 * 64; };
   int64_t total = 0;
@@ -351,7 +352,14 @@ int64_t Placement::place(kernels::Backend& be) {
   int64_t at = 0;
   for (const auto& d : pending) {
     if (d.use_count() <= 1) continue;
-    be.upload(buf, at, d->host, d->bytes);
+    if (reorder && d->conv_k > 1) {
+      std::vector<uint8_t> t(static_cast<size_t>(d->bytes));
+      kernels::conv_weights_for(be.layout(), d->conv_type, d->host, t.data(), d->conv_c_out, d->conv_c_in, d->conv_k,
+                                d->conv_k);
+      be.upload(buf, at, t.data(), d->bytes);
+    } else {
+      be.upload(buf, at, d->host, d->bytes);
+    }
     d->device = buf.at<uint8_t>(at);
     at += round(d->bytes);
   }
@@ -361,6 +369,11 @@ int64_t Placement::place(kernels::Backend& be) {
 
 Param::Param(std::vector<float> v, Placement& placement) : host_(std::move(v)) {
   if (!host_.empty()) dev_ = placement.add(host_.data(), static_cast<int64_t>(host_.size() * sizeof(float)));
+}
+
+void Param::mark_conv(int64_t c_out, int64_t c_in, int64_t k) {
+  if (!dev_) return;
+  dev_->conv_c_out = c_out, dev_->conv_c_in = c_in, dev_->conv_k = k, dev_->conv_type = kernels::DType::F32;
 }
 
 const float* Param::data() const {
@@ -524,6 +537,7 @@ Conv2d Conv2d::load(const WeightStore& ws, const std::string& prefix, int64_t c_
   c.w = ws.matrix(prefix + "weight", c_out, c_in * k * k);
   c.b = ws.vec_or_empty(prefix + "bias", c_out);
   c.c_in = c_in, c.c_out = c_out, c.k = k, c.stride = stride, c.pad = k / 2;
+  c.w.dev->conv_c_out = c_out, c.w.dev->conv_c_in = c_in, c.w.dev->conv_k = k, c.w.dev->conv_type = c.w.type;
   return c;
 }
 
@@ -535,7 +549,7 @@ static kernels::Conv2dShape conv_shape(const Conv2d& c, int64_t n, int64_t h, in
   return s;
 }
 
-void Conv2d::run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const {
+void Conv2d::run(kernels::Backend& be, kernels::Act x, kernels::Act y, int64_t n, int64_t& h, int64_t& w) const {
   const kernels::Conv2dShape s = conv_shape(*this, n, h, w);
   be.conv2d(s, x, this->w.type, this->w.data(), b.empty() ? nullptr : b.data(), y);
   h = s.out_h();
@@ -547,7 +561,7 @@ int64_t Conv2d::out_elems(int64_t n, int64_t h, int64_t w) const {
   return n * c_out * s.out_h() * s.out_w();
 }
 
-void Linear::run(kernels::Backend& be, const float* x, float* y, int64_t rows) const {
+void Linear::run(kernels::Backend& be, kernels::Act x, kernels::Act y, int64_t rows) const {
   be.matmul(w.view(), x, y, rows);
   if (!b.empty()) be.add_bias(y, b.data(), rows, w.rows);
 }

@@ -47,6 +47,10 @@ struct DeviceCopy {
   const void* host = nullptr;
   int64_t bytes = 0;
   const void* device = nullptr;
+  // A conv's weights ([c_out][c_in][k][k] of conv_type on the host): placed
+  // in the device's layout order (kernels::conv_weights_for).
+  int64_t conv_c_out = 0, conv_c_in = 0, conv_k = 0;
+  kernels::DType conv_type = kernels::DType::F32;
 };
 
 // The parameters a network's loader made, placed on a backend (issue 32:
@@ -56,8 +60,8 @@ struct DeviceCopy {
 class Placement {
  public:
   std::shared_ptr<DeviceCopy> add(const void* host, int64_t bytes);
-  // Nothing to copy on a device that reads host memory (the CPU). Returns
-  // the bytes copied.
+  // Nothing to copy on a device that reads host memory in NCHW order (the
+  // CPU). Returns the bytes copied.
   int64_t place(kernels::Backend& be);
   int64_t device_bytes() const { return device_bytes_; }
 
@@ -82,6 +86,9 @@ class Param {
   size_t size() const { return host_.size(); }
   const float* data() const;
   const std::vector<float>& host() const { return host_; }
+  // These are a conv's F32 weights [c_out][c_in][k][k]: placed in the
+  // device's layout order.
+  void mark_conv(int64_t c_out, int64_t c_in, int64_t k);
 
  private:
   std::vector<float> host_;
@@ -187,7 +194,7 @@ class WeightStore {
   mutable Placement placement_;
 };
 
-// ---- building blocks the networks share (f32 activations)
+// ---- building blocks the networks share (activations of the backend's type and layout)
 
 // PyTorch Conv2d, square kernel, "same"-style symmetric padding.
 struct Conv2d {
@@ -197,9 +204,9 @@ struct Conv2d {
   // PREFIX.weight [c_out][c_in][k][k] (PREFIX.bias when present); pad = k / 2.
   static Conv2d load(const WeightStore& ws, const std::string& prefix, int64_t c_in, int64_t c_out, int64_t k,
                      int64_t stride = 1);
-  // x: [n][c_in][h][w] -> y: [n][c_out][h'][w'] on a backend (y has room
-  // for out_elems); h and w become h', w'.
-  void run(kernels::Backend& be, const float* x, float* y, int64_t n, int64_t& h, int64_t& w) const;
+  // x: n images of c_in x h x w -> y: n of c_out x h' x w', in the
+  // backend's layout (y has room for out_elems); h and w become h', w'.
+  void run(kernels::Backend& be, kernels::Act x, kernels::Act y, int64_t n, int64_t& h, int64_t& w) const;
   int64_t out_elems(int64_t n, int64_t h, int64_t w) const;
 };
 
@@ -209,7 +216,7 @@ struct Linear {
   Param b;
   static Linear load(const WeightStore& ws, const std::string& prefix, int64_t out, int64_t in, bool bias = true);
   // x: rows x in -> y: rows x out on a backend: matmul, then the bias.
-  void run(kernels::Backend& be, const float* x, float* y, int64_t rows) const;
+  void run(kernels::Backend& be, kernels::Act x, kernels::Act y, int64_t rows) const;
 };
 
 struct Norm {

@@ -99,6 +99,7 @@ struct Conv {
       throw Error(ts.path() + ": tensor " + prefix + "weight: expected a 1x1 or 3x3 kernel, got " + TensorSet::str(w.shape));
     c.stride = stride;
     c.weight = ts.param(w);
+    c.weight.mark_conv(c.c_out, c.c_in, c.k);
     if (allow_bias && ts.has(prefix + "bias")) c.bias = ts.param(ts.get(prefix + "bias", {c.c_out}));
     return c;
   }
@@ -106,7 +107,7 @@ struct Conv {
 };
 
 // x: [c_in][h][w] -> y: [c_out][h'][w'] on the backend (padding k/2).
-void conv_run(kernels::Backend& be, const Conv& c, const float* x, float* y, int64_t& h, int64_t& w) {
+void conv_run(kernels::Backend& be, const Conv& c, kernels::Act x, kernels::Act y, int64_t& h, int64_t& w) {
   kernels::Conv2dShape s;
   s.c_in = c.c_in, s.h = h, s.w = w, s.c_out = c.c_out, s.kh = s.kw = c.k;
   s.stride_h = s.stride_w = c.stride, s.pad_h = s.pad_w = c.k / 2;
@@ -190,10 +191,11 @@ std::unique_ptr<TaesdNet> TaesdNet::open(const std::string& path, Kind kind, ker
   return net;
 }
 
-int64_t TaesdNet::workspace_floats(int64_t h, int64_t w) const {
+TaesdNet::Sizes TaesdNet::sizes(int64_t h, int64_t w) const {
   // The largest tensor of the pass (walking its shapes), for each of 3 slots.
   using T = Layer::Type;
   int64_t c = kind_ == Kind::encoder ? 3 : latent_channels_, big = c * h * w;
+  const int64_t in = big;
   for (const auto& l : layers_) {
     if (l->type == T::upsample) h *= 2, w *= 2;
     if (l->type == T::conv) {
@@ -208,7 +210,12 @@ int64_t TaesdNet::workspace_floats(int64_t h, int64_t w) const {
     c = l->channels_out;
     big = std::max(big, c * h * w);
   }
-  return 3 * big + 3 * 16;
+  return Sizes{big, std::max(in, c * h * w)};
+}
+
+int64_t TaesdNet::workspace_floats(int64_t h, int64_t w) const {
+  const Sizes z = sizes(h, w);
+  return 3 * z.big + z.stage + 4 * 16;
 }
 
 std::vector<float> TaesdNet::run(const float* input, int height, int width, kernels::Executor* ex) const {
@@ -233,22 +240,25 @@ void TaesdNet::check(int height, int width) const {
 std::vector<float> TaesdNet::run(Workspace::Lease& ws, const float* input, int height, int width) const {
   using T = Layer::Type;
   kernels::Backend& be = ws.be();
-  const int64_t slot = (workspace_floats(height, width) - 3 * 16) / 3;
-  // Three slots: the current activation and two others.
-  float* S[3] = {ws.take(slot), ws.take(slot), ws.take(slot)};
+  const Sizes z = sizes(height, width);
+  // Three slots: the current activation and two others; the host's F32 NCHW
+  // input and output pass through the staging.
+  kernels::Act S[3] = {ws.take(z.big), ws.take(z.big), ws.take(z.big)};
+  const kernels::Act stage = ws.take_f32(z.stage);
   int cur = 0;
   auto other = [&](int k) { return S[(cur + 1 + k) % 3]; };
   auto move_to = [&](int k) { cur = (cur + 1 + k) % 3; };
   int64_t h = height, w = width;
   int64_t c = kind_ == Kind::encoder ? 3 : latent_channels_;
-  ws.upload(S[cur], input, c * h * w * int64_t{sizeof(float)});
+  ws.upload(stage.data(), input, c * h * w * int64_t{sizeof(float)});
+  be.relayout(stage, kernels::Layout::NCHW, S[cur], be.layout(), 1, c, h * w);
   for (const auto& l : layers_) {
-    float* x = S[cur];
+    const kernels::Act x = S[cur];
     switch (l->type) {
       case T::clamp: be.tanh_clamp(x, x, c * h * w, 3.0f); break;
       case T::relu: be.relu(x, x, c * h * w); break;
       case T::upsample:
-        be.upsample_nearest2x(x, other(0), c, h, w);
+        be.upsample_nearest2x(x, other(0), 1, c, h, w);
         move_to(0);
         h *= 2;
         w *= 2;
@@ -258,7 +268,7 @@ std::vector<float> TaesdNet::run(Workspace::Lease& ws, const float* input, int h
         move_to(0);
         break;
       case T::block: {
-        float *a = other(0), *b = other(1);
+        const kernels::Act a = other(0), b = other(1);
         if (l->pool_in) {
           int64_t ph = h, pw = w;
           conv_run(be, *l->pool_in, x, a, ph, pw);
@@ -294,7 +304,8 @@ std::vector<float> TaesdNet::run(Workspace::Lease& ws, const float* input, int h
     be.affine(S[cur], S[cur], c * h * w, unit);
   }
   std::vector<float> out(static_cast<size_t>(c * h * w));
-  ws.download(S[cur], out.data(), c * h * w * int64_t{sizeof(float)});
+  be.relayout(S[cur], be.layout(), stage, kernels::Layout::NCHW, 1, c, h * w);
+  ws.download(stage.data(), out.data(), c * h * w * int64_t{sizeof(float)});
   return out;
 }
 

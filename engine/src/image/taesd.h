@@ -62,6 +62,11 @@ class TaesdNet {
  private:
   TaesdNet();
   void check(int height, int width) const;
+  // The largest tensor of a pass, and the F32 staging of its input and output.
+  struct Sizes {
+    int64_t big = 0, stage = 0;
+  };
+  Sizes sizes(int64_t h, int64_t w) const;
   int64_t workspace_floats(int64_t h, int64_t w) const;
   std::vector<float> run(Workspace::Lease& ws, const float* input, int height, int width) const;
   mutable Workspace work_;

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace atelier::image {
@@ -31,15 +33,15 @@ struct ResBlock {
   }
 
   // On the backend: x -> out, with a, b (activation slots) and e (n * c_out
-  // floats) as scratch; emb_silu: [n][temb].
-  void run(kernels::Backend& be, const float* x, float* out, float* a, float* b, float* e, int64_t n, int64_t h,
-           int64_t w, const float* emb_silu) const {
+  // activations) as scratch; emb_silu: [n][temb].
+  void run(kernels::Backend& be, kernels::Act x, kernels::Act out, kernels::Act a, kernels::Act b, kernels::Act e,
+           int64_t n, int64_t h, int64_t w, kernels::Act emb_silu) const {
     const int64_t hw = h * w;
     be.group_norm(x, a, n, c_in, hw, 32, n1.g.data(), n1.b.data(), 1e-5f, true);
     int64_t hh = h, ww = w;
     c1.run(be, a, b, n, hh, ww);
     emb.run(be, emb_silu, e, n);
-    be.add_plane_bias(b, e, n * c_out, hw);
+    be.add_channel_bias(b, e, n, c_out, hw);
     be.group_norm(b, b, n, c_out, hw, 32, n2.g.data(), n2.b.data(), 1e-5f, true);
     hh = h, ww = w;
     c2.run(be, b, out, n, hh, ww);
@@ -101,14 +103,14 @@ struct SpatialTransformer {
   static constexpr int64_t kFfRowAlign = 64;
   static int64_t ff_chunk_rows(int64_t rows) { return ((rows + 2) / 3 + kFfRowAlign - 1) / kFfRowAlign * kFfRowAlign; }
   static int64_t scratch_floats(int64_t m, int64_t c) { return 3 * m + 4 * m + 12 * c * kFfRowAlign; }
-  void run(kernels::Backend& be, float* x, int64_t n, int64_t hw, float* s, const float* const* ctx,
+  void run(kernels::Backend& be, kernels::Act x, int64_t n, int64_t hw, kernels::Act s, const kernels::Act* ctx,
            const int64_t* lk) const {
     const int64_t rows = n * hw, m = n * c * hw, chunk = ff_chunk_rows(rows);
-    float *t = s, *nrm = s + m, *o = s + 2 * m, *r = s + 3 * m;
-    float *g = r, *q = r, *k = r + m, *v = r + 2 * m, *a = r + 3 * m, *f = r, *gg = r + 8 * c * chunk;
-    float* ck = s + scratch_floats(m, c);
+    const kernels::Act t = s, nrm = s + m, o = s + 2 * m, r = s + 3 * m;
+    const kernels::Act g = r, q = r, k = r + m, v = r + 2 * m, a = r + 3 * m, f = r, gg = r + 8 * c * chunk;
+    const kernels::Act ck = s + scratch_floats(m, c);
     be.group_norm(x, g, n, c, hw, 32, gn.g.data(), gn.b.data(), 1e-6f, false);
-    be.transpose(g, nrm, n, c, hw);  // to tokens
+    be.relayout(g, be.layout(), nrm, kernels::Layout::NHWC, n, c, hw);  // to tokens
     proj_in.run(be, nrm, t, rows);
     kernels::AttentionShape self;
     self.batch = n, self.heads = heads, self.lq = hw, self.lk = hw, self.head_dim = c / heads;
@@ -124,7 +126,7 @@ struct SpatialTransformer {
       be.layer_norm(t, nrm, rows, c, b.ln2.g.data(), b.ln2.b.data(), 1e-5f);
       b.q2.run(be, nrm, q, rows);
       for (int64_t i = 0; i < n; ++i) {  // each sample its own context
-        float* cv = ck + lk[i] * c;
+        const kernels::Act cv = ck + lk[i] * c;
         b.k2.run(be, ctx[i], ck, lk[i]);
         b.v2.run(be, ctx[i], cv, lk[i]);
         kernels::AttentionShape cross;
@@ -144,7 +146,7 @@ struct SpatialTransformer {
       be.add(t, o, t, m);
     }
     proj_out.run(be, t, o, rows);
-    be.transpose(o, g, n, hw, c);  // back to planes
+    be.relayout(o, kernels::Layout::NHWC, g, be.layout(), n, c, hw);  // back to images
     be.add(x, g, x, m);
   }
 };
@@ -337,6 +339,7 @@ int64_t Unet::workspace_bytes(int batch, int height, int width, int ctx_tokens) 
 
 Unet::Plan Unet::plan_sizes(int64_t n, int64_t h, int64_t w, int64_t ctx_floats, int64_t max_lk) const {
   Plan p;
+  const int64_t in_h = h, in_w = w;
   int64_t c = cfg_.in_channels;
   p.slot = n * c * h * w;
   std::vector<int64_t> skip_c;
@@ -383,7 +386,9 @@ Unet::Plan Unet::plan_sizes(int64_t n, int64_t h, int64_t w, int64_t ctx_floats,
   const int64_t mc = cfg_.model_channels, temb = cfg_.time_embed_dim();
   int64_t max_c = 0;
   for (int level = 0; level < static_cast<int>(cfg_.channel_mult.size()); ++level) max_c = std::max<int64_t>(max_c, cfg_.channels(level));
-  p.floats = 4 * p.slot + skips + p.attn_scratch + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb;
+  p.stage = std::max({n * cfg_.in_channels * in_h * in_w, n * cfg_.out_channels * in_h * in_w, p.ctx});
+  p.floats = 4 * p.slot + skips + p.attn_scratch + 2 * p.max_lk * max_c + p.emb + p.ctx + n + n * mc + 2 * n * temb +
+             p.stage;
   return p;
 }
 
@@ -409,21 +414,24 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   for (int level = 0; level < static_cast<int>(cfg_.channel_mult.size()); ++level) max_c = std::max<int64_t>(max_c, cfg_.channels(level));
   // The workspace: four activation slots, the skips, the transformer's
   // scratch, the ResBlocks' embedding projection, the inputs.
-  float* S[4];
-  for (float*& s : S) s = ws.take(p.slot);
-  std::vector<float*> skip_at;  // host pointers into the workspace, one per skip (a few dozen)
+  kernels::Act S[4];
+  for (kernels::Act& s : S) s = ws.take(p.slot);
+  std::vector<kernels::Act> skip_at;  // host handles of workspace regions, one per skip (a few dozen)
   skip_at.reserve(p.skips.size());
   for (int64_t z : p.skips) skip_at.push_back(ws.take(z));
-  float* attn_scratch = ws.take(p.attn_scratch + 2 * p.max_lk * max_c);
-  float* e = ws.take(std::max<int64_t>(p.emb, 1));
-  float* ts = ws.take(n);
-  float *t0 = ws.take(n * mc), *t1 = ws.take(n * temb), *emb = ws.take(n * temb);
-  float* ctx_all = ws.take(p.ctx);
-  std::vector<const float*> ctx(static_cast<size_t>(n));
+  const kernels::Act attn_scratch = ws.take(p.attn_scratch + 2 * p.max_lk * max_c);
+  const kernels::Act e = ws.take(std::max<int64_t>(p.emb, 1));
+  float* ts = ws.take_floats(n);
+  const kernels::Act t0 = ws.take(n * mc), t1 = ws.take(n * temb), emb = ws.take(n * temb);
+  const kernels::Act ctx_all = ws.take(p.ctx);
+  // The host's F32 NCHW inputs and output pass through here.
+  const kernels::Act stage = ws.take_f32(p.stage);
+  std::vector<kernels::Act> ctx(static_cast<size_t>(n));
   std::vector<int64_t> lk(static_cast<size_t>(n));
   for (int64_t i = 0, off = 0; i < n; ++i) {
     const auto& c = in.context[static_cast<size_t>(i)];
-    ws.upload(ctx_all + off, c.data(), static_cast<int64_t>(c.size() * sizeof(float)));
+    ws.upload(stage.data(), c.data(), static_cast<int64_t>(c.size() * sizeof(float)));
+    be.copy(stage, ctx_all + off, static_cast<int64_t>(c.size()));
     ctx[static_cast<size_t>(i)] = ctx_all + off;
     lk[static_cast<size_t>(i)] = static_cast<int64_t>(c.size()) / cfg_.context_dim;
     off += static_cast<int64_t>(c.size());
@@ -444,7 +452,8 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   auto X = [&] { return S[cur]; };
   auto other = [&](int k) { return S[(cur + 1 + k) % 4]; };
   auto move_to = [&](int k) { cur = (cur + 1 + k) % 4; };
-  ws.upload(X(), in.x, n * c * h * w * int64_t{sizeof(float)});
+  ws.upload(stage.data(), in.x, n * c * h * w * int64_t{sizeof(float)});
+  be.relayout(stage, kernels::Layout::NCHW, X(), be.layout(), n, c, h * w);
   auto run = [&](const Block& b) {
     if (b.conv) {
       b.conv->run(be, X(), other(0), n, h, w);
@@ -462,7 +471,7 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
       move_to(2);
     }
     if (b.up) {
-      be.upsample_nearest2x(X(), other(0), n * c, h, w);
+      be.upsample_nearest2x(X(), other(0), n, c, h, w);
       move_to(0);
       h *= 2, w *= 2;
       b.up->run(be, X(), other(0), n, h, w);
@@ -481,7 +490,7 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
     // torch.cat([h, skip], dim=1), per sample
     const int64_t sc = skip_c.back();
     skip_c.pop_back();
-    be.concat_planes(X(), c, skip_at[skip_c.size()], sc, other(0), n, h * w);
+    be.concat_channels(X(), c, skip_at[skip_c.size()], sc, other(0), n, h * w);
     move_to(0);
     c += sc;
     run(*b);
@@ -489,7 +498,8 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   be.group_norm(X(), X(), n, c, h * w, 32, out_norm_w_.data(), out_norm_b_.data(), 1e-5f, true);
   out_conv_->conv->run(be, X(), other(0), n, h, w);
   move_to(0);
-  ws.download(X(), out, n * out_conv_->conv->c_out * h * w * int64_t{sizeof(float)});
+  be.relayout(X(), be.layout(), stage, kernels::Layout::NCHW, n, out_conv_->conv->c_out, h * w);
+  ws.download(stage.data(), out, n * out_conv_->conv->c_out * h * w * int64_t{sizeof(float)});
 }
 
 // ---- FLOPs (2 per multiply-add), mirroring Unet::load's walk

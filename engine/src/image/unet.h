@@ -62,6 +62,7 @@ class Unet {
     int64_t attn_scratch = 0;    // the largest SpatialTransformer's scratch (its c and hw)
     int64_t emb = 0;             // n * c_out of the widest ResBlock
     int64_t ctx = 0, max_lk = 0; // the contexts' floats, the longest one's tokens
+    int64_t stage = 0;           // F32 staging of the inputs and the output
     int64_t floats = 0;          // the whole workspace
   };
   void check(const UnetBatch& in) const;

@@ -28,7 +28,8 @@ struct ResnetBlock {
   }
 
   // On the backend: x -> out (c_out planes), a and b scratch; none may alias.
-  void run(kernels::Backend& be, const float* x, float* out, float* a, float* b, int64_t h, int64_t w) const {
+  void run(kernels::Backend& be, kernels::Act x, kernels::Act out, kernels::Act a, kernels::Act b, int64_t h,
+           int64_t w) const {
     be.group_norm(x, a, 1, c_in, h * w, 32, n1.g.data(), n1.b.data(), 1e-6f, true);
     int64_t hh = h, ww = w;
     c1.run(be, a, b, 1, hh, ww);
@@ -60,12 +61,12 @@ struct AttnBlock {
     return a;
   }
 
-  // In place on the backend; s holds 6 * c * hw floats of scratch.
-  void run(kernels::Backend& be, float* x, int64_t hw, float* s) const {
+  // In place on the backend; s holds 6 * c * hw activations of scratch.
+  void run(kernels::Backend& be, kernels::Act x, int64_t hw, kernels::Act s) const {
     const int64_t n = c * hw;
-    float *g = s, *t = s + n, *qq = s + 2 * n, *kk = s + 3 * n, *vv = s + 4 * n, *o = s + 5 * n;
+    const kernels::Act g = s, t = s + n, qq = s + 2 * n, kk = s + 3 * n, vv = s + 4 * n, o = s + 5 * n;
     be.group_norm(x, g, 1, c, hw, 32, norm.g.data(), norm.b.data(), 1e-6f, false);
-    be.transpose(g, t, 1, c, hw);  // to tokens
+    be.relayout(g, be.layout(), t, kernels::Layout::NHWC, 1, c, hw);  // to tokens
     q.run(be, t, qq, hw);
     k.run(be, t, kk, hw);
     v.run(be, t, vv, hw);
@@ -73,7 +74,7 @@ struct AttnBlock {
     sh.batch = 1, sh.heads = 1, sh.lq = hw, sh.lk = hw, sh.head_dim = c;
     be.attention(sh, qq, kk, vv, o);
     proj.run(be, o, t, hw);
-    be.transpose(t, g, 1, hw, c);  // back to planes
+    be.relayout(t, kernels::Layout::NHWC, g, be.layout(), 1, c, hw);  // back to images
     be.add(x, g, x, n);
   }
 };
@@ -81,10 +82,10 @@ struct AttnBlock {
 // Four activation slots of the largest tensor of a pass: a ResnetBlock reads
 // one and writes three, and the next block reads what the last one wrote.
 struct Slots {
-  float* s[4] = {};
+  kernels::Act s[4] = {};
   int cur = 0;
-  float* x() { return s[cur]; }
-  float* free(int k) { return s[(cur + 1 + k) % 4]; }  // k = 0, 1, 2: the others
+  kernels::Act x() { return s[cur]; }
+  kernels::Act free(int k) { return s[(cur + 1 + k) % 4]; }  // k = 0, 1, 2: the others
   void take(int k) { cur = (cur + 1 + k) % 4; }
 };
 
@@ -255,6 +256,7 @@ std::vector<float> Vae::encode(const float* rgb, int h, int w, kernels::Backend&
 Vae::Sizes Vae::decode_sizes(int64_t h, int64_t w) const {
   const Half& d = *dec_;
   Sizes z;
+  z.stage = h * w;  // the latent's pixels; made the staging's size below
   z.slot = cfg_.latent_channels * h * w;
   z.slot = std::max(z.slot, d.mid_c * h * w);
   z.attn = d.mid_c * h * w;
@@ -270,12 +272,14 @@ Vae::Sizes Vae::decode_sizes(int64_t h, int64_t w) const {
     }
   }
   z.slot = std::max(z.slot, int64_t{3} * h * w);
+  z.stage = std::max(int64_t{3} * h * w, cfg_.latent_channels * z.stage);
   return z;
 }
 
 Vae::Sizes Vae::encode_sizes(int64_t h, int64_t w) const {
   const Half& e = *enc_;
   Sizes z;
+  z.stage = int64_t{3} * h * w;
   z.slot = std::max(int64_t{3} * h * w, e.conv_in.c_out * h * w);
   int64_t c = e.conv_in.c_out;
   for (size_t i = 0; i < e.levels.size(); ++i) {
@@ -290,17 +294,18 @@ Vae::Sizes Vae::encode_sizes(int64_t h, int64_t w) const {
   }
   z.attn = e.mid_c * h * w;
   z.slot = std::max({z.slot, e.mid_c * h * w, 2 * int64_t{cfg_.latent_channels} * h * w});
+  z.stage = std::max(z.stage, 2 * int64_t{cfg_.latent_channels} * h * w);
   return z;
 }
 
 int64_t Vae::decode_floats(int h, int w) const {
   const Sizes z = decode_sizes(h, w);
-  return 4 * z.slot + 6 * z.attn;
+  return 4 * z.slot + 6 * z.attn + z.stage;
 }
 
 int64_t Vae::encode_floats(int h, int w) const {
   const Sizes z = encode_sizes(h, w);
-  return 4 * z.slot + 6 * z.attn;
+  return 4 * z.slot + 6 * z.attn + z.stage;
 }
 
 void Vae::check_encode(int h_in, int w_in) const {
@@ -318,9 +323,12 @@ std::vector<float> Vae::decode(Workspace::Lease& ws, const float* latent, int h_
   const int64_t L = cfg_.latent_channels;
   const Sizes z = decode_sizes(h, w);
   Slots S;
-  for (float*& p : S.s) p = ws.take(z.slot);
-  float* attn = ws.take(6 * z.attn);
-  ws.upload(S.x(), latent, L * h * w * int64_t{sizeof(float)});
+  for (kernels::Act& p : S.s) p = ws.take(z.slot);
+  const kernels::Act attn = ws.take(6 * z.attn);
+  // The host's F32 NCHW latent in and pixels out pass through here.
+  const kernels::Act stage = ws.take_f32(z.stage);
+  ws.upload(stage.data(), latent, L * h * w * int64_t{sizeof(float)});
+  be.relayout(stage, kernels::Layout::NCHW, S.x(), be.layout(), 1, L, h * w);
   kernels::Affine unscale;
   unscale.div = cfg_.scale;
   be.affine(S.x(), S.x(), L * h * w, unscale);
@@ -342,7 +350,7 @@ std::vector<float> Vae::decode(Workspace::Lease& ws, const float* latent, int h_
       c = r.c_out;
     }
     if (const auto& up = d.resample[static_cast<size_t>(i)]) {
-      be.upsample_nearest2x(S.x(), S.free(0), c, h, w);
+      be.upsample_nearest2x(S.x(), S.free(0), 1, c, h, w);
       S.take(0);
       h *= 2, w *= 2;
       up->run(be, S.x(), S.free(0), 1, h, w);
@@ -356,7 +364,8 @@ std::vector<float> Vae::decode(Workspace::Lease& ws, const float* latent, int h_
   to_unit.add = 1.0f, to_unit.mul = 0.5f, to_unit.lo = 0.0f, to_unit.hi = 1.0f;
   be.affine(S.x(), S.x(), 3 * h * w, to_unit);
   std::vector<float> rgb(static_cast<size_t>(3 * h * w));
-  ws.download(S.x(), rgb.data(), 3 * h * w * int64_t{sizeof(float)});
+  be.relayout(S.x(), be.layout(), stage, kernels::Layout::NCHW, 1, 3, h * w);
+  ws.download(stage.data(), rgb.data(), 3 * h * w * int64_t{sizeof(float)});
   return rgb;
 }
 
@@ -366,9 +375,11 @@ std::vector<float> Vae::encode(Workspace::Lease& ws, const float* rgb, int h_in,
   int64_t h = h_in, w = w_in;
   const Sizes z = encode_sizes(h, w);
   Slots S;
-  for (float*& p : S.s) p = ws.take(z.slot);
-  float* attn = ws.take(6 * z.attn);
-  ws.upload(S.x(), rgb, 3 * h * w * int64_t{sizeof(float)});
+  for (kernels::Act& p : S.s) p = ws.take(z.slot);
+  const kernels::Act attn = ws.take(6 * z.attn);
+  const kernels::Act stage = ws.take_f32(z.stage);
+  ws.upload(stage.data(), rgb, 3 * h * w * int64_t{sizeof(float)});
+  be.relayout(stage, kernels::Layout::NCHW, S.x(), be.layout(), 1, 3, h * w);
   kernels::Affine from_unit;  // [0, 1] -> [-1, 1]: (v - 0.5) * 2 rounds as 2 v - 1 does
   from_unit.add = -0.5f, from_unit.mul = 2.0f;
   be.affine(S.x(), S.x(), 3 * h * w, from_unit);
@@ -388,7 +399,7 @@ std::vector<float> Vae::encode(Workspace::Lease& ws, const float* rgb, int h_in,
       // torch.nn.functional.pad(x, (0, 1, 0, 1)): one zero column right, one row below.
       kernels::Pad2d pad;
       pad.bottom = 1, pad.right = 1;
-      be.pad2d(S.x(), S.free(0), c, h, w, pad);
+      be.pad2d(S.x(), S.free(0), 1, c, h, w, pad);
       S.take(0);
       h += 1, w += 1;
       dn->run(be, S.x(), S.free(0), 1, h, w);
@@ -403,13 +414,15 @@ std::vector<float> Vae::encode(Workspace::Lease& ws, const float* rgb, int h_in,
   S.take(0);
   e.quant.run(be, S.x(), S.free(0), 1, h, w);
   S.take(0);
-  // The distribution's mean: the first latent_channels planes (the rest is log-variance).
+  // The distribution's mean: the first latent_channels channels (the rest
+  // is log-variance, scaled too: element-wise, it changes nothing of the mean).
   const int64_t n = cfg_.latent_channels * h * w;
   kernels::Affine scale;
   scale.mul = cfg_.scale;
-  be.affine(S.x(), S.x(), n, scale);
+  be.affine(S.x(), S.x(), 2 * n, scale);
+  be.relayout(S.x(), be.layout(), stage, kernels::Layout::NCHW, 1, 2 * cfg_.latent_channels, h * w);
   std::vector<float> mean(static_cast<size_t>(n));
-  ws.download(S.x(), mean.data(), n * int64_t{sizeof(float)});
+  ws.download(stage.data(), mean.data(), n * int64_t{sizeof(float)});
   return mean;
 }
 

@@ -49,7 +49,8 @@ class Vae {
  private:
   Vae();
   struct Sizes {
-    int64_t slot = 0, attn = 0;  // floats of the largest activation, of the mid attention's
+    int64_t slot = 0, attn = 0;  // elements of the largest activation, of the mid attention's
+    int64_t stage = 0;           // F32 staging of the host's input and output
   };
   Sizes decode_sizes(int64_t h, int64_t w) const;
   Sizes encode_sizes(int64_t h, int64_t w) const;

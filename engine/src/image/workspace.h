@@ -25,19 +25,24 @@ class Workspace {
    public:
     kernels::Backend& be() { return *be_; }
     kernels::Buffer& buffer() { return *buf_; }
-    // n floats (or int32s), 64-byte aligned, from the buffer.
-    float* take(int64_t n) {
-      float* p = buf_->at<float>(0) + used_;
-      used_ += (n + 15) / 16 * 16;
-      return p;
-    }
-    int32_t* take_i32(int64_t n) { return reinterpret_cast<int32_t*>(take(n)); }
+    // n activations of the backend's type, 64-byte aligned, from the buffer.
+    kernels::Act take(int64_t n) { return kernels::Act(take_bytes(kernels::act_bytes(be_->act_dtype(), n)), be_->act_dtype()); }
+    // n F32 elements: where a network meets the host (inputs uploaded,
+    // outputs downloaded), converted to and from the activations on the device.
+    kernels::Act take_f32(int64_t n) { return kernels::Act(take_bytes(n * 4), kernels::DType::F32); }
+    float* take_floats(int64_t n) { return static_cast<float*>(take_bytes(n * 4)); }
+    int32_t* take_i32(int64_t n) { return static_cast<int32_t*>(take_bytes(n * 4)); }
     int64_t offset_of(const void* p) { return static_cast<const uint8_t*>(p) - buf_->at<uint8_t>(0); }
     void upload(void* dst, const void* src, int64_t bytes) { be_->upload(*buf_, offset_of(dst), src, bytes); }
     void download(const void* src, void* dst, int64_t bytes) { be_->download(*buf_, offset_of(src), dst, bytes); }
 
    private:
     friend class Workspace;
+    void* take_bytes(int64_t bytes) {
+      void* p = buf_->at<uint8_t>(used_);
+      used_ += (bytes + 63) / 64 * 64;
+      return p;
+    }
     std::unique_lock<std::mutex> lock_;
     kernels::Backend* be_ = nullptr;
     kernels::Buffer* buf_ = nullptr;
@@ -78,7 +83,8 @@ class Workspace {
 
  private:
   void grow(kernels::Backend& be, int64_t floats) {
-    // Room for the per-array rounding of up to 64 arrays.
+    // Sized in F32 elements (activations of another type take less), with
+    // room for the per-array rounding of up to 64 arrays.
     const int64_t bytes = (floats + 64 * 16) * int64_t{sizeof(float)};
     // CPU backends share host memory; another backend needs its own buffer.
     if (buf_ && buf_->bytes() >= bytes && (owner_ == &be || (owner_host_ && be.device().host_memory))) return;

@@ -335,20 +335,23 @@ void LlamaRunner::ensure_workspace(int n, int n_logits) {
   cap_logits_ = std::max(cap_logits_, n_logits);
   const int64_t N = cap_, d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim,
                 kvd = int64_t{hp.n_head_kv} * hp.head_dim, ff = hp.n_ff;
-  // Each array 64-byte aligned (16 floats).
-  auto round = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  // Each array 64-byte aligned; activations of the backend's type, logits F32.
+  const kernels::DType at = be_.act_dtype();
+  auto round = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t sizes[] = {N * d, N * d, N * d, N * qd, N * qd, N * kvd, N * kvd, N * ff, N * ff,
                            int64_t{cap_logits_} * hp.n_vocab};
   int64_t total = 0;
-  for (int64_t z : sizes) total += round(z);
+  for (int i = 0; i < 10; ++i) total += round(kernels::act_bytes(i == 9 ? kernels::DType::F32 : at, sizes[i]));
   work_.reset();
-  work_ = be_.alloc(total * int64_t{sizeof(float)});
+  work_ = be_.alloc(total);
   be_.clear(*work_);  // its pages committed here, once per growth, rather than inside the ops
-  float* base = work_->at<float>(0);
-  float** dst[] = {&x_, &xn_, &tmp_, &q_, &att_, &k_, &v_, &gate_, &up_, &logits_};
+  kernels::Act* dst[] = {&x_, &xn_, &tmp_, &q_, &att_, &k_, &v_, &gate_, &up_, &logits_};
+  int64_t offset = 0;
   for (int i = 0; i < 10; ++i) {
-    *dst[i] = base;
-    base += round(sizes[i]);
+    const kernels::DType t = i == 9 ? kernels::DType::F32 : at;
+    *dst[i] = kernels::Act(work_->at<uint8_t>(offset), t);
+    if (i == 9) logits_offset_ = offset;
+    offset += round(kernels::act_bytes(t, sizes[i]));
   }
 }
 
@@ -383,6 +386,12 @@ void LlamaRunner::ensure_meta(int n_storages, int64_t table_entries) {
   meta_.reset();
   meta_ = be_.alloc((meta_at_.tables + cap_tables_) * int64_t{sizeof(int32_t)});
   meta_host_.assign(static_cast<size_t>(meta_at_.tables + cap_tables_), 0);
+}
+
+void LlamaRunner::reserve(int rows, int logits_rows) {
+  const int rr = host_memory_ ? rows : bucket_rows(rows), lr = host_memory_ ? logits_rows : bucket_rows(logits_rows);
+  ensure_workspace(rr, lr);
+  ensure_meta(1, 1);  // block tables: their initial capacity (1024 entries)
 }
 
 void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits) {
@@ -503,7 +512,11 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   att.n_head_kv = hp.n_head_kv;
   att.head_dim = hp.head_dim;
   att.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
-  att.max_len = max_len;
+  // The kernels read each row's length on the device; max_len only bounds
+  // them. A device gets a bound that moves seldom (a power of two), so a
+  // captured step's launch shape holds for every step under it.
+  if (!host_memory_ && max_len > max_len_bound_) max_len_bound_ = bucket_rows(std::max(max_len, 256));
+  att.max_len = host_memory_ ? max_len : max_len_bound_;
   att.window = hp.sliding_window;
   att.row_table = dm + o_table;
   att.block_tables = dm + o_tables;
@@ -515,7 +528,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     const LayerVectors& V = layer_vectors_[static_cast<size_t>(l)];
     {
       const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
-      float* y[] = {q_, k_, v_};
+      const kernels::Act y[] = {q_, k_, v_};
       be_.matmul_many(w, y, 3, xn_, rr);
     }
     if (V.bq) be_.add_bias(q_, V.bq, rr, qd);
@@ -538,7 +551,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rr, d, hp.rms_eps);
     {
       const WeightView* w[] = {&L.w_gate, &L.w_up};
-      float* y[] = {gate_, up_};
+      const kernels::Act y[] = {gate_, up_};
       be_.matmul_many(w, y, 2, xn_, rr);
     }
     be_.swiglu(gate_, up_, gate_, rr, ff);
@@ -554,7 +567,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   be_.rms_norm(tmp_, output_norm_, xn_, lr, d, hp.rms_eps);
   be_.matmul(w_.output, xn_, logits_, lr);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
-  const int64_t logits_offset = reinterpret_cast<uint8_t*>(logits_) - work_->at<uint8_t>(0);
+  const int64_t logits_offset = logits_offset_;
   // A device apart from the host: the step's logits in one download (one
   // wait for the stream), then handed out. On the host each sequence's rows
   // are copied straight to it.

@@ -109,6 +109,11 @@ class LlamaRunner {
   // named twice, or positions beyond a cache's capacity().
   void forward_batch(const std::vector<SeqInput>& seqs);
   void forward_batch(const SeqInput* seqs, int count);
+  // Sizes the step's workspace and metadata once for steps of up to `rows`
+  // rows (max_batch decodes plus the prefill budget) and `logits_rows`
+  // logits rows, so that no step up to them allocates or moves an address
+  // (a device runner calls it at load; the CPU grows them as steps come).
+  void reserve(int rows, int logits_rows);
 
  private:
   void ensure_workspace(int rows, int n_logits);
@@ -131,8 +136,9 @@ class LlamaRunner {
   // k, v: n_head_kv*head_dim; gate, up: n_ff); logits: n_logits x n_vocab.
   std::unique_ptr<kernels::Buffer> work_;
   int cap_ = 0, cap_logits_ = 0;
-  float *x_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *att_ = nullptr, *k_ = nullptr,
-        *v_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr;
+  // Activations are the backend's act_dtype(); logits are F32 (sampled on the host).
+  kernels::Act x_, xn_, tmp_, q_, att_, k_, v_, gate_, up_, logits_;
+  int64_t logits_offset_ = 0;  // bytes into work_
   // The step's int32 metadata, staged on the host and uploaded in one copy:
   // sections at offsets fixed by the capacities (rows and logits of the
   // workspace, KV storages, block-table entries), so the ops' metadata
@@ -146,6 +152,7 @@ class LlamaRunner {
   int64_t cap_tables_ = 0;
   std::vector<int32_t> meta_host_;
   bool host_memory_ = true;
+  int max_len_bound_ = 0;  // a device's attention length bound: grows by powers of two
   std::vector<float> logits_host_;  // a device's logits, downloaded once per step
   std::vector<const KvSeq*> storages_;  // one sequence per distinct KV storage of the step
 };

@@ -9,6 +9,15 @@
 // backend (ATELIER_CUDA, later) slots in beside the CPU one without a second
 // copy of any model.
 //
+// Activations are `Act`s: device memory of the backend's act_dtype() (F32 on
+// the CPU; BF16 or F16 on a GPU), addressed in elements whatever their
+// size, and images lie in the backend's layout() (NCHW on the CPU, NHWC on a
+// GPU). A model never assumes either: it allocates act_dtype() elements,
+// moves between layouts with relayout(), and converts at its edges with
+// copy(). Parameters (norm weights, biases) are F32 device memory; matrices
+// are WeightViews the backend prepared; metadata (ids, positions, slots,
+// lengths) is int32 device memory.
+//
 // Pointers passed to the ops are device addresses: `Buffer::data()` plus an
 // offset, of a buffer this backend allocated (or weights it prepared). On
 // the CPU backend they are host memory, so host data (a mapped file, a
@@ -23,11 +32,56 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace atelier::kernels {
 
 class Backend;
+
+// Where an image's elements lie: NCHW [n][c][h][w] (PyTorch's, the CPU
+// kernels'), NHWC [n][h][w][c] (cuDNN's fast FP16 path; also token-major
+// rows of c). Conv weights follow the layout: [c_out][c_in][kh][kw] for
+// NCHW, [c_out][kh][kw][c_in] for NHWC (conv_weights_for).
+enum class Layout : uint8_t { NCHW, NHWC };
+const char* layout_name(Layout l);
+
+// Device memory of activations: elements of one type (F32, F16 or BF16),
+// addressed in elements whatever their size, so a model's offsets are the
+// same on every device. An Act does not own its memory.
+class Act {
+ public:
+  Act() = default;
+  Act(void* p, DType t) : p_(static_cast<uint8_t*>(p)), t_(t) {}
+  void* data() const { return p_; }
+  DType type() const { return t_; }
+  int64_t elem_bytes() const { return t_ == DType::F32 ? 4 : 2; }
+  explicit operator bool() const { return p_ != nullptr; }
+  Act operator+(int64_t elems) const { return Act(p_ + elems * elem_bytes(), t_); }
+  Act& operator+=(int64_t elems) {
+    p_ += elems * elem_bytes();
+    return *this;
+  }
+  bool operator==(const Act& o) const { return p_ == o.p_ && t_ == o.t_; }
+  // The elements as floats: for F32 activations only (an F32 kernel reading
+  // them); anything else is a model's or backend's bug, thrown as such.
+  float* f32() const {
+    if (t_ != DType::F32 && p_) throw std::logic_error("an F32 op was handed activations of another type");
+    return reinterpret_cast<float*>(p_);
+  }
+
+ private:
+  uint8_t* p_ = nullptr;
+  DType t_ = DType::F32;
+};
+// Bytes of n activations of type t (F32, F16, BF16).
+inline int64_t act_bytes(DType t, int64_t n) { return n * (t == DType::F32 ? 4 : 2); }
+
+// A conv's [c_out][c_in][kh][kw] weights (elements of w_type: F32, F16 or
+// BF16) reordered for `layout` into dst (the same bytes): NCHW copies them,
+// NHWC writes [c_out][kh][kw][c_in].
+void conv_weights_for(Layout layout, DType w_type, const void* oihw, void* dst, int64_t c_out, int64_t c_in, int64_t kh,
+                      int64_t kw);
 
 // A block of device memory. The CPU backend's is 64-byte aligned host
 // memory, uninitialised (pages are committed when first written).
@@ -53,6 +107,8 @@ struct DeviceInfo {
   // (the op suite checks it). A device whose fastest kernels cannot says
   // false, and keeps it only when asked to be deterministic.
   bool batch_invariant = true;
+  DType act_dtype = DType::F32;   // Backend::act_dtype()
+  Layout layout = Layout::NCHW;   // Backend::layout()
 };
 
 // Where a KV cache's rows live: the slot s of layer l (s = block * block_tokens
@@ -119,6 +175,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual DeviceInfo device() const = 0;
+  // The element type of activations and the layout of images on this device.
+  virtual DType act_dtype() const { return DType::F32; }
+  virtual Layout layout() const { return Layout::NCHW; }
 
   // ---- buffers
   // Throws std::bad_alloc when the device has no room.
@@ -158,92 +217,93 @@ class Backend {
   virtual WeightView prepare_weights_at(const WeightView& w, Buffer& dst, int64_t offset) = 0;
 
   // ---- matrix products (every weight type of kernels::matmul)
-  // y = x W^T, rows x W.rows; see kernels::matmul / matmul_many.
-  virtual void matmul(const WeightView& w, const float* x, float* y, int64_t rows) = 0;
-  virtual void matmul_many(const WeightView* const* w, float* const* y, int count, const float* x, int64_t rows) = 0;
+  // y = x W^T, rows x W.rows; see kernels::matmul / matmul_many. y may be
+  // F32 where x is not (logits: sampled in F32).
+  virtual void matmul(const WeightView& w, Act x, Act y, int64_t rows) = 0;
+  virtual void matmul_many(const WeightView* const* w, const Act* y, int count, Act x, int64_t rows) = 0;
   // y[r] = decoded row ids[r] of table (an embedding lookup), in any layout
   // prepare_weights returns; ids device int32.
-  virtual void get_rows(const WeightView& table, const int32_t* ids, float* y, int64_t rows) = 0;
-  // y[r] = x[ids[r]] for rows of dim floats (a gather).
-  virtual void copy_rows(const float* x, const int32_t* ids, float* y, int64_t rows, int64_t dim) = 0;
+  virtual void get_rows(const WeightView& table, const int32_t* ids, Act y, int64_t rows) = 0;
+  // y[r] = x[ids[r]] for rows of dim elements (a gather).
+  virtual void copy_rows(Act x, const int32_t* ids, Act y, int64_t rows, int64_t dim) = 0;
 
-  // ---- norms over rows of dim floats
-  virtual void rms_norm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim, float eps) = 0;
+  // ---- norms over rows of dim elements (statistics in f32)
+  virtual void rms_norm(Act x, const float* weight, Act y, int64_t rows, int64_t dim, float eps) = 0;
   // x += delta, then y = rms_norm(x) * weight (the residual and the next norm
   // in one pass); weight == nullptr: only the add.
-  virtual void add_rms_norm(float* x, const float* delta, const float* weight, float* y, int64_t rows, int64_t dim,
-                            float eps) = 0;
-  virtual void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
+  virtual void add_rms_norm(Act x, Act delta, const float* weight, Act y, int64_t rows, int64_t dim, float eps) = 0;
+  virtual void layer_norm(Act x, Act y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
                           float eps) = 0;
-  // x, y: [n][c][hw]; see kernels::group_norm.
-  virtual void group_norm(const float* x, float* y, int64_t n, int64_t c, int64_t hw, int64_t groups,
-                          const float* gamma, const float* beta, float eps, bool silu) = 0;
+  // x, y: n images of c channels of hw pixels in the backend's layout; see
+  // kernels::group_norm.
+  virtual void group_norm(Act x, Act y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
+                          const float* beta, float eps, bool silu) = 0;
 
   // ---- element-wise
-  virtual void rope(float* x, int64_t rows, const int32_t* positions, const RopeParams& p) = 0;
-  // y = a + b over n floats (y may be a or b).
-  virtual void add(const float* a, const float* b, float* y, int64_t n) = 0;
-  // x[r] += bias for rows of dim floats.
-  virtual void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) = 0;
-  virtual void activation(Activation a, const float* x, float* y, int64_t n) = 0;
-  // out = silu(gate) * up, rows of dim floats (out may be gate).
-  virtual void swiglu(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) = 0;
+  virtual void rope(Act x, int64_t rows, const int32_t* positions, const RopeParams& p) = 0;
+  // y = a + b over n elements (y may be a or b).
+  virtual void add(Act a, Act b, Act y, int64_t n) = 0;
+  // x[r] += bias for rows of dim elements.
+  virtual void add_bias(Act x, const float* bias, int64_t rows, int64_t dim) = 0;
+  virtual void activation(Activation a, Act x, Act y, int64_t n) = 0;
+  // out = silu(gate) * up, rows of dim elements (out may be gate).
+  virtual void swiglu(Act gate, Act up, Act out, int64_t rows, int64_t dim) = 0;
   // x rows of 2*dim = [value | gate] -> y rows of dim = value * gelu(gate).
-  virtual void geglu(const float* x, float* y, int64_t rows, int64_t dim) = 0;
-  // In-place softmax of rows of n floats.
-  virtual void softmax(float* x, int64_t rows, int64_t n) = 0;
-  // y = clamp(((x + add) * mul) / div, lo, hi) over n floats, each step
+  virtual void geglu(Act x, Act y, int64_t rows, int64_t dim) = 0;
+  // In-place softmax of rows of n elements.
+  virtual void softmax(Act x, int64_t rows, int64_t n) = 0;
+  // y = clamp(((x + add) * mul) / div, lo, hi) over n elements, each step
   // skipped where it is the identity (add 0, mul 1, div 1, infinite bounds),
   // so x passes bit for bit (-0 stays -0). y may be x.
-  virtual void affine(const float* x, float* y, int64_t n, const Affine& a) = 0;
+  virtual void affine(Act x, Act y, int64_t n, const Affine& a) = 0;
   // y = max(x, 0) (nn.ReLU) and y = tanh(x / limit) * limit (TAESD's soft
-  // clamp), n floats; y may be x.
-  virtual void relu(const float* x, float* y, int64_t n) = 0;
-  virtual void tanh_clamp(const float* x, float* y, int64_t n, float limit) = 0;
-  // y = x, n floats.
-  virtual void copy(const float* x, float* y, int64_t n) = 0;
-  // x[p][i] += bias[p] for planes p < planes of hw floats (a per-sample,
-  // per-channel bias: the UNet's time embedding).
-  virtual void add_plane_bias(float* x, const float* bias, int64_t planes, int64_t hw) = 0;
-  // Per sample i < n: y[i] = [a[i] (planes_a planes) | b[i] (planes_b)], planes of hw floats
-  // (torch.cat along channels).
-  virtual void concat_planes(const float* a, int64_t planes_a, const float* b, int64_t planes_b, float* y, int64_t n,
-                             int64_t hw) = 0;
+  // clamp), n elements; y may be x.
+  virtual void relu(Act x, Act y, int64_t n) = 0;
+  virtual void tanh_clamp(Act x, Act y, int64_t n, float limit) = 0;
+  // y = x, n elements, converted between x's and y's types (F32, F16,
+  // BF16: a model's edges, where host F32 meets the device's activations).
+  virtual void copy(Act x, Act y, int64_t n) = 0;
+  // Per image i < n and channel ch < c: every pixel of x += bias[i * c + ch]
+  // (a per-sample, per-channel bias: the UNet's time embedding).
+  virtual void add_channel_bias(Act x, Act bias, int64_t n, int64_t c, int64_t hw) = 0;
+  // Per image i < n: y[i] = a[i]'s ca channels then b[i]'s cb (torch.cat along channels).
+  virtual void concat_channels(Act a, int64_t ca, Act b, int64_t cb, Act y, int64_t n, int64_t hw) = 0;
   // See kernels::timestep_embedding; t: n device floats.
-  virtual void timestep_embedding(const float* t, int64_t n, int64_t dim, float* out, bool flip_sin_to_cos = true,
+  virtual void timestep_embedding(const float* t, int64_t n, int64_t dim, Act out, bool flip_sin_to_cos = true,
                                   float downscale_freq_shift = 0.0f, float max_period = 10000.0f) = 0;
-  // y[b][c][r] = x[b][r][c] (channels-first planes <-> token-major rows).
-  virtual void transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) = 0;
-  // x: [planes][h][w] -> y: [planes][top + h + bottom][left + w + right], zeros around.
-  virtual void pad2d(const float* x, float* y, int64_t planes, int64_t h, int64_t w, const Pad2d& p) = 0;
+  // n images of c channels of hw pixels from layout `from` to layout `to`
+  // (y != x; types may differ, as copy). NCHW -> NHWC is channels-first
+  // planes to token-major rows (an attention block's way in); a model's
+  // NCHW input enters the backend's layout by relayout(x, NCHW, y, layout()).
+  virtual void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) = 0;
+  // n images of c channels, h x w -> (top + h + bottom) x (left + w + right), zeros around.
+  virtual void pad2d(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w, const Pad2d& p) = 0;
 
   // ---- KV and attention
-  // Stores row r of k and v (rows x kv.row_elems floats) at slot slots[r] of
+  // Stores row r of k and v (rows x kv.row_elems) at slot slots[r] of
   // `layer` (device int32; -1 skips the row: a shared prefix block already
   // holds it, or the row belongs to another cache), converted to kv.type.
-  virtual void store_kv(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots,
-                        int64_t rows) = 0;
+  virtual void store_kv(const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) = 0;
   // rope(q, rq), rope(k, rk), then store_kv(k, v) in one pass over the rows
   // (as llama.cpp's CUDA backend fuses ROPE with SET_ROWS): bit for bit the
   // three ops, one split over the threads instead of three.
-  virtual void rope_store_kv(float* q, float* k, const float* v, int64_t rows, const int32_t* positions,
-                             const RopeParams& rq, const RopeParams& rk, const KvLayout& kv, int layer,
-                             const int32_t* slots) = 0;
-  virtual void paged_attention(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) = 0;
+  virtual void rope_store_kv(Act q, Act k, Act v, int64_t rows, const int32_t* positions, const RopeParams& rq,
+                             const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) = 0;
+  virtual void paged_attention(const KvLayout& kv, const PagedAttention& a, Act q, Act out) = 0;
   // Unmasked multi-head attention over token-major q, k, v (image models).
-  virtual void attention(const AttentionShape& s, const float* q, const float* k, const float* v, float* out) = 0;
+  virtual void attention(const AttentionShape& s, Act q, Act k, Act v, Act out) = 0;
   // Causal self-attention (position i sees 0..i; a text encoder's mask) of
   // s.batch sequences of s.lq == s.lk tokens: q, k, v token-major rows
-  // `stride` floats apart (a fused qkv projection: q at 0, k at width, v at
-  // 2 * width, stride 3 * width), sequences lq * stride apart; out: s.batch x
-  // lq x heads * head_dim. Scores in f32; scale <= 0 means 1/sqrt(head_dim).
-  virtual void causal_attention(const AttentionShape& s, const float* q, const float* k, const float* v,
-                                int64_t stride, float* out) = 0;
+  // `stride` elements apart (a fused qkv projection: q at 0, k at width, v
+  // at 2 * width, stride 3 * width), sequences lq * stride apart; out:
+  // s.batch x lq x heads * head_dim. Scores in f32; scale <= 0 means
+  // 1/sqrt(head_dim).
+  virtual void causal_attention(const AttentionShape& s, Act q, Act k, Act v, int64_t stride, Act out) = 0;
 
-  // ---- images (NCHW f32 activations)
-  virtual void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias,
-                      float* y) = 0;
-  virtual void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w) = 0;
+  // ---- images (the backend's layout)
+  // weight: conv_weights_for(layout(), ...) of w_type; bias F32 or nullptr.
+  virtual void conv2d(const Conv2dShape& s, Act x, DType w_type, const void* weight, const float* bias, Act y) = 0;
+  virtual void upsample_nearest2x(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w) = 0;
 };
 
 // A device's memory, as a runner admits models and jobs against it.
