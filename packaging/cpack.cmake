@@ -8,10 +8,11 @@ set(CPACK_PACKAGE_VENDOR "Atelier")
 set(CPACK_PACKAGE_CONTACT ${ATELIER_PACKAGE_CONTACT})
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "local text and image generation studio")
-set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_SOURCE_IGNORE_FILES "/build[^/]*/" "/\\\\.git/")
-set(CPACK_PACKAGE_FILE_NAME atelier_${PROJECT_VERSION}_${CMAKE_SYSTEM_PROCESSOR})  # the .tar.gz
+# The .tar.gz: bin/, lib/, share/ to unpack anywhere (the programs find their data beside bin/);
+# the .deb installs under /usr (CPack's default for DEB).
+set(CPACK_PACKAGE_FILE_NAME atelier_${PROJECT_VERSION}_${CMAKE_SYSTEM_PROCESSOR})
 
 # The CUDA backend (issue 33) is a module opened at run time, packaged apart
 # so the main package needs no CUDA library. It does not exist yet: when a
