@@ -112,7 +112,7 @@ void refuse_empty_numbers(CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"Atelier: local text and image generation", "atelier"};
   app.require_subcommand(0, 1);  // none only with --headless
-  app.set_version_flag("--version", "atelier 0.1.0");
+  app.set_version_flag("--version", "atelier " ATELIER_VERSION);  // the project version (CMakeLists.txt)
   int exit_code = 0;
   atelier::app::add_text_commands(app, exit_code);
   atelier::app::add_bench_commands(app, exit_code);

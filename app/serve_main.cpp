@@ -62,6 +62,7 @@ int run_serve(const ServeOptions& o) {
 int main(int argc, char** argv) {
   CLI::App app{"The Atelier HTTP API (run it as `atelier serve`)", "atelier-serve"};
   app.require_subcommand(1, 1);
+  app.set_version_flag("--version", "atelier-serve " ATELIER_VERSION);
   int exit_code = 0;
   atelier::app::add_serve_commands(app, exit_code, argv, atelier::app::run_serve);
   try {

@@ -21,6 +21,10 @@ packages=(
   xdotool imagemagick
   # hardening: libFuzzer targets (clang 14 and its fuzzer runtime); the full-disk test's private tmpfs (unshare)
   clang-14 libclang-rt-14-dev util-linux
+  # packages (packaging/): the icon's PNG sizes, the man pages; the package test's checks
+  librsvg2-bin help2man lintian desktop-file-utils appstream man-db
+  # the cluster tests: a one-node Slurm (tests/slurm), the Kubernetes manifests' check (tests/deploy)
+  slurmctld slurmd slurm-client munge python3-yaml
 )
 
 missing=()

@@ -13,6 +13,7 @@ void add_text_commands(CLI::App& root, int& exit_code);    // text, tokenize
 void add_bench_commands(CLI::App& root, int& exit_code);   // bench text
 void add_models_commands(CLI::App& root, int& exit_code);  // models synth, models scan
 void add_queue_commands(CLI::App& root, int& exit_code);   // batch, queue ..., metrics, --headless
+void add_batch_merge_command(CLI::App& batch, int& exit_code);  // batch merge (batch_merge.cpp)
 void add_image_commands(CLI::App& root, int& exit_code);   // image
 void add_template_commands(CLI::App& root, int& exit_code);  // template render
 // serve (the HTTP API, app/server). With RUN_HERE null the flags are

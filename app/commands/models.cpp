@@ -592,7 +592,7 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   CLI::App* pull = models->add_subcommand("pull", "Install catalog models from a mirror folder or their download addresses (resumable, sha256 checked)");
   pull->add_option("names", pu->names, "Catalog names (see `atelier models catalog`)")->required();
   pull->add_option("--mirror", pu->mirror, "Folder holding the catalog's mirror paths (default: $ATELIER_MODEL_MIRROR; e.g. ../shared/fixtures)");
-  pull->add_option("--catalog", pu->catalog, "Catalog file (default: $ATELIER_CATALOG, else models/catalog.json of the source tree)");
+  pull->add_option("--catalog", pu->catalog, "Catalog file (default: $ATELIER_CATALOG, else the installed share/atelier/catalog.json, else models/catalog.json of the source tree)");
   pull->add_option("--retries", pu->retries, "Extra attempts when a download breaks off (each resumes)")->check(CLI::Range(0, 100))->capture_default_str();
   add_store_option(*pull, pu->store);
   pull->callback([pu, &exit_code] { exit_code = run_pull(*pu); });
@@ -600,7 +600,7 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   auto co = std::make_shared<StoreOptions>();
   auto cpath = std::make_shared<std::string>();
   CLI::App* cat = models->add_subcommand("catalog", "List the models `pull` knows");
-  cat->add_option("--catalog", *cpath, "Catalog file (default: $ATELIER_CATALOG, else models/catalog.json of the source tree)");
+  cat->add_option("--catalog", *cpath, "Catalog file (default: $ATELIER_CATALOG, else the installed share/atelier/catalog.json, else models/catalog.json of the source tree)");
   cat->add_flag("--json", co->json, "JSON Lines for scripts");
   cat->callback([co, cpath, &exit_code] { exit_code = run_catalog(*co, *cpath); });
 

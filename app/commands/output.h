@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace atelier::app {
@@ -48,6 +49,10 @@ inline nlohmann::json metrics_json(const EngineMetrics& m) {
           {"busy_fraction", m.busy_fraction},
           {"alerts", m.active_alerts}};
 }
+
+// Writes TEXT to PATH through a temporary file, fsync and rename (queue.cpp):
+// PATH is whole or as it was, never half written.
+Status write_file_atomically(const std::filesystem::path& path, const std::string& text);
 
 inline int fail(const Status& s) {
   std::fprintf(stderr, "atelier: error: %s\n", s.message.c_str());

@@ -184,7 +184,9 @@ Result<std::string> line_key(const std::string& out_dir_abs, int number, const s
   return "batch:" + digest.value();
 }
 
-// Writes TEXT to PATH atomically: a temporary file beside it, every write
+}  // namespace
+
+// (output.h) Writes TEXT to PATH atomically: a temporary file beside it, every write
 // checked, fsync, rename, then the folder synced. On any failure the
 // temporary file is removed and PATH is left as it was.
 Status write_file_atomically(const fs::path& path, const std::string& text) {
@@ -221,6 +223,8 @@ Status write_file_atomically(const fs::path& path, const std::string& text) {
   }
   return {};
 }
+
+namespace {
 
 // A batch line's "output": relative values land inside --out; an absolute
 // path or a ".." escape is refused unless --allow-any-output. "" = OUT/line-N.png.
@@ -506,6 +510,7 @@ int run_batch(const BatchOptions& o) {
               {"seed", j.seed},
               {"model_version", j.model_version},
               {"model_name", j.model_name}};
+    if (o.shard_given) r["shard"] = o.shard;  // for `atelier batch merge`: which shards it has
     if (l.image) {
       r["kind"] = "image";
       r["files"] = j.files;
@@ -581,7 +586,8 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   // atelier batch FILE.jsonl
   auto b = std::make_shared<BatchOptions>();
   CLI::App* batch = root.add_subcommand("batch", "Run a JSON Lines file of requests through the queue; results to DIR/results.jsonl");
-  batch->add_option("file", b->file, "One request per line, in the JSON form (see README)")->required();
+  // Not ->required(): `batch merge DIR...` has none (checked in the callback).
+  batch->add_option("file", b->file, "One request per line, in the JSON form (see README)");
   batch->add_option("--out", b->out_dir, "Output folder")->capture_default_str();
   batch->add_flag("--overwrite", b->overwrite, "Replace image files that already exist (default: such a line fails)");
   batch->add_flag("--allow-any-output", b->allow_any_output, "Let lines' \"output\" be absolute or leave --out with \"..\" (default: refused)");
@@ -593,7 +599,12 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
       },
       "Run only lines whose number (1-based) is I modulo N, e.g. 0/4 (a Kubernetes indexed Job or Slurm array task)");
   add_runner_options(*batch, b->runner);
-  batch->callback([b, &exit_code] { exit_code = run_batch(*b); });
+  add_batch_merge_command(*batch, exit_code);
+  batch->callback([b, batch, &exit_code] {
+    if (batch->got_subcommand("merge")) return;
+    if (b->file.empty()) throw CLI::RequiredError("file");
+    exit_code = run_batch(*b);
+  });
 
   // atelier queue ...
   CLI::App* queue = root.add_subcommand("queue", "The persistent job queue");

@@ -229,6 +229,7 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   bridge_->setApiServer(settings_.apiEnabled, settings_.apiAddress, settings_.apiKey);  // applied once the engine opens
   bridge_->start();
   if (options_.welcome) showWelcomeIfEmpty();
+  if (!options_.openPng.isEmpty()) restoreFromPng(options_.openPng);  // after the saved panel values, which it replaces
 }
 
 bridge::EngineBridge::Options StudioWindow::bridgeOptions() const {

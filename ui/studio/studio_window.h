@@ -34,6 +34,7 @@ struct StudioOptions {
   QStringList modelFolders;  // loose model files for the pickers
   int threads = 0;
   bool welcome = true;       // an empty store opens on the first-start page
+  QString openPng;           // a PNG whose parameters Paint restores at start (the desktop entry's file)
 };
 
 class StudioWindow : public QMainWindow {

@@ -122,7 +122,8 @@ struct CatalogEntry {
   std::vector<CatalogFile> files;
 };
 
-// $ATELIER_CATALOG, else models/catalog.json of the source tree this binary was built from.
+// $ATELIER_CATALOG, else share/atelier/catalog.json installed with the program (beside its
+// bin/), else models/catalog.json of the source tree this binary was built from.
 std::string default_catalog_path();
 // NotFound / InvalidArgument (naming the line's problem) when the file does not parse.
 Result<std::vector<CatalogEntry>> load_catalog(const std::string& path);

@@ -323,8 +323,15 @@ Result<std::vector<StoreAuditEntry>> Store::history(const std::string& name) con
 
 // ---------------------------------------------------------------- the catalog
 
+// $ATELIER_CATALOG, else the copy installed with the program
+// (<dir of the binary>/../share/atelier/catalog.json: a package has no source
+// tree), else the source tree's this binary was built from.
 std::string default_catalog_path() {
   if (const char* c = std::getenv("ATELIER_CATALOG"); c && *c) return c;
+  std::error_code ec;
+  if (const fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec && exe.has_parent_path())
+    if (const fs::path installed = exe.parent_path().parent_path() / "share" / "atelier" / "catalog.json"; fs::is_regular_file(installed, ec))
+      return installed.string();
   return ATELIER_SOURCE_CATALOG;
 }
 
