@@ -14,6 +14,7 @@
 
 #include "engine/engine_test_util.h"
 #include "serve/fake_runner.h"
+#include "serve/runner.h"
 #include "serve/scheduler.h"
 
 using namespace atelier;
@@ -407,4 +408,19 @@ TEST(SchedulerStorage, AJobWhoseEndCannotBeWrittenFailsAndTheRunnerCarriesOn) {
   EXPECT_EQ(row->error_code, "io");
   EXPECT_TRUE(h.sched->storage_status().ok());
   EXPECT_FALSE(h.sched->unsaved_end(a).has_value());
+}
+
+// Device memory admission: a text model's KV pool on a device is what its
+// free memory leaves after the reserve, the weights and the workspace, capped
+// by the configured budget, in whole blocks (figures worked by hand).
+TEST(KvPoolBytes, WhatTheDeviceLeavesInWholeBlocksUnderTheCap) {
+  const int64_t GiB = int64_t{1} << 30, MiB = int64_t{1} << 20;
+  kernels::DeviceMemory m;
+  m.total_bytes = 80 * GiB, m.free_bytes = 70 * GiB, m.reserved_bytes = 1 * GiB;
+  EXPECT_EQ(kv_pool_bytes(m, 16 * GiB, 512 * MiB, 0, 2 * MiB), 52 * GiB + 512 * MiB);
+  EXPECT_EQ(kv_pool_bytes(m, 16 * GiB, 512 * MiB, 8 * GiB, 2 * MiB), 8 * GiB);
+  EXPECT_EQ(kv_pool_bytes(m, 16 * GiB, 512 * MiB + 1, 0, 2 * MiB), 52 * GiB + 510 * MiB);  // whole blocks
+  EXPECT_EQ(kv_pool_bytes(m, 69 * GiB - 3 * MiB, 0, 0, 2 * MiB), 2 * MiB);
+  EXPECT_EQ(kv_pool_bytes(m, 69 * GiB - 1 * MiB, 0, 0, 2 * MiB), 0);  // not one block: the model cannot run here
+  EXPECT_EQ(kv_pool_bytes(m, 70 * GiB, 0, 0, 2 * MiB), 0);
 }

@@ -141,7 +141,9 @@ TEST(FakeDevice, SteadyStepsAllocateNothingDownloadOnceAndKeepTheirMetadataAddre
     // (3 rows run as 4): one captured graph per bucket.
     for (int64_t n : r.shapes[s]) EXPECT_EQ(n & (n - 1), 0) << "decode step " << s << " ran an op on " << n << " rows";
     for (size_t o = 0; o < s; ++o)
-      if (r.shapes[o].front() == r.shapes[s].front()) EXPECT_EQ(r.shapes[s], r.shapes[o]) << "steps " << o << " and " << s;
+      if (r.shapes[o].front() == r.shapes[s].front()) {
+        EXPECT_EQ(r.shapes[s], r.shapes[o]) << "steps " << o << " and " << s;
+      }
   }
 }
 
@@ -179,5 +181,20 @@ TEST(FakeDevice, Bf16ActivationsGiveTheCpuLogitsWithinBf16Rounding) {
     const double rel = std::sqrt(num / den);
     EXPECT_LE(rel, 0.03) << "logits row " << i;
     EXPECT_GT(rel, 0.0) << "logits row " << i << ": BF16 activations changed nothing (not emulated?)";
+  }
+}
+
+// A device runner estimates a text model's working memory before it sizes
+// the KV pool: the estimate is what reserve() then allocates, byte for byte,
+// in each activation type.
+TEST(FakeDevice, TheWorkspaceEstimateIsWhatReserveAllocates) {
+  for (const kernels::DType act : {kernels::DType::F32, kernels::DType::BF16}) {
+    test::FakeDevice fake(nullptr, {act, kernels::Layout::NHWC});
+    const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+    text::LlamaRunner runner(w, fake);
+    const int64_t before = fake.live_bytes();
+    runner.reserve(24, 5);  // a device pads to buckets: 32 rows, 8 logits rows
+    EXPECT_EQ(fake.live_bytes() - before, text::LlamaRunner::workspace_bytes(w.hp, 32, 8, act))
+        << kernels::dtype_name(act);
   }
 }

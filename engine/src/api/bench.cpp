@@ -281,7 +281,8 @@ Result<ImageBenchResult> bench_image(const std::string& model_path, const ImageB
     r.limits = limits;
     const int h = o.height / 8, w = o.width / 8;
     r.unet_rows = o.batch * (o.cfg ? 2 : 1);
-    const image::UnetTiming t = image::time_unet(*model, r.unet_rows, h, w, o.reps, &pool);
+    const auto be = kernels::cpu_device().make_backend(&pool);
+    const image::UnetTiming t = image::time_unet(*model, r.unet_rows, h, w, o.reps, *be);
     r.unet_seconds_per_step = t.seconds_per_step;
     r.unet_gflop_per_step = t.flops_per_step / 1e9;
     r.unet_gflop_per_s = t.gflop_per_s;

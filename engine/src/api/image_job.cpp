@@ -1,5 +1,7 @@
 #include "api/image_job.h"
 
+#include <atelier/backend.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,14 +42,17 @@ std::string a1111_sampler_name(image::SamplerKind k) {
 class SdDiffusion final : public image::DiffusionModel {
  public:
   SdDiffusion(std::unique_ptr<image::SdModel> m, std::unique_ptr<image::TaesdNet> taesd, kernels::Executor* pool)
-      : m_(std::move(m)), taesd_(std::move(taesd)), pool_(pool), schedule_(image::NoiseSchedule::scaled_linear()) {}
+      : m_(std::move(m)),
+        taesd_(std::move(taesd)),
+        be_(kernels::cpu_device().make_backend(pool)),
+        schedule_(image::NoiseSchedule::scaled_linear()) {}
   int latent_channels() const override { return m_->latent_channels(); }
   int context_dim() const override { return m_->context_dim(); }
   image::Prediction prediction() const override { return m_->prediction(); }
   int32_t pad_id() const override { return m_->pad_token(); }
   const image::NoiseSchedule& schedule() const override { return schedule_; }
   void encode_text(const tok::PromptChunk& chunk, float* out) override {
-    const std::vector<float> v = m_->encode_prompt(chunk.ids.data(), chunk.weights.data(), tok::ClipTokenizer::kContext, pool_);
+    const std::vector<float> v = m_->encode_prompt(chunk.ids.data(), chunk.weights.data(), tok::ClipTokenizer::kContext, *be_);
     std::copy(v.begin(), v.end(), out);
   }
   void unet(int n, int h, int w, const float* x, const float* t, int ctx_tokens, const float* ctx, float* out) override {
@@ -59,11 +64,11 @@ class SdDiffusion final : public image::DiffusionModel {
     b.timesteps = t;
     const size_t per = static_cast<size_t>(ctx_tokens) * static_cast<size_t>(m_->context_dim());
     for (int i = 0; i < n; ++i) b.context.emplace_back(ctx + i * per, per);
-    m_->unet(b, out, pool_);
+    m_->unet(b, out, *be_);
   }
-  std::vector<float> decode(const float* latent, int h, int w) override { return m_->vae_decode(latent, h, w, pool_); }
+  std::vector<float> decode(const float* latent, int h, int w) override { return m_->vae_decode(latent, h, w, *be_); }
   std::vector<float> encode(const float* rgb, int height, int width) override {
-    return m_->vae_encode(rgb, height, width, pool_);
+    return m_->vae_encode(rgb, height, width, *be_);
   }
   const image::TaesdNet* preview_decoder() const override { return taesd_.get(); }
   int64_t working_bytes(int rows, int h, int w, bool encode) const override { return m_->working_bytes(rows, h, w, encode); }
@@ -73,7 +78,7 @@ class SdDiffusion final : public image::DiffusionModel {
  private:
   std::unique_ptr<image::SdModel> m_;
   std::unique_ptr<image::TaesdNet> taesd_;
-  kernels::Executor* pool_;
+  std::unique_ptr<kernels::Backend> be_;  // the image lane's backend (its threads: the job's pool)
   image::NoiseSchedule schedule_;
 };
 

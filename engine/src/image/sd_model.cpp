@@ -117,6 +117,11 @@ int64_t SdModel::working_bytes(int rows, int h, int w, bool encode) const {
 
 std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weights, int n_tokens,
                                           kernels::Executor* ex) const {
+  return encode_prompt(ids, weights, n_tokens, *kernels::make_cpu_backend(ex));
+}
+
+std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weights, int n_tokens,
+                                          kernels::Backend& be) const {
   const int T = info_.clip.positions;
   if (n_tokens <= 0 || n_tokens % T)
     throw Error("encode_prompt: " + std::to_string(n_tokens) + " tokens; expected whole chunks of " + std::to_string(T));
@@ -128,7 +133,7 @@ std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weigh
   std::vector<float> out(static_cast<size_t>(n_tokens * w));
   for (int c = 0; c < n_tokens / T; ++c) {
     float* z = out.data() + static_cast<int64_t>(c) * T * w;
-    clip_->encode(ids + c * T, z, ex);
+    clip_->encode(ids + c * T, z, be);
     if (!weights) continue;
     const float* wt = weights + c * T;
     bool all_one = true;
@@ -149,15 +154,20 @@ std::vector<float> SdModel::encode_prompt(const int32_t* ids, const float* weigh
   return out;
 }
 
+void SdModel::unet(const UnetBatch& in, float* out, kernels::Backend& be) const { unet_->forward(in, out, be); }
 void SdModel::unet(const UnetBatch& in, float* out, kernels::Executor* ex) const { unet_->forward(in, out, ex); }
 
 // The VAE runs between the UNet's steps of different images, or after them:
 // while it does, its workspace (the largest of the three at full resolution)
 // and the UNet's weights would otherwise be resident together.
 std::vector<float> SdModel::vae_decode(const float* latent, int h, int w, kernels::Executor* ex) const {
+  return vae_decode(latent, h, w, *kernels::make_cpu_backend(ex));
+}
+
+std::vector<float> SdModel::vae_decode(const float* latent, int h, int w, kernels::Backend& be) const {
   trace_memory("vae decode start");
   if (release_idle_) release_weights(Part::unet);
-  auto rgb = vae_->decode(latent, h, w, ex);
+  auto rgb = vae_->decode(latent, h, w, be);
   if (release_idle_) release_weights(Part::vae);
   trim_heap();
   trace_memory("vae decode end");
@@ -165,13 +175,17 @@ std::vector<float> SdModel::vae_decode(const float* latent, int h, int w, kernel
 }
 
 std::vector<float> SdModel::vae_encode(const float* rgb, int h, int w, kernels::Executor* ex) const {
+  return vae_encode(rgb, h, w, *kernels::make_cpu_backend(ex));
+}
+
+std::vector<float> SdModel::vae_encode(const float* rgb, int h, int w, kernels::Backend& be) const {
   if (release_idle_) release_weights(Part::unet);
-  auto lat = vae_->encode(rgb, h, w, ex);
+  auto lat = vae_->encode(rgb, h, w, be);
   if (release_idle_) release_weights(Part::vae);
   return lat;
 }
 
-UnetTiming time_unet(const SdModel& model, int batch, int latent_h, int latent_w, int reps, kernels::Executor* ex) {
+UnetTiming time_unet(const SdModel& model, int batch, int latent_h, int latent_w, int reps, kernels::Backend& ex) {
   if (batch <= 0 || reps <= 0) throw Error("time_unet: batch and reps must be positive");
   const auto& cfg = model.info().unet;
   const size_t per = static_cast<size_t>(cfg.in_channels) * latent_h * latent_w;

@@ -160,15 +160,24 @@ class SdModel {
   // (nullptr: all 1) -> [n_tokens][context_dim]. Each chunk: the encoder's
   // output scaled token-wise by its weights, then rescaled so its mean equals
   // the unweighted mean (A1111).
+  //
+  // Each run call takes the backend it runs on (the one the model was
+  // opened onto, or one of the same device's other lanes); the Executor
+  // forms run on a CPU backend over `ex` (tests, tools).
+  std::vector<float> encode_prompt(const int32_t* ids, const float* weights, int n_tokens,
+                                   kernels::Backend& backend) const;
   std::vector<float> encode_prompt(const int32_t* ids, const float* weights, int n_tokens,
                                    kernels::Executor* ex = nullptr) const;
   // out: [batch][out_channels][height][width]. Sample b's output is bit for
   // bit the same whatever else shares the batch.
+  void unet(const UnetBatch& in, float* out, kernels::Backend& backend) const;
   void unet(const UnetBatch& in, float* out, kernels::Executor* ex = nullptr) const;
   // latent [4][h][w] in the UNet's scale -> RGB [3][8h][8w] in [0, 1].
+  std::vector<float> vae_decode(const float* latent, int h, int w, kernels::Backend& backend) const;
   std::vector<float> vae_decode(const float* latent, int h, int w, kernels::Executor* ex = nullptr) const;
   // RGB [3][h][w] in [0, 1] (h, w multiples of 8) -> the latent distribution's
   // mean times vae_scale(), [4][h/8][w/8].
+  std::vector<float> vae_encode(const float* rgb, int h, int w, kernels::Backend& backend) const;
   std::vector<float> vae_encode(const float* rgb, int h, int w, kernels::Executor* ex = nullptr) const;
 
   const ClipTextEncoder& text_encoder() const { return *clip_; }
@@ -209,7 +218,7 @@ struct UnetTiming {
   double gflop_per_s = 0;
 };
 UnetTiming time_unet(const SdModel& model, int batch, int latent_h, int latent_w, int reps,
-                     kernels::Executor* ex = nullptr);
+                     kernels::Backend& backend);
 
 // ---- synthetic checkpoints (sd_synth.cpp)
 struct SdSynthSpec {

@@ -1,6 +1,7 @@
 // The CPU runner: text models on their own thread pool (at the engine's
 // nice), diffusion models on pools at EngineConfig::image_nice, so that a
 // text step takes the cores from a running UNet call instead of waiting for it.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -9,6 +10,14 @@
 #include "serve/runner.h"
 
 namespace atelier {
+
+int64_t kv_pool_bytes(const kernels::DeviceMemory& device, int64_t weight_bytes, int64_t workspace_bytes,
+                      int64_t cap_bytes, int64_t block_bytes) {
+  if (block_bytes <= 0) return 0;
+  int64_t left = device.free_bytes - device.reserved_bytes - weight_bytes - workspace_bytes;
+  if (cap_bytes > 0) left = std::min(left, cap_bytes);
+  return left < block_bytes ? 0 : left / block_bytes * block_bytes;
+}
 
 namespace {
 

@@ -13,6 +13,7 @@
 // scheduler with a fake one (timed steps, no arithmetic).
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/engine.h>
 #include <atelier/models.h>
 
@@ -27,6 +28,17 @@
 #include "text/llama.h"
 
 namespace atelier {
+
+// Device memory admission (issue 32): the KV pool a text model gets on a
+// device is what the device's free memory leaves once the model's weights
+// (at the device's precision), its step workspace and what the device
+// holds back are counted: at most cap_bytes (EngineConfig::kv_memory_bytes;
+// 0: no cap), in whole blocks of block_bytes, and 0 when not one block fits
+// (the model cannot run there: the runner refuses it with these figures).
+// The CPU runner keeps the configured budget, whose pages are committed
+// only as they fill.
+int64_t kv_pool_bytes(const kernels::DeviceMemory& device, int64_t weight_bytes, int64_t workspace_bytes,
+                      int64_t cap_bytes, int64_t block_bytes);
 
 // A text model loaded on the device, as the scheduler sees it; the runner
 // keeps its weights and executor in a subclass.

@@ -388,6 +388,19 @@ void LlamaRunner::ensure_meta(int n_storages, int64_t table_entries) {
   meta_host_.assign(static_cast<size_t>(meta_at_.tables + cap_tables_), 0);
 }
 
+int64_t LlamaRunner::workspace_bytes(const LlamaHparams& hp, int rows, int logits_rows, kernels::DType act) {
+  const int64_t N = rows, d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim,
+                ff = hp.n_ff;
+  auto round = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const int64_t sizes[] = {N * d, N * d, N * d, N * qd, N * qd, N * kvd, N * kvd, N * ff, N * ff};
+  int64_t total = round(kernels::act_bytes(kernels::DType::F32, int64_t{logits_rows} * hp.n_vocab));
+  for (int64_t z : sizes) total += round(kernels::act_bytes(act, z));
+  // The metadata: ids, positions, table offsets, slots and lengths of one
+  // storage (5 rows' worth), the logit rows, 1024 block-table entries.
+  total += (5 * N + logits_rows + 1024) * int64_t{sizeof(int32_t)};
+  return total;
+}
+
 void LlamaRunner::reserve(int rows, int logits_rows) {
   const int rr = host_memory_ ? rows : bucket_rows(rows), lr = host_memory_ ? logits_rows : bucket_rows(logits_rows);
   ensure_workspace(rr, lr);

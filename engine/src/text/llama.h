@@ -114,6 +114,11 @@ class LlamaRunner {
   // logits rows, so that no step up to them allocates or moves an address
   // (a device runner calls it at load; the CPU grows them as steps come).
   void reserve(int rows, int logits_rows);
+  // The device bytes reserve(rows, logits_rows) takes for a model of `hp`
+  // with activations of `act` (the workspace and the step's metadata, with
+  // its first 1024 block-table entries): a device runner's estimate of a
+  // text model's working memory, counted before its KV pool is sized.
+  static int64_t workspace_bytes(const LlamaHparams& hp, int rows, int logits_rows, kernels::DType act);
 
  private:
   void ensure_workspace(int rows, int n_logits);
