@@ -2,6 +2,8 @@
 // stream into the view, the notebook continues a document exactly as the
 // reference model does, Stop works in every state, variants are kept, and
 // a conversation is still there after a restart.
+#include <QApplication>
+#include <QComboBox>
 #include <QDoubleSpinBox>
 #include <QLabel>
 #include <QPushButton>
@@ -9,6 +11,8 @@
 #include <QSignalSpy>
 #include <QTextBrowser>
 #include <QtTest>
+
+#include <atelier/models.h>
 
 #include <cstring>
 #include <memory>
@@ -43,6 +47,9 @@ class WriteTest : public QObject {
     tab_ = std::make_unique<WriteTab>(bridge_.get(), store_.get());
     tab_->resize(1000, 700);
     tab_->show();
+    // Shortcuts answer only in the active window, as on a desktop.
+    tab_->activateWindow();
+    QVERIFY(QTest::qWaitForWindowActive(tab_.get()));
     bridge_->scanModels();
     QTRY_VERIFY_WITH_TIMEOUT(child<ModelPicker>("writeModel")->count() > 0, 20000);
   }
@@ -114,7 +121,9 @@ class WriteTest : public QObject {
     const JobInfo job = lastJob();
     QCOMPARE(job.state, JobState::Completed);
     QVERIFY(QString::fromStdString(job.request.prompt).contains(QStringLiteral("User: Tell me a story about a cat")));
-    QCOMPARE(QString::fromStdString(job.text), c.turns[1].text());
+    // The answer as the model wrote it, without the space the plain format's "Assistant:" leaves before it.
+    QVERIFY2(!c.turns[1].text().front().isSpace(), qPrintable(c.turns[1].text()));
+    QCOMPARE(QString::fromStdString(job.text).trimmed(), c.turns[1].text().trimmed());
   }
 
   // Regenerate keeps the first answer as a variant; < > cycles.
@@ -232,6 +241,119 @@ class WriteTest : public QObject {
     const JobInfo j = lastJob();
     QCOMPARE(j.state, JobState::Cancelled);
     QVERIFY(j.stats.new_tokens < 400);
+  }
+
+  // Esc stops a generation whatever widget has focus: after a click on
+  // Regenerate the button is disabled and focus moves on (to Copy), where
+  // Esc used to be ignored and the answer ran to its end.
+  void escStopsWhateverHasFocus() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(slowModel_);
+    child<QSpinBox>("maxTokens")->setValue(250);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("hi"));
+    tab_->generate();
+    waitIdle();
+    for (const char* button : {"regenerate", "generate"}) {
+      if (QByteArray(button) == "generate") child<PromptEdit>("prompt")->setPlainText(QStringLiteral("once more"));
+      QTest::mouseClick(child<QPushButton>(button), Qt::LeftButton);
+      QTRY_COMPARE_WITH_TIMEOUT(tab_->phase(), WriteTab::Phase::Decoding, 30000);
+      QWidget* focus = QApplication::focusWidget();
+      QVERIFY(focus);
+      QVERIFY2(focus != child<PromptEdit>("prompt"), focus->objectName().toLatin1());  // the case the prompt's own Esc missed
+      QTest::keyClick(focus, Qt::Key_Escape);
+      QCOMPARE(tab_->phase(), WriteTab::Phase::Stopping);
+      waitIdle(20000);
+      const JobInfo j = lastJob();
+      QCOMPARE(j.state, JobState::Cancelled);
+      QVERIFY2(j.stats.new_tokens < 250, qPrintable(QString::number(j.stats.new_tokens)));
+    }
+  }
+
+  // A message longer than the context: the error is shown in the chat
+  // itself, and no empty Assistant bubble is left behind.
+  void contextErrorShowsInTheChat() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(QStringLiteral("stories260k"));
+    child<QSpinBox>("maxTokens")->setValue(16);
+    QString longText;
+    while (longText.size() < 12000) longText += QStringLiteral("The little cat ran to the big red house and sat in the sun. ");
+    child<PromptEdit>("prompt")->setPlainText(longText);
+    tab_->generate();
+    waitIdle();
+    const Conversation& c = tab_->conversation();
+    QCOMPARE(c.turns.size(), 1);  // the message stays; no empty answer after it
+    QCOMPARE(c.turns[0].role, QStringLiteral("user"));
+    const QString shown = child<QTextBrowser>("chatView")->toPlainText();
+    QVERIFY2(shown.contains(QStringLiteral("context holds")), qPrintable(shown.right(300)));
+  }
+
+  // Each overflow policy applied before submitting, checked against the real
+  // tokenizer (stories260K's SentencePiece vocabulary) and against the
+  // engine's own count of the job's prompt.
+  void overflowPolicies_data() {
+    QTest::addColumn<QString>("policy");
+    QTest::newRow("truncate-middle") << QStringLiteral("truncate-middle");
+    QTest::newRow("rolling-window") << QStringLiteral("rolling-window");
+    QTest::newRow("stop-at-limit") << QStringLiteral("stop-at-limit");
+  }
+  void overflowPolicies() {
+    QFETCH(QString, policy);
+    auto vocab = Vocabulary::open((uitest::fixtures() + QStringLiteral("/text/stories260K.gguf")).toStdString());
+    QVERIFY(vocab.ok());
+    auto tokens = [&](const std::string& text, bool bos) { return static_cast<int>(vocab.value()->tokenize(text, bos, true).value().size()); };
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(QStringLiteral("stories260k"));
+    auto* context = tab_->findChild<QSpinBox*>(QStringLiteral("contextSize"));
+    auto* overflow = tab_->findChild<QComboBox*>(QStringLiteral("overflowPolicy"));
+    QVERIFY2(context && overflow, "no context size or overflow policy in the Write panel");
+    QCOMPARE(context->maximum(), 2048);  // the model's training context
+    context->setValue(160);
+    // Its KV cache at f16: 2 x 5 layers x 4 KV heads x 8 dims x 2 bytes = 640 bytes a token.
+    QVERIFY2(tab_->findChild<QLabel*>(QStringLiteral("contextNote"))->text().contains(QStringLiteral("100 KiB")),
+             qPrintable(tab_->findChild<QLabel*>(QStringLiteral("contextNote"))->text()));
+    overflow->setCurrentIndex(overflow->findData(policy));
+    QVERIFY(overflow->currentIndex() >= 0);
+    child<QPlainTextEdit>("systemPrompt")->setPlainText(QStringLiteral("Tell short stories."));
+    child<QDoubleSpinBox>("temperature")->setValue(0);
+    child<QSpinBox>("maxTokens")->setValue(24);
+    const QStringList asks = {QStringLiteral("First: a cat."), QStringLiteral("Second: a dog."), QStringLiteral("Third: a bird."),
+                              QStringLiteral("Fourth: a fish."), QStringLiteral("Fifth: a frog."), QStringLiteral("Sixth: a bee.")};
+    bool overflowed = false;
+    for (const QString& ask : asks) {
+      child<PromptEdit>("prompt")->setPlainText(ask);
+      tab_->generate();
+      waitIdle();
+      const JobInfo j = lastJob();
+      const Conversation& c = tab_->conversation();
+      if (policy == QStringLiteral("stop-at-limit") && j.request.prompt.find(ask.toStdString()) == std::string::npos) {
+        // Refused before submitting: said in the chat, the message kept, no empty answer.
+        overflowed = true;
+        QCOMPARE(c.turns.back().role, QStringLiteral("user"));
+        QCOMPARE(c.turns.back().text(), ask);
+        QVERIFY(child<QTextBrowser>("chatView")->toPlainText().contains(QStringLiteral("context holds 160")));
+        break;
+      }
+      QCOMPARE(j.state, JobState::Completed);
+      const int n = tokens(j.request.prompt, j.request.add_bos);
+      QCOMPARE(n, j.stats.prompt_tokens);  // the engine counted the same prompt
+      QVERIFY2(n + j.request.max_new_tokens <= 160, qPrintable(QStringLiteral("%1 + %2").arg(n).arg(j.request.max_new_tokens)));
+      const QString prompt = QString::fromStdString(j.request.prompt);
+      QVERIFY(prompt.startsWith(QStringLiteral("System: Tell short stories.")));  // kept by every policy
+      QVERIFY(prompt.endsWith(QStringLiteral("User: %1\nAssistant:").arg(ask)));
+      const bool dropped = !prompt.contains(QStringLiteral("User: Second: a dog."));
+      if (ask != asks[0] && ask != asks[1] && dropped) {
+        overflowed = true;
+        // Truncate-middle keeps the first exchange; a rolling window lets it go first.
+        QCOMPARE(prompt.contains(QStringLiteral("User: First: a cat.")), policy == QStringLiteral("truncate-middle"));
+        QVERIFY(c.turns.size() > 4);  // the conversation itself keeps everything
+      }
+      if (policy == QStringLiteral("stop-at-limit")) QVERIFY(!dropped || ask == asks[0]);
+      QVERIFY(!c.turns.back().text().isEmpty());
+    }
+    QVERIFY2(overflowed, "the conversation never passed its context");
   }
 
   // The conversations are in the data dir: a new tab (a restart) shows them.
