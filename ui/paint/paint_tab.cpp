@@ -159,8 +159,9 @@ PaintTab::PaintTab(bridge::EngineBridge* bridge, QWidget* parent) : QWidget(pare
     sc->setContext(Qt::WidgetWithChildrenShortcut);
     connect(sc, &QShortcut::activated, this, &PaintTab::generate);
   }
+  // Window-wide: Esc stops whatever has focus (a dock, a disabled button's neighbour); only the shown tab's shortcut is live.
   auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
-  esc->setContext(Qt::WidgetWithChildrenShortcut);
+  esc->setContext(Qt::WindowShortcut);
   connect(esc, &QShortcut::activated, this, &PaintTab::stop);
   setAcceptDrops(true);
   progress_->setRange(0, 1);

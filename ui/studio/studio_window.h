@@ -54,6 +54,7 @@ class StudioWindow : public QMainWindow {
   HistoryView* historyView() const { return history_; }
   EngineMonitor* monitor() const { return monitor_; }
   QDockWidget* monitorDock() const { return monitorDock_; }
+  QDockWidget* galleryDock() const { return galleryDock_; }
   WelcomePage* welcomePage() const { return welcome_; }
   bool showingWelcome() const;
   StudioSettings settings() const { return settings_; }
