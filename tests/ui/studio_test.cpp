@@ -2,7 +2,10 @@
 // settings kept across a restart, Reset layout, the engine's mode in the
 // status bar, a PNG dropped anywhere restoring Paint's parameters, and a
 // UI thread that keeps ticking while a text and an image job run.
+#include <QAction>
 #include <QDockWidget>
+#include <QLabel>
+#include <QWheelEvent>
 #include <QElapsedTimer>
 #include <QImage>
 #include <QMimeData>
@@ -65,6 +68,52 @@ class StudioTest : public QObject {
     QVERIFY(!gallery->isVisible());
     gallery->toggleViewAction()->trigger();
     QVERIFY(gallery->isVisible());
+  }
+
+  // Rough edges a first-time user met (issue 35), each as it was met.
+  // The status bar's text figures (tokens/s, context) belong to Write: not shown while Paint is in front.
+  void textFiguresOnlyWithWrite() {
+    auto w = openWindow();
+    auto* stats = w->findChild<QLabel*>(QStringLiteral("writeStats"));
+    QVERIFY(stats);
+    w->tabs()->setCurrentWidget(w->findChild<PaintTab*>());
+    QTRY_VERIFY(!stats->isVisible());
+    w->tabs()->setCurrentWidget(w->findChild<WriteTab*>());
+    QTRY_VERIFY(stats->isVisible());
+  }
+
+  // A paused queue says so in the status bar (it said "running the queue").
+  void aPausedQueueIsPlain() {
+    auto w = openWindow();
+    w->bridge()->setPaused(true);
+    QTRY_VERIFY_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("paused")), 5000);
+    w->bridge()->setPaused(false);
+    QTRY_VERIFY_WITH_TIMEOUT(!w->engineStatus().contains(QStringLiteral("paused")), 5000);
+  }
+
+  // Help has About and a documentation entry beside the shortcuts.
+  void helpHasAboutAndDocumentation() {
+    auto w = openWindow();
+    QVERIFY(w->findChild<QAction*>(QStringLiteral("actionAbout")));
+    QVERIFY(w->findChild<QAction*>(QStringLiteral("actionDocumentation")));
+  }
+
+  // A mouse wheel over a spin box the user did not click leaves its value alone (Top-k 40 became 30 while scrolling the panel).
+  void wheelOverAnUnfocusedSpinBoxChangesNothing() {
+    auto w = openWindow();
+    auto* topK = w->findChild<QSpinBox*>(QStringLiteral("topK"));
+    QVERIFY(topK);
+    const int before = topK->value();
+    QVERIFY(!topK->hasFocus());
+    const QPointF at(topK->width() / 2.0, topK->height() / 2.0);
+    QWheelEvent down(at, topK->mapToGlobal(at), QPoint(), QPoint(0, -120), Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
+    QApplication::sendEvent(topK, &down);
+    QCOMPARE(topK->value(), before);
+    QCOMPARE(topK->focusPolicy(), Qt::StrongFocus);  // a click (or Tab) gives it focus; then the wheel works
+    topK->setFocus();
+    QApplication::sendEvent(topK, &down);
+    QCOMPARE(topK->value(), before - 1);
+    topK->setValue(before);
   }
 
   // Hidden dock, tab, theme and a panel value survive closing and reopening; Reset layout brings the docks back.

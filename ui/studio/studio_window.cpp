@@ -15,6 +15,7 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QMenuBar>
+#include <QMessageBox>
 #include <QMimeData>
 #include <QPalette>
 #include <QPushButton>
@@ -31,6 +32,7 @@
 #include <QTreeWidget>
 
 #include "common/model_picker.h"
+#include "common/wheel_guard.h"
 #include "gallery/gallery_view.h"
 #include "history/history_view.h"
 #include "models/models_window.h"
@@ -180,9 +182,10 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     tabs_->setCurrentWidget(paint_);
   });
   connect(bridge_, &bridge::EngineBridge::opened, this, [this](bool ok, bool executes, const QString& message) {
-    if (!ok) engineLabel_->setText(tr("engine not available: %1").arg(message));
-    else if (executes) engineLabel_->setText(tr("running the queue in %1").arg(options_.dataDir));
-    else engineLabel_->setText(tr("another process runs the queue in %1; this window adds, follows and cancels its jobs").arg(options_.dataDir));
+    if (!ok) engineText_ = tr("engine not available: %1").arg(message);
+    else if (executes) engineText_ = tr("running the queue in %1").arg(options_.dataDir);
+    else engineText_ = tr("another process runs the queue in %1; this window adds, follows and cancels its jobs").arg(options_.dataDir);
+    showEngineState();
     engineLabel_->setToolTip(message);
     bridge_->scanModels();
   });
@@ -194,6 +197,12 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     apiLabel_->setVisible(running);
     if (!error.isEmpty()) statusBar()->showMessage(error, 15000);
   });
+
+  // A paused queue runs nothing: the status bar says so plainly, not "running the queue".
+  connect(bridge_, &bridge::EngineBridge::pausedChanged, this, &StudioWindow::showEngineState);
+  // The text figures (tokens/s, context) are Write's: not shown while Paint is in front.
+  connect(tabs_, &QTabWidget::currentChanged, this, [this] { statsLabel_->setVisible(tabs_->currentWidget() == write_); });
+  guardWheel(this);
 
   buildMenus();
   setupSnapshots();
@@ -393,6 +402,22 @@ void StudioWindow::buildMenus() {
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   help->addAction(tr("&Keyboard shortcuts"), QKeySequence(Qt::Key_F1), this, &StudioWindow::showShortcuts)
       ->setObjectName(QStringLiteral("actionShortcuts"));
+  help->addAction(tr("&Documentation"), this, [this] {
+    QMessageBox::information(
+        this, tr("Atelier documentation"),
+        tr("<p><b>Write</b>: chat with a text model or let it continue a document (Notebook). Each chat has its own context "
+           "size and overflow policy (left panel).</p><p><b>Paint</b>: images from a prompt; every step is previewed.</p>"
+           "<p><b>Queue</b>, <b>Gallery</b>, <b>History</b> and the <b>Engine monitor</b> are docks (View menu).</p>"
+           "<p>Esc stops a generation whatever has focus; Help &gt; Keyboard shortcuts lists every key.</p>"
+           "<p>Everything the studio does, the command line does too: run <code>atelier --help</code>; the project's "
+           "README.md documents every command, flag and the HTTP API.</p>"));
+  })->setObjectName(QStringLiteral("actionDocumentation"));
+  help->addAction(tr("&About Atelier"), this, [this] {
+    QMessageBox::about(this, tr("About Atelier"),
+                       tr("<p><b>Atelier Studio</b></p><p>Text and images generated on this machine: a durable job queue, "
+                          "a versioned model store and a local HTTP API.</p><p>Qt %1</p>")
+                           .arg(QString::fromLatin1(qVersion())));
+  })->setObjectName(QStringLiteral("actionAbout"));
 }
 
 // Every menu action with its shortcut, read from the menus themselves (so
@@ -519,6 +544,12 @@ void StudioWindow::setTheme(const QString& theme) {
 }
 
 QString StudioWindow::engineStatus() const { return engineLabel_->text(); }
+
+void StudioWindow::showEngineState() {
+  const bool paused = bridge_->paused();
+  engineLabel_->setText(paused ? tr("queue paused: nothing new starts (Queue > Pause / resume, Ctrl+Shift+P)") : engineText_);
+  engineLabel_->setStyleSheet(paused ? QStringLiteral("color: #e0a040; font-weight: bold") : QString());
+}
 QString StudioWindow::apiAddress() const { return apiAddress_; }
 
 void StudioWindow::showSettings() {

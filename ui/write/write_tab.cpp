@@ -330,6 +330,9 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
             updateTemplateNote();
           });
   connect(bridge_, &bridge::EngineBridge::event, this, &WriteTab::onEvent);
+  connect(bridge_, &bridge::EngineBridge::pausedChanged, this, [this] {
+    if (phase_ == Phase::Queued) setPhase(Phase::Queued);  // the text says whether the queue is paused
+  });
   // A client of another process's queue hears of its job through the job list only.
   connect(bridge_, &bridge::EngineBridge::jobsChanged, this, [this](const QVector<JobInfo>& changed, const QVector<JobId>&) {
     if (job_ == 0) return;
@@ -949,7 +952,8 @@ void WriteTab::setPhase(Phase p) {
   notebook_->setReadOnly(!idle);
   mode_->setEnabled(idle);
   static const char* names[] = {"", "preparing...", "queued (or loading the model)...", "reading the prompt...", "writing...", "stopping..."};
-  phaseLabel_->setText(tr(names[static_cast<int>(p)]));
+  phaseLabel_->setText(p == Phase::Queued && bridge_->paused() ? tr("queued: the queue is paused (Queue > Pause / resume)")
+                                                               : tr(names[static_cast<int>(p)]));
   emit phaseChanged(p);
 }
 
