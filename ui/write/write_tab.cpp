@@ -242,7 +242,7 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   generateButton_ = button("generate", tr("Generate"), tr("Generate now (Ctrl+Enter)"));
   queueButton_ = button("queue", tr("Queue"), tr("Add to the queue behind other jobs (Ctrl+Shift+Enter)"));
   stopButton_ = button("stop", tr("Stop"), tr("Stop the generation, whatever it is doing (Esc)"));
-  regenerateButton_ = button("regenerate", tr("Regenerate"), tr("A new answer in place of the last one; earlier answers stay as variants"));
+  regenerateButton_ = button("regenerate", tr("Regenerate"), tr("A new answer in place of the last one; earlier answers stay as variants (Ctrl+R)"));
   continueButton_ = button("continue", tr("Continue"), tr("The model goes on writing the last answer (or the document)"));
   copyButton_ = button("copy", tr("Copy"), tr("Copy the conversation as Markdown"));
   saveButton_ = button("saveMarkdown", tr("Save .md"), tr("Save the conversation as a Markdown file"));
@@ -268,6 +268,11 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
     later->setContext(Qt::WidgetWithChildrenShortcut);
     connect(later, &QShortcut::activated, this, &WriteTab::queue);
   }
+  auto* again = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key_R), this);
+  again->setContext(Qt::WidgetWithChildrenShortcut);
+  connect(again, &QShortcut::activated, this, [this] {
+    if (conv().mode != QLatin1String("notebook")) regenerate();
+  });
   connect(contextSize_, &QSpinBox::valueChanged, this, [this](int v) {
     if (conv().contextTokens != v && phase_ == Phase::Idle) {
       conv().contextTokens = v;
