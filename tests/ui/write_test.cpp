@@ -6,6 +6,8 @@
 #include <QComboBox>
 #include <QDoubleSpinBox>
 #include <QLabel>
+#include <QListWidget>
+#include <QRegularExpression>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QSignalSpy>
@@ -20,6 +22,7 @@
 #include "common/model_picker.h"
 #include "common/seed_box.h"
 #include "ui/ui_test_util.h"
+#include "write/context_fit.h"
 #include "write/conversation_store.h"
 #include "write/write_tab.h"
 
@@ -255,7 +258,11 @@ class WriteTest : public QObject {
     tab_->generate();
     waitIdle();
     for (const char* button : {"regenerate", "generate"}) {
-      if (QByteArray(button) == "generate") child<PromptEdit>("prompt")->setPlainText(QStringLiteral("once more"));
+      if (QByteArray(button) == "generate") {
+        // A new chat: the first one's 250-token answer would not leave this one room in the model's 256 tokens.
+        tab_->newConversation();
+        child<PromptEdit>("prompt")->setPlainText(QStringLiteral("once more"));
+      }
       QTest::mouseClick(child<QPushButton>(button), Qt::LeftButton);
       QTRY_COMPARE_WITH_TIMEOUT(tab_->phase(), WriteTab::Phase::Decoding, 30000);
       QWidget* focus = QApplication::focusWidget();
@@ -354,6 +361,124 @@ class WriteTest : public QObject {
       QVERIFY(!c.turns.back().text().isEmpty());
     }
     QVERIFY2(overflowed, "the conversation never passed its context");
+  }
+
+  // The policies on their own, against stories260K's real tokenizer: the count
+  // is the tokenizer's, what stays is what each policy promises, and the answer
+  // never gets more room than the context has left.
+  void fitChatUnderEachPolicy() {
+    const std::string path = (uitest::fixtures() + QStringLiteral("/text/stories260K.gguf")).toStdString();
+    auto vocab = Vocabulary::open(path);
+    auto info = read_model_info(path);
+    QVERIFY(vocab.ok() && info.ok());
+    const TokenCounter count = [&](const std::string& text, bool bos) -> Result<int> {
+      return static_cast<int>(vocab.value()->tokenize(text, bos, true).value().size());
+    };
+    ChatFitInput in;
+    in.messages.push_back({"system", "Be kind."});
+    for (int i = 0; i < 10; ++i) {
+      in.messages.push_back({"user", "Question " + std::to_string(i) + " about the moon and the stars?"});
+      in.messages.push_back({"assistant", "Answer " + std::to_string(i) + ": the moon is bright and the stars are far."});
+    }
+    in.messages.push_back({"user", "Last question?"});
+    in.context_tokens = 400;
+    in.max_new_tokens = 30;
+    for (Overflow policy : {Overflow::TruncateMiddle, Overflow::RollingWindow}) {
+      in.policy = policy;
+      auto fit = fit_chat(info.value(), in, count);
+      QVERIFY2(fit.ok(), fit.ok() ? "" : fit.status().message.c_str());
+      QCOMPARE(fit->prompt_tokens, count(fit->prompt, fit->add_bos).value());
+      QVERIFY(fit->prompt_tokens + 30 <= 400);
+      QCOMPARE(fit->max_new_tokens, 30);
+      QVERIFY(fit->dropped_messages > 0 && fit->dropped_messages % 2 == 0);  // whole exchanges
+      QVERIFY(fit->prompt.rfind("System: Be kind.", 0) == 0);
+      QVERIFY(fit->prompt.find("User: Last question?\nAssistant:") != std::string::npos);
+      QCOMPARE(fit->prompt.find("Question 0 ") != std::string::npos, policy == Overflow::TruncateMiddle);
+      QVERIFY2(fit->prompt.find("Question 9 ") != std::string::npos, fit->prompt.c_str());  // the latest stay
+      QVERIFY(fit->prompt.find("Question 1 ") == std::string::npos);  // the oldest after the first exchange went
+    }
+    // Stop at the limit drops nothing: too long is refused, with what to do.
+    in.policy = Overflow::StopAtLimit;
+    auto refused = fit_chat(info.value(), in, count);
+    QVERIFY(!refused.ok());
+    QVERIFY(refused.status().message.find("context holds 400") != std::string::npos);
+    // ... and near the limit the answer gets only what is left.
+    in.messages.resize(3);
+    in.messages.push_back({"user", "Last question?"});
+    auto whole = fit_chat(info.value(), in, count);
+    QVERIFY(whole.ok());
+    QCOMPARE(whole->dropped_messages, 0);
+    in.context_tokens = whole->prompt_tokens + 5;
+    auto tight = fit_chat(info.value(), in, count);
+    QVERIFY(tight.ok());
+    QCOMPARE(tight->max_new_tokens, 5);
+    // Truncate-middle lets the first exchange go too when the middle is not enough.
+    in.policy = Overflow::TruncateMiddle;
+    in.context_tokens = count(whole->prompt, true).value() - 5;
+    auto head = fit_chat(info.value(), in, count);
+    QVERIFY2(head.ok(), head.ok() ? "" : head.status().message.c_str());
+    QCOMPARE(head->dropped_messages, 2);
+  }
+
+  // Notebook: Ctrl+Enter in the document generates; the chat-only fields are hidden.
+  void notebookKeysAndFields() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("notebook"));
+    useModel(QStringLiteral("stories260k"));
+    QVERIFY(!child<PromptEdit>("prompt")->isVisible());
+    QVERIFY(!child<QPlainTextEdit>("systemPrompt")->isVisible());
+    QVERIFY(!child<QComboBox>("overflowPolicy")->isVisible());
+    child<QSpinBox>("maxTokens")->setValue(8);
+    auto* doc = child<QPlainTextEdit>("notebook");
+    doc->setFocus();
+    QTest::keyClicks(doc, QStringLiteral("The sun"));
+    QTest::keyClick(doc, Qt::Key_Return, Qt::ControlModifier);
+    QVERIFY(tab_->phase() != WriteTab::Phase::Idle);
+    waitIdle();
+    QVERIFY(doc->toPlainText().startsWith(QStringLiteral("The sun")));
+    QVERIFY(doc->toPlainText().size() > 7);
+    tab_->setMode(QStringLiteral("chat"));
+    QVERIFY(child<PromptEdit>("prompt")->isVisible());
+    QVERIFY(child<QPlainTextEdit>("systemPrompt")->isVisible());
+  }
+
+  // "New" on an untouched conversation does not add another empty one.
+  void emptyConversationsDoNotPileUp() {
+    tab_->newConversation();
+    auto* list = child<QListWidget>("conversations");
+    const int n = list->count();
+    tab_->newConversation();
+    tab_->newConversation();
+    QCOMPARE(list->count(), n);
+  }
+
+  // The status bar after Stop counts the prompt and the tokens written: the
+  // prompt is known (counted by the tokenizer) from submission on.
+  void statsAfterStopCountThePrompt() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(slowModel_);
+    child<QSpinBox>("maxTokens")->setValue(200);
+    QSignalSpy stats(tab_.get(), &WriteTab::statsChanged);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("A long enough question to count"));
+    tab_->generate();
+    QTRY_COMPARE_WITH_TIMEOUT(tab_->phase(), WriteTab::Phase::Decoding, 30000);
+    tab_->stop();
+    waitIdle(20000);
+    const JobInfo j = lastJob();
+    QCOMPARE(j.state, JobState::Cancelled);
+    const QString last = stats.back().at(0).toString();
+    auto vocab = Vocabulary::open(slowModel_.toStdString());
+    QVERIFY(vocab.ok());
+    const int prompt = static_cast<int>(vocab.value()->tokenize(j.request.prompt, j.request.add_bos, true).value().size());
+    QVERIFY2(prompt > 5, qPrintable(QString::number(prompt)));
+    // "N tokens" is what was written; the context counts the prompt as the engine did, plus those.
+    QRegularExpression re(QStringLiteral("· (\\d+) tokens · context (\\d+)/"));
+    const auto m = re.match(last);
+    QVERIFY2(m.hasMatch(), qPrintable(last));
+    const int written = m.captured(1).toInt();
+    QVERIFY(written > 0);
+    QCOMPARE(m.captured(2).toInt(), prompt + written);
   }
 
   // The conversations are in the data dir: a new tab (a restart) shows them.

@@ -83,8 +83,10 @@ Result<ChatFit> fit_chat(const ModelInfo& model, const ChatFitInput& in, const T
       return head;
     };
     while (fit.prompt_tokens + reserve > context) {
-      const size_t from = droppable_from();
-      if (kept.size() < 2 || from >= kept.size() - 1) break;  // only what must stay is left
+      size_t from = droppable_from();
+      // Truncate-middle with no middle left: the first exchange goes too, rather than no answer at all.
+      if (from + 1 >= kept.size()) from = first;
+      if (kept.size() < 2 || from + 1 >= kept.size()) break;  // only the system prompt and the message being answered are left
       // Drop a user message together with the answer to it, so roles still alternate for the template.
       size_t n = 1;
       if (kept[from].role == "user" && from + 1 < kept.size() - 1 && kept[from + 1].role == "assistant") n = 2;

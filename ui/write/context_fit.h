@@ -4,7 +4,8 @@
 // count is exact), and, when it does not fit, the overflow policy applied:
 //   truncate-middle  keeps the system prompt, the first exchange and the
 //                    latest messages, dropping whole messages after the first
-//                    exchange;
+//                    exchange (and the first exchange too when that is not
+//                    enough);
 //   rolling-window   keeps the system prompt and the latest messages that fit;
 //   stop-at-limit    drops nothing: a prompt that does not fit is refused,
 //                    and the answer stops when the context is full.
