@@ -402,7 +402,7 @@ void StudioWindow::buildMenus() {
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   help->addAction(tr("&Keyboard shortcuts"), QKeySequence(Qt::Key_F1), this, &StudioWindow::showShortcuts)
       ->setObjectName(QStringLiteral("actionShortcuts"));
-  help->addAction(tr("&Documentation"), this, [this] {
+  help->addAction(tr("&Documentation"), QKeySequence(Qt::SHIFT | Qt::Key_F1), this, [this] {
     QMessageBox::information(
         this, tr("Atelier documentation"),
         tr("<p><b>Write</b>: chat with a text model or let it continue a document (Notebook). Each chat has its own context "
@@ -412,7 +412,7 @@ void StudioWindow::buildMenus() {
            "<p>Everything the studio does, the command line does too: run <code>atelier --help</code>; the project's "
            "README.md documents every command, flag and the HTTP API.</p>"));
   })->setObjectName(QStringLiteral("actionDocumentation"));
-  help->addAction(tr("&About Atelier"), this, [this] {
+  help->addAction(tr("&About Atelier"), QKeySequence(Qt::CTRL | Qt::Key_F1), this, [this] {
     QMessageBox::about(this, tr("About Atelier"),
                        tr("<p><b>Atelier Studio</b></p><p>Text and images generated on this machine: a durable job queue, "
                           "a versioned model store and a local HTTP API.</p><p>Qt %1</p>")
@@ -450,8 +450,9 @@ void StudioWindow::showShortcuts() {
   }
   add(tr("Write / Paint"), tr("Generate now"), QKeySequence(Qt::CTRL | Qt::Key_Return).toString(QKeySequence::NativeText));
   add(tr("Write"), tr("Add to the queue"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_Return).toString(QKeySequence::NativeText));
-  add(tr("Write / Paint"), tr("Stop"), QKeySequence(Qt::Key_Escape).toString(QKeySequence::NativeText));
+  add(tr("Write / Paint"), tr("Stop (whatever has focus)"), QKeySequence(Qt::Key_Escape).toString(QKeySequence::NativeText));
   add(tr("Write"), tr("Previous / next prompt"), tr("Ctrl+Up / Ctrl+Down"));
+  add(tr("Write"), tr("Regenerate the last answer"), QKeySequence(Qt::CTRL | Qt::Key_R).toString(QKeySequence::NativeText));
   auto* layout = new QVBoxLayout(dialog);
   layout->addWidget(table);
   auto* buttons = new QDialogButtonBox(QDialogButtonBox::Close, dialog);
@@ -558,6 +559,9 @@ void StudioWindow::showSettings() {
   current.outputFolder = outputFolder_;
   auto* dialog = new SettingsDialog(current, /*apiServerAvailable=*/true, this);
   dialog->setAttribute(Qt::WA_DeleteOnClose);
+  // An empty field means the data folder: say which one, rather than leave it blank.
+  if (auto* store = dialog->findChild<QLineEdit*>(QStringLiteral("storeEdit")))
+    store->setPlaceholderText(tr("the data folder: %1").arg(bridge_->options().storeDir.isEmpty() ? options_.dataDir : bridge_->options().storeDir));
   connect(dialog, &QDialog::accepted, this, [this, dialog] { applySettings(dialog->settings(), dialog->restartRequested()); });
   dialog->open();
 }

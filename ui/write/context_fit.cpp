@@ -48,10 +48,14 @@ Result<Rendered> render(const ModelInfo& model, const std::vector<ChatMessage>& 
   return r;
 }
 
-Status too_long(int tokens, int context, const char* what) {
-  return Status::error(StatusCode::InvalidArgument,
-                       std::string(what) + " " + std::to_string(tokens) + " tokens but this conversation's context holds " +
-                           std::to_string(context) + ": raise its context size, shorten the message, or start a new conversation");
+Status too_long(int tokens, int context, Overflow policy) {
+  const std::string counts = std::to_string(tokens) + " tokens but its context holds " + std::to_string(context);
+  if (policy == Overflow::StopAtLimit)
+    return Status::error(StatusCode::InvalidArgument,
+                         "this conversation has " + counts +
+                             ": raise its context size, choose the truncate-middle or rolling-window overflow policy, or start a new conversation");
+  return Status::error(StatusCode::InvalidArgument, "even with the earlier messages left out, the prompt has " + counts +
+                                                        ": raise the context size or shorten the message");
 }
 
 }  // namespace
@@ -95,10 +99,7 @@ Result<ChatFit> fit_chat(const ModelInfo& model, const ChatFitInput& in, const T
       if (Status s = measure(fit); !s.ok()) return s;
     }
   }
-  if (fit.prompt_tokens >= context) {
-    if (in.policy == Overflow::StopAtLimit) return too_long(fit.prompt_tokens, context, "the conversation has");
-    return too_long(fit.prompt_tokens, context, "even with earlier messages left out, the prompt has");
-  }
+  if (fit.prompt_tokens >= context) return too_long(fit.prompt_tokens, context, in.policy);
   fit.max_new_tokens = std::max(1, std::min(in.max_new_tokens, context - fit.prompt_tokens));
   return fit;
 }
