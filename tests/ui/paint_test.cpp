@@ -88,6 +88,7 @@ class PaintTest : public QObject {
   void stopWhenQueuedAndWhileSubmitting();
   void stopWhileRunning();
   void quickDrawOnePass();
+  void quickDrawHasAClassPickerAndNoSampler();
   void img2imgWithPaintedMask();
   void galleryListsDeletesAndUndoes();
   void settingsRoundTrip();
@@ -547,6 +548,28 @@ void PaintTest::quickDrawOnePass() {
   auto* error = child<QLabel>(tab.get(), "paintError");
   QTRY_VERIFY_WITH_TIMEOUT(tab->phase() == PaintTab::Phase::Idle && error->isVisible(), kJobMs);
   QVERIFY(!error->text().isEmpty());
+}
+
+// QuickDraw, as a first-time user met it: no list of its classes, and the sampler,
+// steps and CFG (which a one-pass decoder does not use) looked as if they mattered.
+void PaintTest::quickDrawHasAClassPickerAndNoSampler() {
+  auto tab = newTab();
+  auto* classes = tab->findChild<QComboBox*>(QStringLiteral("quickdrawClass"));
+  QVERIFY2(classes, "no class picker");
+  QVERIFY(!classes->isVisible());
+  child<ui::ModelPicker>(tab.get(), "imageModel")->setReference(quickdraw_);
+  QTRY_VERIFY_WITH_TIMEOUT(classes->isVisible(), 10000);
+  QCOMPARE(classes->count(), 50);  // the model's own labels
+  QVERIFY(classes->findText(QStringLiteral("airplane")) >= 0);
+  for (const char* name : {"sampler", "scheduler", "steps", "cfg"})
+    QVERIFY2(!child<QWidget>(tab.get(), name)->isEnabled(), name);
+  classes->setCurrentIndex(classes->findText(QStringLiteral("anvil")));
+  QCOMPARE(child<QPlainTextEdit>(tab.get(), "prompt")->toPlainText(), QStringLiteral("anvil"));
+  // Back to Stable Diffusion: its fields again, no class picker.
+  child<ui::ModelPicker>(tab.get(), "imageModel")->setReference(sd_);
+  QTRY_VERIFY_WITH_TIMEOUT(!classes->isVisible(), 10000);
+  for (const char* name : {"sampler", "scheduler", "steps", "cfg"})
+    QVERIFY2(child<QWidget>(tab.get(), name)->isEnabled(), name);
 }
 
 void PaintTest::img2imgWithPaintedMask() {

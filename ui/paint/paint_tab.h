@@ -129,6 +129,9 @@ class PaintTab : public QWidget {
   ModelPicker* model_;
   QPlainTextEdit* prompt_;
   QPlainTextEdit* negative_;
+  QComboBox* quickdrawClass_;  // the QuickDraw model's classes (hidden for other models)
+  QWidget* quickdrawRow_ = nullptr;
+  void applyModelKind(const QString& reference, const QStringList& classes);
   QComboBox* sampler_;
   QComboBox* scheduler_;
   QSpinBox* steps_;
