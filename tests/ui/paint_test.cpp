@@ -633,6 +633,15 @@ void PaintTest::galleryListsDeletesAndUndoes() {
   gallery.setFolder(folder);
   QTRY_COMPARE(gallery.count(), 3);
   QCOMPARE(gallery.paths(), (QStringList{made[2], made[1], made[0]}));  // newest first
+  // The header shows the folder's end (its own name) within the dock's width, not a path cut off at the right.
+  {
+    gallery.resize(220, 500);
+    auto* header = child<QLabel>(&gallery, "galleryCount");
+    QTRY_VERIFY(header->fontMetrics().horizontalAdvance(header->text()) <= header->width());
+    QVERIFY2(header->text().endsWith(QStringLiteral("gallery")), qPrintable(header->text()));
+    QVERIFY(header->toolTip().contains(QDir::toNativeSeparators(folder)));
+    gallery.resize(420, 500);
+  }
   QTRY_VERIFY_WITH_TIMEOUT(gallery.model()->data(gallery.model()->index(2), ui::GalleryModel::ThumbnailReadyRole).toBool(), 10000);
   const QPixmap thumb = gallery.model()->data(gallery.model()->index(2), Qt::DecorationRole).value<QPixmap>();
   QVERIFY(thumb.width() <= gallery.model()->thumbnailSize() && thumb.width() > 0);
