@@ -16,7 +16,9 @@
 #include <QSettings>
 #include <QSpinBox>
 #include <QSignalSpy>
+#include <QHeaderView>
 #include <QTabWidget>
+#include <QTableView>
 #include <QtTest>
 
 #include <memory>
@@ -101,6 +103,8 @@ class StudioTest : public QObject {
   // A mouse wheel over a spin box the user did not click leaves its value alone (Top-k 40 became 30 while scrolling the panel).
   void wheelOverAnUnfocusedSpinBoxChangesNothing() {
     auto w = openWindow();
+    w->activateWindow();
+    QVERIFY(QTest::qWaitForWindowActive(w.get()));
     auto* topK = w->findChild<QSpinBox*>(QStringLiteral("topK"));
     QVERIFY(topK);
     const int before = topK->value();
@@ -111,9 +115,25 @@ class StudioTest : public QObject {
     QCOMPARE(topK->value(), before);
     QCOMPARE(topK->focusPolicy(), Qt::StrongFocus);  // a click (or Tab) gives it focus; then the wheel works
     topK->setFocus();
+    QTRY_VERIFY(topK->hasFocus());
     QApplication::sendEvent(topK, &down);
     QCOMPARE(topK->value(), before - 1);
     topK->setValue(before);
+  }
+
+  // History, brought to the front of the bottom docks at the default window size, shows several rows (it showed about 1.5).
+  void historyShowsSeveralRows() {
+    auto w = openWindow();
+    auto* dock = w->findChild<QDockWidget*>(QStringLiteral("historyDock"));
+    QVERIFY(dock);
+    dock->show();
+    dock->raise();
+    auto* table = dock->findChild<QTableView*>(QStringLiteral("historyTable"));
+    QVERIFY(table);
+    QTRY_VERIFY(table->isVisible());
+    QTest::qWait(100);
+    const int rows = table->viewport()->height() / table->verticalHeader()->defaultSectionSize();
+    QVERIFY2(rows >= 4, qPrintable(QStringLiteral("%1 rows in %2 px (the dock %3 px)").arg(rows).arg(table->viewport()->height()).arg(dock->height())));
   }
 
   // Hidden dock, tab, theme and a panel value survive closing and reopening; Reset layout brings the docks back.

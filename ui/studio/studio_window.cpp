@@ -203,12 +203,16 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   // The text figures (tokens/s, context) are Write's: not shown while Paint is in front.
   connect(tabs_, &QTabWidget::currentChanged, this, [this] { statsLabel_->setVisible(tabs_->currentWidget() == write_); });
   guardWheel(this);
+  // History in the bottom strip shows a few rows, not one and a half (the strip's height is the
+  // layout's to choose; this is its floor).
+  history_->setMinimumHeight(history_->fontMetrics().lineSpacing() * 12);
 
   buildMenus();
   setupSnapshots();
   resize(1280, 820);
-  // The workspaces get most of the height; the queue a strip below, the gallery a column.
-  resizeDocks({queueDock_}, {190}, Qt::Vertical);
+  // The workspaces get most of the height; the queue (and History, tabbed with it) a strip below
+  // tall enough for several rows under its tabs and buttons, the gallery a column.
+  resizeDocks({queueDock_}, {260}, Qt::Vertical);
   resizeDocks({galleryDock_}, {260}, Qt::Horizontal);
   defaultState_ = QMainWindow::saveState();
 
