@@ -136,6 +136,32 @@ class StudioTest : public QObject {
     QVERIFY2(rows >= 4, qPrintable(QStringLiteral("%1 rows in %2 px (the dock %3 px)").arg(rows).arg(table->viewport()->height()).arg(dock->height())));
   }
 
+  // A 1366x768 laptop screen (and 200 % scaling on a 2732x1536 one: the same logical size) takes the
+  // whole window, less a taskbar: it fits, and the controls a creator needs are on screen, unclipped.
+  void fitsA1366x768Screen() {
+    auto w = openWindow();
+    const QSize screen(1366, 768 - 40);
+    w->resize(screen);
+    QTest::qWait(200);
+    QVERIFY2(w->width() <= screen.width() && w->height() <= screen.height(),
+             qPrintable(QStringLiteral("%1x%2").arg(w->width()).arg(w->height())));
+    auto whole = [&](QWidget* c) {
+      if (!c || !c->isVisible()) return false;
+      const QRect inWindow(c->mapTo(w.get(), QPoint(0, 0)), c->size());
+      return w->rect().contains(inWindow) && c->visibleRegion().boundingRect().size() == c->size();
+    };
+    for (QWidget* tab : {static_cast<QWidget*>(w->findChild<WriteTab*>()), static_cast<QWidget*>(w->findChild<PaintTab*>())}) {
+      w->tabs()->setCurrentWidget(tab);
+      QTest::qWait(100);
+      for (const char* name : {"generate", "stop", "prompt"}) {
+        auto* c = tab->findChild<QWidget*>(QString::fromLatin1(name));
+        QVERIFY2(whole(c), qPrintable(tab->objectName() + QLatin1Char('/') + QLatin1String(name)));
+      }
+    }
+    QVERIFY(whole(w->findChild<QDockWidget*>(QStringLiteral("queueDock"))));
+    QVERIFY(whole(w->findChild<QDockWidget*>(QStringLiteral("galleryDock"))));
+  }
+
   // Hidden dock, tab, theme and a panel value survive closing and reopening; Reset layout brings the docks back.
   void layoutAndSettingsPersist() {
     {

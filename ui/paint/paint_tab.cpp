@@ -286,6 +286,7 @@ QWidget* PaintTab::buildPanel() {
   quickdrawClass_ = new QComboBox(sampling);
   quickdrawClass_->setObjectName(QStringLiteral("quickdrawClass"));
   quickdrawClass_->setToolTip(tr("The classes the QuickDraw model draws: the choice becomes the prompt"));
+  quickdrawClass_->setPlaceholderText(tr("choose what to draw"));
   sf->addRow(tr("C&lass"), quickdrawClass_);
   quickdrawRow_ = sf->labelForField(quickdrawClass_);
   quickdrawClass_->hide();

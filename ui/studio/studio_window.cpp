@@ -19,6 +19,7 @@
 #include <QMimeData>
 #include <QPalette>
 #include <QPushButton>
+#include <QScreen>
 #include <QSettings>
 #include <QHeaderView>
 #include <QKeySequence>
@@ -209,10 +210,12 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
 
   buildMenus();
   setupSnapshots();
-  resize(1280, 820);
+  // The default size, within the screen's free area (a 1366x768 laptop, or 200 % scaling, has less than 820 px).
+  const QSize room = screen() ? screen()->availableGeometry().size() : QSize(1280, 820);
+  resize(std::min(1280, room.width()), std::min(820, room.height()));
   // The workspaces get most of the height; the queue (and History, tabbed with it) a strip below
   // tall enough for several rows under its tabs and buttons, the gallery a column.
-  resizeDocks({queueDock_}, {260}, Qt::Vertical);
+  resizeDocks({queueDock_}, {220}, Qt::Vertical);
   resizeDocks({galleryDock_}, {260}, Qt::Horizontal);
   defaultState_ = QMainWindow::saveState();
 
