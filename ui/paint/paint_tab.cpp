@@ -210,9 +210,9 @@ PaintTab::PaintTab(bridge::EngineBridge* bridge, QWidget* parent) : QWidget(pare
     connect(sc, &QShortcut::activated, this, &PaintTab::generate);
   }
   // Window-wide: Esc stops whatever has focus (a dock, a disabled button's neighbour); only the shown tab's shortcut is live.
-  auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
-  esc->setContext(Qt::WindowShortcut);
-  connect(esc, &QShortcut::activated, this, &PaintTab::stop);
+  stopKey_ = new QShortcut(QKeySequence(Qt::Key_Escape), this);
+  stopKey_->setContext(Qt::WindowShortcut);
+  connect(stopKey_, &QShortcut::activated, this, &PaintTab::stop);
   for (QWidget* w : {static_cast<QWidget*>(sampler_), static_cast<QWidget*>(scheduler_), static_cast<QWidget*>(steps_),
                      static_cast<QWidget*>(cfg_), static_cast<QWidget*>(negative_)})
     w->setProperty("sdTip", w->toolTip());
@@ -926,6 +926,7 @@ void PaintTab::setPhase(Phase phase) {
   const bool idle = phase == Phase::Idle;
   generate_->setEnabled(idle);
   stop_->setEnabled(phase != Phase::Idle && phase != Phase::Stopping);
+  if (stopKey_) stopKey_->setEnabled(phase != Phase::Idle);  // idle, Esc is left to whatever has focus
   switch (phase) {
     case Phase::Idle:
       break;

@@ -257,9 +257,9 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
 
   // Window-wide: Esc stops whatever has focus (after a click on Generate or Regenerate focus moves on to
   // another button); Ctrl+Enter generates from the notebook's document as from the prompt.
-  auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
-  esc->setContext(Qt::WindowShortcut);
-  connect(esc, &QShortcut::activated, this, &WriteTab::stop);
+  stopKey_ = new QShortcut(QKeySequence(Qt::Key_Escape), this);
+  stopKey_->setContext(Qt::WindowShortcut);
+  connect(stopKey_, &QShortcut::activated, this, &WriteTab::stop);
   for (const Qt::Key key : {Qt::Key_Return, Qt::Key_Enter}) {
     auto* go = new QShortcut(QKeySequence(Qt::CTRL | key), this);
     go->setContext(Qt::WidgetWithChildrenShortcut);
@@ -954,6 +954,7 @@ void WriteTab::setPhase(Phase p) {
   regenerateButton_->setEnabled(idle && conv().mode == QLatin1String("chat"));
   continueButton_->setEnabled(idle);
   stopButton_->setEnabled(!idle && p != Phase::Stopping);
+  if (stopKey_) stopKey_->setEnabled(!idle);  // idle, Esc is left to whatever has focus
   notebook_->setReadOnly(!idle);
   mode_->setEnabled(idle);
   static const char* names[] = {"", "preparing...", "queued (or loading the model)...", "reading the prompt...", "writing...", "stopping..."};

@@ -15,6 +15,7 @@
 #include "write/conversation_store.h"
 
 class QComboBox;
+class QShortcut;
 class QFormLayout;
 class QDoubleSpinBox;
 class QLabel;
@@ -146,6 +147,7 @@ class WriteTab : public QWidget {
   QPushButton* copyButton_;
   QPushButton* saveButton_;
   QLabel* phaseLabel_;
+  QShortcut* stopKey_ = nullptr;  // Esc, window-wide while a generation runs
 
   // The generation in flight.
   Phase phase_ = Phase::Idle;
