@@ -20,8 +20,10 @@
 #include <memory>
 
 #include "ui/ui_test_util.h"
+#include "write/conversation_store.h"
 
 using namespace atelier;
+using namespace atelier::ui;
 
 class EndToEndTest : public QObject {
   Q_OBJECT
@@ -198,6 +200,101 @@ class EndToEndTest : public QObject {
     screen(QStringLiteral("screen-sd.png"));
     closeStudio(studio);
     QCOMPARE(studio.exitCode(), 0);
+  }
+
+  // Esc after Regenerate, with focus on a button (not the prompt): the job is cancelled.
+  // Then a chat past its context under each overflow policy, from conversations saved with a 160-token context.
+  void escAfterRegenerateAndChatsPastTheirContext() {
+    const QString slow = home_->synthText(QStringLiteral("models/m15.gguf"));
+    QVERIFY(!slow.isEmpty());
+    {
+      QSettings s(home_->path(QStringLiteral("config/atelier/studio.conf")), QSettings::IniFormat);
+      s.setValue(QStringLiteral("studio/tab"), 0);
+      s.setValue(QStringLiteral("write/model"), slow);
+      s.setValue(QStringLiteral("write/maxTokens"), 250);  // m15.gguf holds 256 tokens
+    }
+    QProcess studio;
+    QVERIFY(startStudio(studio));
+    QTest::qWait(1500);
+    const int cancelledBefore = countState(QStringLiteral("text"), QStringLiteral("cancelled"));
+    const int completedBefore = countState(QStringLiteral("text"), QStringLiteral("completed"));
+    QCOMPARE(x({QStringLiteral("type"), QStringLiteral("--delay"), QStringLiteral("30"), QStringLiteral("hi")}), 0);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+Return")}), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(countState(QStringLiteral("text"), QStringLiteral("completed")) == completedBefore + 1, 120000);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("Tab")}), 0);  // focus leaves the prompt for the buttons
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+r")}), 0);  // Regenerate
+    QTRY_VERIFY_WITH_TIMEOUT(countState(QStringLiteral("text"), QStringLiteral("running")) == 1, 30000);
+    QCOMPARE(x({QStringLiteral("key"), QStringLiteral("Escape")}), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(countState(QStringLiteral("text"), QStringLiteral("cancelled")) == cancelledBefore + 1, 20000);
+    screen(QStringLiteral("screen-esc-after-regenerate.png"));
+    closeStudio(studio);
+
+    // One conversation per policy, each already past a 160-token context.
+    for (const QString& policy : {QStringLiteral("truncate-middle"), QStringLiteral("rolling-window"), QStringLiteral("stop-at-limit")}) {
+      qint64 id = 0;
+      {
+        ConversationStore store(home_->home());
+        Conversation c;
+        c.id = id = store.allocateId();
+        c.title = policy;
+        c.model = QStringLiteral("stories260k");
+        c.system = QStringLiteral("Tell short stories.");
+        c.contextTokens = 160;
+        c.overflow = policy;
+        for (int i = 0; i < 8; ++i) {
+          c.turns.push_back({QStringLiteral("user"), {QStringLiteral("Story %1 about a cat and a dog in the park.").arg(i)}, 0});
+          c.turns.push_back({QStringLiteral("assistant"), {QStringLiteral("Once upon a time a cat and a dog played ball in the park all day.")}, 0});
+        }
+        store.save(c);
+        store.flush();
+      }
+      {
+        QSettings s(home_->path(QStringLiteral("config/atelier/studio.conf")), QSettings::IniFormat);
+        s.setValue(QStringLiteral("write/conversation"), id);
+        s.setValue(QStringLiteral("write/model"), QStringLiteral("stories260k"));
+        s.setValue(QStringLiteral("write/maxTokens"), 24);
+      }
+      const int before = static_cast<int>(jobs().size());
+      qint64 lastId = 0;  // this run's job comes after every earlier one
+      for (const auto& v : jobs()) lastId = std::max<qint64>(lastId, v.toObject().value(QStringLiteral("id")).toInteger());
+      QVERIFY(startStudio(studio));
+      QTest::qWait(1500);
+      QCOMPARE(x({QStringLiteral("type"), QStringLiteral("--delay"), QStringLiteral("20"), QStringLiteral("And the last one?")}), 0);
+      QCOMPARE(x({QStringLiteral("key"), QStringLiteral("ctrl+Return")}), 0);
+      if (policy == QStringLiteral("stop-at-limit")) {
+        // Refused before submitting: the chat says so (screenshot), the message is kept, no job, no empty answer.
+        QTRY_VERIFY_WITH_TIMEOUT(
+            [&] {
+              ConversationStore store(home_->home());
+              for (const Conversation& c : store.loadAll())
+                if (c.id == id) return c.turns.size() == 17 && c.turns.back().role == QStringLiteral("user");
+              return false;
+            }(),
+            20000);
+        QTest::qWait(500);
+        QCOMPARE(static_cast<int>(jobs().size()), before);
+      } else {
+        QJsonObject job;
+        auto finished = [&] {
+          job = {};
+          for (const auto& v : jobs())  // this run's job: the newest that asked it
+            if (v.toObject().value(QStringLiteral("prompt")).toString().contains(QStringLiteral("And the last one?")) &&
+                v.toObject().value(QStringLiteral("id")).toInteger() > lastId)
+              job = v.toObject();
+          const QString state = job.value(QStringLiteral("state")).toString();
+          return state == QStringLiteral("completed") || state == QStringLiteral("failed");
+        };
+        QTRY_VERIFY2_WITH_TIMEOUT(finished(), qPrintable(QJsonDocument(job).toJson(QJsonDocument::Compact)), 60000);
+        QCOMPARE(job.value(QStringLiteral("state")).toString(), QStringLiteral("completed"));
+        const QString prompt = job.value(QStringLiteral("prompt")).toString();
+        QVERIFY(prompt.startsWith(QStringLiteral("System: Tell short stories.")));
+        QVERIFY(prompt.endsWith(QStringLiteral("User: And the last one?\nAssistant:")));
+        QVERIFY(!prompt.contains(QStringLiteral("Story 3 ")));  // the middle went
+        QCOMPARE(prompt.contains(QStringLiteral("Story 0 ")), policy == QStringLiteral("truncate-middle"));
+      }
+      screen(QStringLiteral("screen-context-%1.png").arg(policy));
+      closeStudio(studio);
+    }
   }
 
   void firstStartFromAnEmptyHome() {

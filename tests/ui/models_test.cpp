@@ -102,6 +102,33 @@ class ModelsTest : public QObject {
     QCOMPARE(image->toolTip(6), QStringLiteral("sha256:") + fixtureSha256(QStringLiteral("image/quickdraw-cvae.safetensors")));
   }
 
+  // The catalog dialog (Ctrl+Shift+I) is wide enough for its entries and marks what is installed
+  // (it opened about 240 px wide with clipped names, installed models unmarked).
+  void catalogDialogIsReadableAndMarksInstalled() {
+    window_->showPull();
+    QDialog* d = nullptr;
+    QTRY_VERIFY_WITH_TIMEOUT((d = window_->findChild<QDialog*>(QStringLiteral("pullDialog"))) && d->isVisible(), 10000);
+    auto* list = child<QListWidget>(d, "catalogList");
+    QVERIFY(list->count() >= 2);
+    bool sawInstalled = false;
+    for (int i = 0; i < list->count(); ++i) {
+      QListWidgetItem* item = list->item(i);
+      const QString name = item->data(Qt::UserRole).toString();
+      const bool installed = name == QStringLiteral("stories260k") || name == QStringLiteral("quickdraw");
+      QCOMPARE(item->text().contains(QStringLiteral("installed")), installed);
+      if (installed) {
+        sawInstalled = true;
+        QVERIFY(!(item->flags() & Qt::ItemIsEnabled) || item->checkState() == Qt::Unchecked);
+      }
+      // The whole line is read: the dialog is as wide as its longest entry or nearly the screen, and what is longer wraps.
+      const int need = std::min(list->fontMetrics().horizontalAdvance(item->text()) + 60, d->screen()->availableGeometry().width() * 9 / 10);
+      QVERIFY2(d->width() >= need, qPrintable(QStringLiteral("%1 px for %2").arg(d->width()).arg(item->text())));
+      QVERIFY(list->wordWrap());
+    }
+    QVERIFY(sawInstalled);
+    d->reject();
+  }
+
   void memoryEstimateForTheSelection() {
     QVERIFY(selectRef(QStringLiteral("stories260k@1")));
     QTRY_VERIFY_WITH_TIMEOUT(window_->fitText().contains(QStringLiteral("KV cache")), 10000);

@@ -17,6 +17,7 @@
 #include <QtTest>
 
 #include <cmath>
+#include <ctime>
 #include <memory>
 
 
@@ -168,19 +169,21 @@ class MonitorTest : public QObject {
     monitor.resize(520, 900);
     monitor.show();
     QVERIFY(QTest::qWaitForWindowExposed(&monitor));
-    QTRY_VERIFY_WITH_TIMEOUT(monitor.frameStats().frames >= 3, 10000);
+    QTRY_VERIFY_WITH_TIMEOUT(monitor.frameStats().frames >= 1, 10000);
     QVERIFY2(monitor.rendererReady(), "ImGui's OpenGL3 renderer did not start");
     monitor.resetFrameStats();
-    QElapsedTimer wall;
-    wall.start();
-    QTRY_VERIFY_WITH_TIMEOUT(monitor.frameStats().frames >= 90, 20000);  // 3 s at 30 fps
+    // The panel redraws only when its data changes (a few times a second at most): frames are asked for here,
+    // one after another, so their cost is measured whatever the machine's load.
+    for (int i = 0; i < 60; ++i) {
+      monitor.update();
+      QTRY_COMPARE_WITH_TIMEOUT(monitor.frameStats().frames, i + 1, 5000);
+    }
     const auto st = monitor.frameStats();
-    const double fps = 1000.0 * st.frames / static_cast<double>(wall.elapsed());
-    qInfo("engine monitor: %d frames at %.1f fps; UI-thread ms per frame: median %.2f, p90 %.2f, max %.2f "
-          "(building the ImGui frame: median %.2f); budget at 30 fps: 33.3 ms, limit 5 ms (%.0f%% of it)",
-          st.frames, fps, st.median_ms, st.p90_ms, st.max_ms, st.build_median_ms, 100.0 * st.median_ms / 5.0);
+    qInfo("engine monitor: %d frames; UI-thread ms per frame: median %.2f, p90 %.2f, max %.2f "
+          "(building the ImGui frame: median %.2f); limit 5 ms (%.0f%% of it)",
+          st.frames, st.median_ms, st.p90_ms, st.max_ms, st.build_median_ms, 100.0 * st.median_ms / 5.0);
+    QCOMPARE(st.frames, 60);
     QVERIFY2(st.median_ms <= 5.0, qPrintable(QStringLiteral("median %1 ms per frame").arg(st.median_ms)));
-    QVERIFY(fps > 20);  // the timer asks for 30; a loaded machine may drop a few
     // What it drew, for people to look at (the plots are not compared by pixels).
     const QImage frame = monitor.grabFramebuffer();
     QVERIFY(!frame.isNull());
@@ -207,6 +210,60 @@ class MonitorTest : public QObject {
     QTRY_VERIFY_WITH_TIMEOUT(w.monitorDock()->isVisible(), 5000);
     const int before = w.monitor()->polls();
     QTRY_VERIFY_WITH_TIMEOUT(w.monitor()->polls() >= before + 2, 5000);  // polling while shown
+  }
+
+  // An idle studio with the monitor's dock open costs under 2 % of a core
+  // (the panel used to redraw at 30 fps through llvmpipe: 73-87 %): it
+  // redraws only when its data changed, at most at the poll rate, and not
+  // at all while another dock tab covers it. Its figures are readable.
+  void anIdleMonitorCostsUnder2PercentOfACore() {
+    if (!EngineMonitor::openGLAvailable()) QSKIP("no OpenGL here (install xvfb and Mesa)");
+    StudioOptions o;
+    o.dataDir = home_->home();
+    StudioWindow w(o);
+    w.show();
+    QTRY_VERIFY_WITH_TIMEOUT(w.bridge()->isOpen(), 20000);
+    w.findChild<QAction*>(QStringLiteral("actionMonitor"))->trigger();
+    QTRY_VERIFY_WITH_TIMEOUT(w.monitorDock()->isVisible(), 5000);
+    QTRY_VERIFY_WITH_TIMEOUT(w.monitor()->frameStats().frames >= 1, 10000);
+    // The process's memory is a figure of its own, not 0.
+    QTRY_VERIFY_WITH_TIMEOUT(!w.monitor()->data().samples().empty(), 5000);
+    QVERIFY(w.monitor()->data().samples().back().process_bytes > (int64_t{1} << 20));
+    QTest::qWait(1500);  // opening settles (the first samples differ: rates start from nothing)
+    w.monitor()->resetFrameStats();
+    const int polls = w.monitor()->polls();
+    timespec a{}, b{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+    QElapsedTimer wall;
+    wall.start();
+    QTest::qWait(10000);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    const double cpu_s = static_cast<double>(b.tv_sec - a.tv_sec) + static_cast<double>(b.tv_nsec - a.tv_nsec) / 1e9;
+    const double share = cpu_s / (static_cast<double>(wall.elapsed()) / 1000.0);
+    const int frames = w.monitor()->frameStats().frames;
+    qInfo("idle studio, monitor dock open: %.3f s of CPU in %.1f s (%.2f %% of a core), %d frames, %d polls", cpu_s,
+          static_cast<double>(wall.elapsed()) / 1000.0, 100.0 * share, frames, w.monitor()->polls() - polls);
+    QVERIFY(w.monitor()->polls() - polls >= 10);  // still watching the engine
+    QVERIFY2(frames <= 10, qPrintable(QString::number(frames)));  // nothing changed: (almost) nothing drawn
+    QVERIFY2(share < 0.02, qPrintable(QStringLiteral("%1 %").arg(100.0 * share)));
+    // Behind another dock tab: no polls, no frames.
+    w.galleryDock()->raise();
+    QTRY_VERIFY_WITH_TIMEOUT(w.monitor()->visibleRegion().isEmpty(), 5000);
+    QTest::qWait(300);
+    const int hiddenPolls = w.monitor()->polls();
+    w.monitor()->resetFrameStats();
+    QTest::qWait(1500);
+    QCOMPARE(w.monitor()->polls(), hiddenPolls);
+    QCOMPARE(w.monitor()->frameStats().frames, 0);
+  }
+
+  // Figures as plain numbers with their units, never 2.62e+04.
+  void figuresArePlainNumbersWithUnits() {
+    QCOMPARE(EngineMonitor::figure(26200, "tok/s"), QByteArray("26200 tok/s"));
+    QCOMPARE(EngineMonitor::figure(12.345, "ms"), QByteArray("12.3 ms"));
+    QCOMPARE(EngineMonitor::figure(0.5, ""), QByteArray("0.50"));
+    QCOMPARE(EngineMonitor::figure(3.0 * (1 << 30), "bytes"), QByteArray("3.00 GiB"));
+    QCOMPARE(EngineMonitor::figure(512.0 * (1 << 20), "bytes"), QByteArray("512 MiB"));
   }
 };
 

@@ -88,6 +88,7 @@ class PaintTest : public QObject {
   void stopWhenQueuedAndWhileSubmitting();
   void stopWhileRunning();
   void quickDrawOnePass();
+  void quickDrawHasAClassPickerAndNoSampler();
   void img2imgWithPaintedMask();
   void galleryListsDeletesAndUndoes();
   void settingsRoundTrip();
@@ -549,6 +550,28 @@ void PaintTest::quickDrawOnePass() {
   QVERIFY(!error->text().isEmpty());
 }
 
+// QuickDraw, as a first-time user met it: no list of its classes, and the sampler,
+// steps and CFG (which a one-pass decoder does not use) looked as if they mattered.
+void PaintTest::quickDrawHasAClassPickerAndNoSampler() {
+  auto tab = newTab();
+  auto* classes = tab->findChild<QComboBox*>(QStringLiteral("quickdrawClass"));
+  QVERIFY2(classes, "no class picker");
+  QVERIFY(!classes->isVisible());
+  child<ui::ModelPicker>(tab.get(), "imageModel")->setReference(quickdraw_);
+  QTRY_VERIFY_WITH_TIMEOUT(classes->isVisible(), 10000);
+  QCOMPARE(classes->count(), 50);  // the model's own labels
+  QVERIFY(classes->findText(QStringLiteral("airplane")) >= 0);
+  for (const char* name : {"sampler", "scheduler", "steps", "cfg"})
+    QVERIFY2(!child<QWidget>(tab.get(), name)->isEnabled(), name);
+  classes->setCurrentIndex(classes->findText(QStringLiteral("anvil")));
+  QCOMPARE(child<QPlainTextEdit>(tab.get(), "prompt")->toPlainText(), QStringLiteral("anvil"));
+  // Back to Stable Diffusion: its fields again, no class picker.
+  child<ui::ModelPicker>(tab.get(), "imageModel")->setReference(sd_);
+  QTRY_VERIFY_WITH_TIMEOUT(!classes->isVisible(), 10000);
+  for (const char* name : {"sampler", "scheduler", "steps", "cfg"})
+    QVERIFY2(child<QWidget>(tab.get(), name)->isEnabled(), name);
+}
+
 void PaintTest::img2imgWithPaintedMask() {
   auto tab = newTab();
   setBasics(tab.get(), QStringLiteral("a llama wearing sunglasses"), 4, 21);
@@ -610,6 +633,15 @@ void PaintTest::galleryListsDeletesAndUndoes() {
   gallery.setFolder(folder);
   QTRY_COMPARE(gallery.count(), 3);
   QCOMPARE(gallery.paths(), (QStringList{made[2], made[1], made[0]}));  // newest first
+  // The header shows the folder's end (its own name) within the dock's width, not a path cut off at the right.
+  {
+    gallery.resize(220, 500);
+    auto* header = child<QLabel>(&gallery, "galleryCount");
+    QTRY_VERIFY(header->fontMetrics().horizontalAdvance(header->text()) <= header->width());
+    QVERIFY2(header->text().endsWith(QStringLiteral("gallery")), qPrintable(header->text()));
+    QVERIFY(header->toolTip().contains(QDir::toNativeSeparators(folder)));
+    gallery.resize(420, 500);
+  }
   QTRY_VERIFY_WITH_TIMEOUT(gallery.model()->data(gallery.model()->index(2), ui::GalleryModel::ThumbnailReadyRole).toBool(), 10000);
   const QPixmap thumb = gallery.model()->data(gallery.model()->index(2), Qt::DecorationRole).value<QPixmap>();
   QVERIFY(thumb.width() <= gallery.model()->thumbnailSize() && thumb.width() > 0);

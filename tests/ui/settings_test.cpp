@@ -116,6 +116,39 @@ class SettingsTest : public QObject {
     QVERIFY(!child<QGroupBox>(&with, "apiGroup")->isHidden());
   }
 
+  // The welcome page's install error points to its own mirror field, not to a command-line flag.
+  void welcomeErrorPointsToItsMirrorField() {
+    StudioOptions o;
+    o.dataDir = home_->home();  // an empty store
+    StudioWindow w(o);
+    w.show();
+    QTRY_VERIFY_WITH_TIMEOUT(w.showingWelcome(), 10000);
+    WelcomePage* page = w.welcomePage();
+    auto* mirror = child<QLineEdit>(page, "welcomeMirror");
+    mirror->clear();
+    QTest::keyClicks(mirror, home_->path(QStringLiteral("no-such-mirror")));
+    QTest::mouseClick(child<QPushButton>(page, "installButton"), Qt::LeftButton);
+    QTRY_VERIFY_WITH_TIMEOUT(page->message().startsWith(QStringLiteral("The install did not finish")), 30000);
+    QVERIFY2(!page->message().contains(QStringLiteral("--mirror")), qPrintable(page->message()));
+    QVERIFY2(page->message().contains(QStringLiteral("Copy from a mirror folder")), qPrintable(page->message()));
+  }
+
+  // Settings shows the store location in use when the field is left empty (it was blank).
+  void settingsShowTheCurrentStore() {
+    StudioOptions o;
+    o.dataDir = home_->home();
+    o.welcome = false;
+    StudioWindow w(o);
+    w.show();
+    QTRY_VERIFY_WITH_TIMEOUT(w.bridge()->isOpen(), 20000);
+    w.findChild<QAction*>(QStringLiteral("actionSettings"))->trigger();
+    QDialog* dialog = nullptr;
+    QTRY_VERIFY((dialog = w.findChild<QDialog*>(QStringLiteral("settingsDialog"))) != nullptr);
+    auto* store = child<QLineEdit>(dialog, "storeEdit");
+    QVERIFY2(store->placeholderText().contains(home_->home()), qPrintable(store->placeholderText()));
+    dialog->reject();
+  }
+
   void firstStartInstallsTheDefaultsFromTheMirror() {
     StudioOptions o;
     o.dataDir = home_->home();  // an empty store

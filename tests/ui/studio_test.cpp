@@ -2,7 +2,10 @@
 // settings kept across a restart, Reset layout, the engine's mode in the
 // status bar, a PNG dropped anywhere restoring Paint's parameters, and a
 // UI thread that keeps ticking while a text and an image job run.
+#include <QAction>
 #include <QDockWidget>
+#include <QLabel>
+#include <QWheelEvent>
 #include <QElapsedTimer>
 #include <QImage>
 #include <QMimeData>
@@ -13,7 +16,9 @@
 #include <QSettings>
 #include <QSpinBox>
 #include <QSignalSpy>
+#include <QHeaderView>
 #include <QTabWidget>
+#include <QTableView>
 #include <QtTest>
 
 #include <memory>
@@ -65,6 +70,96 @@ class StudioTest : public QObject {
     QVERIFY(!gallery->isVisible());
     gallery->toggleViewAction()->trigger();
     QVERIFY(gallery->isVisible());
+  }
+
+  // Rough edges a first-time user met (issue 35), each as it was met.
+  // The status bar's text figures (tokens/s, context) belong to Write: not shown while Paint is in front.
+  void textFiguresOnlyWithWrite() {
+    auto w = openWindow();
+    auto* stats = w->findChild<QLabel*>(QStringLiteral("writeStats"));
+    QVERIFY(stats);
+    w->tabs()->setCurrentWidget(w->findChild<PaintTab*>());
+    QTRY_VERIFY(!stats->isVisible());
+    w->tabs()->setCurrentWidget(w->findChild<WriteTab*>());
+    QTRY_VERIFY(stats->isVisible());
+  }
+
+  // A paused queue says so in the status bar (it said "running the queue").
+  void aPausedQueueIsPlain() {
+    auto w = openWindow();
+    w->bridge()->setPaused(true);
+    QTRY_VERIFY_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("paused")), 5000);
+    w->bridge()->setPaused(false);
+    QTRY_VERIFY_WITH_TIMEOUT(!w->engineStatus().contains(QStringLiteral("paused")), 5000);
+  }
+
+  // Help has About and a documentation entry beside the shortcuts.
+  void helpHasAboutAndDocumentation() {
+    auto w = openWindow();
+    QVERIFY(w->findChild<QAction*>(QStringLiteral("actionAbout")));
+    QVERIFY(w->findChild<QAction*>(QStringLiteral("actionDocumentation")));
+  }
+
+  // A mouse wheel over a spin box the user did not click leaves its value alone (Top-k 40 became 30 while scrolling the panel).
+  void wheelOverAnUnfocusedSpinBoxChangesNothing() {
+    auto w = openWindow();
+    w->activateWindow();
+    QVERIFY(QTest::qWaitForWindowActive(w.get()));
+    auto* topK = w->findChild<QSpinBox*>(QStringLiteral("topK"));
+    QVERIFY(topK);
+    const int before = topK->value();
+    QVERIFY(!topK->hasFocus());
+    const QPointF at(topK->width() / 2.0, topK->height() / 2.0);
+    QWheelEvent down(at, topK->mapToGlobal(at), QPoint(), QPoint(0, -120), Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
+    QApplication::sendEvent(topK, &down);
+    QCOMPARE(topK->value(), before);
+    QCOMPARE(topK->focusPolicy(), Qt::StrongFocus);  // a click (or Tab) gives it focus; then the wheel works
+    topK->setFocus();
+    QTRY_VERIFY(topK->hasFocus());
+    QApplication::sendEvent(topK, &down);
+    QCOMPARE(topK->value(), before - 1);
+    topK->setValue(before);
+  }
+
+  // History, brought to the front of the bottom docks at the default window size, shows several rows (it showed about 1.5).
+  void historyShowsSeveralRows() {
+    auto w = openWindow();
+    auto* dock = w->findChild<QDockWidget*>(QStringLiteral("historyDock"));
+    QVERIFY(dock);
+    dock->show();
+    dock->raise();
+    auto* table = dock->findChild<QTableView*>(QStringLiteral("historyTable"));
+    QVERIFY(table);
+    QTRY_VERIFY(table->isVisible());
+    QTest::qWait(100);
+    const int rows = table->viewport()->height() / table->verticalHeader()->defaultSectionSize();
+    QVERIFY2(rows >= 4, qPrintable(QStringLiteral("%1 rows in %2 px (the dock %3 px)").arg(rows).arg(table->viewport()->height()).arg(dock->height())));
+  }
+
+  // A 1366x768 laptop screen (and 200 % scaling on a 2732x1536 one: the same logical size) takes the
+  // whole window, less a taskbar: it fits, and the controls a creator needs are on screen, unclipped.
+  void fitsA1366x768Screen() {
+    auto w = openWindow();
+    const QSize screen(1366, 768 - 40);
+    w->resize(screen);
+    QTest::qWait(200);
+    QVERIFY2(w->width() <= screen.width() && w->height() <= screen.height(),
+             qPrintable(QStringLiteral("%1x%2").arg(w->width()).arg(w->height())));
+    auto whole = [&](QWidget* c) {
+      if (!c || !c->isVisible()) return false;
+      const QRect inWindow(c->mapTo(w.get(), QPoint(0, 0)), c->size());
+      return w->rect().contains(inWindow) && c->visibleRegion().boundingRect().size() == c->size();
+    };
+    for (QWidget* tab : {static_cast<QWidget*>(w->findChild<WriteTab*>()), static_cast<QWidget*>(w->findChild<PaintTab*>())}) {
+      w->tabs()->setCurrentWidget(tab);
+      QTest::qWait(100);
+      for (const char* name : {"generate", "stop", "prompt"}) {
+        auto* c = tab->findChild<QWidget*>(QString::fromLatin1(name));
+        QVERIFY2(whole(c), qPrintable(tab->objectName() + QLatin1Char('/') + QLatin1String(name)));
+      }
+    }
+    QVERIFY(whole(w->findChild<QDockWidget*>(QStringLiteral("queueDock"))));
+    QVERIFY(whole(w->findChild<QDockWidget*>(QStringLiteral("galleryDock"))));
   }
 
   // Hidden dock, tab, theme and a panel value survive closing and reopening; Reset layout brings the docks back.

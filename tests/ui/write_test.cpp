@@ -2,13 +2,19 @@
 // stream into the view, the notebook continues a document exactly as the
 // reference model does, Stop works in every state, variants are kept, and
 // a conversation is still there after a restart.
+#include <QApplication>
+#include <QComboBox>
 #include <QDoubleSpinBox>
 #include <QLabel>
+#include <QListWidget>
+#include <QRegularExpression>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QSignalSpy>
 #include <QTextBrowser>
 #include <QtTest>
+
+#include <atelier/models.h>
 
 #include <cstring>
 #include <memory>
@@ -16,6 +22,7 @@
 #include "common/model_picker.h"
 #include "common/seed_box.h"
 #include "ui/ui_test_util.h"
+#include "write/context_fit.h"
 #include "write/conversation_store.h"
 #include "write/write_tab.h"
 
@@ -43,6 +50,9 @@ class WriteTest : public QObject {
     tab_ = std::make_unique<WriteTab>(bridge_.get(), store_.get());
     tab_->resize(1000, 700);
     tab_->show();
+    // Shortcuts answer only in the active window, as on a desktop.
+    tab_->activateWindow();
+    QVERIFY(QTest::qWaitForWindowActive(tab_.get()));
     bridge_->scanModels();
     QTRY_VERIFY_WITH_TIMEOUT(child<ModelPicker>("writeModel")->count() > 0, 20000);
   }
@@ -114,7 +124,9 @@ class WriteTest : public QObject {
     const JobInfo job = lastJob();
     QCOMPARE(job.state, JobState::Completed);
     QVERIFY(QString::fromStdString(job.request.prompt).contains(QStringLiteral("User: Tell me a story about a cat")));
-    QCOMPARE(QString::fromStdString(job.text), c.turns[1].text());
+    // The answer as the model wrote it, without the space the plain format's "Assistant:" leaves before it.
+    QVERIFY2(!c.turns[1].text().front().isSpace(), qPrintable(c.turns[1].text()));
+    QCOMPARE(QString::fromStdString(job.text).trimmed(), c.turns[1].text().trimmed());
   }
 
   // Regenerate keeps the first answer as a variant; < > cycles.
@@ -232,6 +244,241 @@ class WriteTest : public QObject {
     const JobInfo j = lastJob();
     QCOMPARE(j.state, JobState::Cancelled);
     QVERIFY(j.stats.new_tokens < 400);
+  }
+
+  // Esc stops a generation whatever widget has focus: after a click on
+  // Regenerate the button is disabled and focus moves on (to Copy), where
+  // Esc used to be ignored and the answer ran to its end.
+  void escStopsWhateverHasFocus() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(slowModel_);
+    child<QSpinBox>("maxTokens")->setValue(250);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("hi"));
+    tab_->generate();
+    waitIdle();
+    for (const char* button : {"regenerate", "generate"}) {
+      if (QByteArray(button) == "generate") {
+        // A new chat: the first one's 250-token answer would not leave this one room in the model's 256 tokens.
+        tab_->newConversation();
+        child<PromptEdit>("prompt")->setPlainText(QStringLiteral("once more"));
+      }
+      QTest::mouseClick(child<QPushButton>(button), Qt::LeftButton);
+      QTRY_COMPARE_WITH_TIMEOUT(tab_->phase(), WriteTab::Phase::Decoding, 30000);
+      QWidget* focus = QApplication::focusWidget();
+      QVERIFY(focus);
+      QVERIFY2(focus != child<PromptEdit>("prompt"), focus->objectName().toLatin1());  // the case the prompt's own Esc missed
+      QTest::keyClick(focus, Qt::Key_Escape);
+      QCOMPARE(tab_->phase(), WriteTab::Phase::Stopping);
+      waitIdle(20000);
+      const JobInfo j = lastJob();
+      QCOMPARE(j.state, JobState::Cancelled);
+      QVERIFY2(j.stats.new_tokens < 250, qPrintable(QString::number(j.stats.new_tokens)));
+    }
+  }
+
+  // A message longer than the context: the error is shown in the chat
+  // itself, and no empty Assistant bubble is left behind.
+  void contextErrorShowsInTheChat() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(QStringLiteral("stories260k"));
+    child<QSpinBox>("maxTokens")->setValue(16);
+    QString longText;
+    while (longText.size() < 12000) longText += QStringLiteral("The little cat ran to the big red house and sat in the sun. ");
+    child<PromptEdit>("prompt")->setPlainText(longText);
+    tab_->generate();
+    waitIdle();
+    const Conversation& c = tab_->conversation();
+    QCOMPARE(c.turns.size(), 1);  // the message stays; no empty answer after it
+    QCOMPARE(c.turns[0].role, QStringLiteral("user"));
+    const QString shown = child<QTextBrowser>("chatView")->toPlainText();
+    QVERIFY2(shown.contains(QStringLiteral("context holds")), qPrintable(shown.right(300)));
+  }
+
+  // Each overflow policy applied before submitting, checked against the real
+  // tokenizer (stories260K's SentencePiece vocabulary) and against the
+  // engine's own count of the job's prompt.
+  void overflowPolicies_data() {
+    QTest::addColumn<QString>("policy");
+    QTest::newRow("truncate-middle") << QStringLiteral("truncate-middle");
+    QTest::newRow("rolling-window") << QStringLiteral("rolling-window");
+    QTest::newRow("stop-at-limit") << QStringLiteral("stop-at-limit");
+  }
+  void overflowPolicies() {
+    QFETCH(QString, policy);
+    auto vocab = Vocabulary::open((uitest::fixtures() + QStringLiteral("/text/stories260K.gguf")).toStdString());
+    QVERIFY(vocab.ok());
+    auto tokens = [&](const std::string& text, bool bos) { return static_cast<int>(vocab.value()->tokenize(text, bos, true).value().size()); };
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(QStringLiteral("stories260k"));
+    auto* context = tab_->findChild<QSpinBox*>(QStringLiteral("contextSize"));
+    auto* overflow = tab_->findChild<QComboBox*>(QStringLiteral("overflowPolicy"));
+    QVERIFY2(context && overflow, "no context size or overflow policy in the Write panel");
+    QCOMPARE(context->maximum(), 2048);  // the model's training context
+    context->setValue(160);
+    // Its KV cache at f16: 2 x 5 layers x 4 KV heads x 8 dims x 2 bytes = 640 bytes a token.
+    QVERIFY2(tab_->findChild<QLabel*>(QStringLiteral("contextNote"))->text().contains(QStringLiteral("100 KiB")),
+             qPrintable(tab_->findChild<QLabel*>(QStringLiteral("contextNote"))->text()));
+    overflow->setCurrentIndex(overflow->findData(policy));
+    QVERIFY(overflow->currentIndex() >= 0);
+    child<QPlainTextEdit>("systemPrompt")->setPlainText(QStringLiteral("Tell short stories."));
+    child<QDoubleSpinBox>("temperature")->setValue(0);
+    child<QSpinBox>("maxTokens")->setValue(24);
+    const QStringList asks = {QStringLiteral("First: a cat."), QStringLiteral("Second: a dog."), QStringLiteral("Third: a bird."),
+                              QStringLiteral("Fourth: a fish."), QStringLiteral("Fifth: a frog."), QStringLiteral("Sixth: a bee.")};
+    bool overflowed = false;
+    for (const QString& ask : asks) {
+      child<PromptEdit>("prompt")->setPlainText(ask);
+      tab_->generate();
+      waitIdle();
+      const JobInfo j = lastJob();
+      const Conversation& c = tab_->conversation();
+      if (policy == QStringLiteral("stop-at-limit") && j.request.prompt.find(ask.toStdString()) == std::string::npos) {
+        // Refused before submitting: said in the chat, the message kept, no empty answer.
+        overflowed = true;
+        QCOMPARE(c.turns.back().role, QStringLiteral("user"));
+        QCOMPARE(c.turns.back().text(), ask);
+        QVERIFY(child<QTextBrowser>("chatView")->toPlainText().contains(QStringLiteral("context holds 160")));
+        break;
+      }
+      QCOMPARE(j.state, JobState::Completed);
+      const int n = tokens(j.request.prompt, j.request.add_bos);
+      QCOMPARE(n, j.stats.prompt_tokens);  // the engine counted the same prompt
+      QVERIFY2(n + j.request.max_new_tokens <= 160, qPrintable(QStringLiteral("%1 + %2").arg(n).arg(j.request.max_new_tokens)));
+      const QString prompt = QString::fromStdString(j.request.prompt);
+      QVERIFY(prompt.startsWith(QStringLiteral("System: Tell short stories.")));  // kept by every policy
+      QVERIFY(prompt.endsWith(QStringLiteral("User: %1\nAssistant:").arg(ask)));
+      const bool dropped = !prompt.contains(QStringLiteral("User: Second: a dog."));
+      if (ask != asks[0] && ask != asks[1] && dropped) {
+        overflowed = true;
+        // Truncate-middle keeps the first exchange; a rolling window lets it go first.
+        QCOMPARE(prompt.contains(QStringLiteral("User: First: a cat.")), policy == QStringLiteral("truncate-middle"));
+        QVERIFY(c.turns.size() > 4);  // the conversation itself keeps everything
+      }
+      if (policy == QStringLiteral("stop-at-limit")) QVERIFY(!dropped || ask == asks[0]);
+      QVERIFY(!c.turns.back().text().isEmpty());
+    }
+    QVERIFY2(overflowed, "the conversation never passed its context");
+  }
+
+  // The policies on their own, against stories260K's real tokenizer: the count
+  // is the tokenizer's, what stays is what each policy promises, and the answer
+  // never gets more room than the context has left.
+  void fitChatUnderEachPolicy() {
+    const std::string path = (uitest::fixtures() + QStringLiteral("/text/stories260K.gguf")).toStdString();
+    auto vocab = Vocabulary::open(path);
+    auto info = read_model_info(path);
+    QVERIFY(vocab.ok() && info.ok());
+    const TokenCounter count = [&](const std::string& text, bool bos) -> Result<int> {
+      return static_cast<int>(vocab.value()->tokenize(text, bos, true).value().size());
+    };
+    ChatFitInput in;
+    in.messages.push_back({"system", "Be kind."});
+    for (int i = 0; i < 10; ++i) {
+      in.messages.push_back({"user", "Question " + std::to_string(i) + " about the moon and the stars?"});
+      in.messages.push_back({"assistant", "Answer " + std::to_string(i) + ": the moon is bright and the stars are far."});
+    }
+    in.messages.push_back({"user", "Last question?"});
+    in.context_tokens = 400;
+    in.max_new_tokens = 30;
+    for (Overflow policy : {Overflow::TruncateMiddle, Overflow::RollingWindow}) {
+      in.policy = policy;
+      auto fit = fit_chat(info.value(), in, count);
+      QVERIFY2(fit.ok(), fit.ok() ? "" : fit.status().message.c_str());
+      QCOMPARE(fit->prompt_tokens, count(fit->prompt, fit->add_bos).value());
+      QVERIFY(fit->prompt_tokens + 30 <= 400);
+      QCOMPARE(fit->max_new_tokens, 30);
+      QVERIFY(fit->dropped_messages > 0 && fit->dropped_messages % 2 == 0);  // whole exchanges
+      QVERIFY(fit->prompt.rfind("System: Be kind.", 0) == 0);
+      QVERIFY(fit->prompt.find("User: Last question?\nAssistant:") != std::string::npos);
+      QCOMPARE(fit->prompt.find("Question 0 ") != std::string::npos, policy == Overflow::TruncateMiddle);
+      QVERIFY2(fit->prompt.find("Question 9 ") != std::string::npos, fit->prompt.c_str());  // the latest stay
+      QVERIFY(fit->prompt.find("Question 1 ") == std::string::npos);  // the oldest after the first exchange went
+    }
+    // Stop at the limit drops nothing: too long is refused, with what to do.
+    in.policy = Overflow::StopAtLimit;
+    auto refused = fit_chat(info.value(), in, count);
+    QVERIFY(!refused.ok());
+    QVERIFY(refused.status().message.find("context holds 400") != std::string::npos);
+    // ... and near the limit the answer gets only what is left.
+    in.messages.resize(3);
+    in.messages.push_back({"user", "Last question?"});
+    auto whole = fit_chat(info.value(), in, count);
+    QVERIFY(whole.ok());
+    QCOMPARE(whole->dropped_messages, 0);
+    in.context_tokens = whole->prompt_tokens + 5;
+    auto tight = fit_chat(info.value(), in, count);
+    QVERIFY(tight.ok());
+    QCOMPARE(tight->max_new_tokens, 5);
+    // Truncate-middle lets the first exchange go too when the middle is not enough.
+    in.policy = Overflow::TruncateMiddle;
+    in.context_tokens = count(whole->prompt, true).value() - 5;
+    auto head = fit_chat(info.value(), in, count);
+    QVERIFY2(head.ok(), head.ok() ? "" : head.status().message.c_str());
+    QCOMPARE(head->dropped_messages, 2);
+  }
+
+  // Notebook: Ctrl+Enter in the document generates; the chat-only fields are hidden.
+  void notebookKeysAndFields() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("notebook"));
+    useModel(QStringLiteral("stories260k"));
+    QVERIFY(!child<PromptEdit>("prompt")->isVisible());
+    QVERIFY(!child<QPlainTextEdit>("systemPrompt")->isVisible());
+    QVERIFY(!child<QComboBox>("overflowPolicy")->isVisible());
+    child<QSpinBox>("maxTokens")->setValue(8);
+    auto* doc = child<QPlainTextEdit>("notebook");
+    doc->setFocus();
+    QTest::keyClicks(doc, QStringLiteral("The sun"));
+    QTest::keyClick(doc, Qt::Key_Return, Qt::ControlModifier);
+    QVERIFY(tab_->phase() != WriteTab::Phase::Idle);
+    waitIdle();
+    QVERIFY(doc->toPlainText().startsWith(QStringLiteral("The sun")));
+    QVERIFY(doc->toPlainText().size() > 7);
+    tab_->setMode(QStringLiteral("chat"));
+    QVERIFY(child<PromptEdit>("prompt")->isVisible());
+    QVERIFY(child<QPlainTextEdit>("systemPrompt")->isVisible());
+  }
+
+  // "New" on an untouched conversation does not add another empty one.
+  void emptyConversationsDoNotPileUp() {
+    tab_->newConversation();
+    auto* list = child<QListWidget>("conversations");
+    const int n = list->count();
+    tab_->newConversation();
+    tab_->newConversation();
+    QCOMPARE(list->count(), n);
+  }
+
+  // The status bar after Stop counts the prompt and the tokens written: the
+  // prompt is known (counted by the tokenizer) from submission on.
+  void statsAfterStopCountThePrompt() {
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(slowModel_);
+    child<QSpinBox>("maxTokens")->setValue(200);
+    QSignalSpy stats(tab_.get(), &WriteTab::statsChanged);
+    child<PromptEdit>("prompt")->setPlainText(QStringLiteral("A long enough question to count"));
+    tab_->generate();
+    QTRY_COMPARE_WITH_TIMEOUT(tab_->phase(), WriteTab::Phase::Decoding, 30000);
+    tab_->stop();
+    waitIdle(20000);
+    const JobInfo j = lastJob();
+    QCOMPARE(j.state, JobState::Cancelled);
+    const QString last = stats.back().at(0).toString();
+    auto vocab = Vocabulary::open(slowModel_.toStdString());
+    QVERIFY(vocab.ok());
+    const int prompt = static_cast<int>(vocab.value()->tokenize(j.request.prompt, j.request.add_bos, true).value().size());
+    QVERIFY2(prompt > 5, qPrintable(QString::number(prompt)));
+    // "N tokens" is what was written; the context counts the prompt as the engine did, plus those.
+    QRegularExpression re(QStringLiteral("· (\\d+) tokens · context (\\d+)/"));
+    const auto m = re.match(last);
+    QVERIFY2(m.hasMatch(), qPrintable(last));
+    const int written = m.captured(1).toInt();
+    QVERIFY(written > 0);
+    QCOMPARE(m.captured(2).toInt(), prompt + written);
   }
 
   // The conversations are in the data dir: a new tab (a restart) shows them.

@@ -603,9 +603,20 @@ void GalleryView::updateActions() {
 void GalleryView::updateCount() {
   const QString where = folder_.isEmpty() ? QString() : QDir::toNativeSeparators(folder_);
   const int n = model_->rowCount();
-  count_->setText((n == 1 ? tr("1 picture") : tr("%1 pictures").arg(n)) + (where.isEmpty() ? QString() : QStringLiteral(" \u00b7 ") + where));
+  countText_ = (n == 1 ? tr("1 picture") : tr("%1 pictures").arg(n)) + (where.isEmpty() ? QString() : QStringLiteral(" \u00b7 ") + where);
+  elideCount();
   count_->setTextInteractionFlags(Qt::TextSelectableByMouse);
   count_->setToolTip(where.isEmpty() ? tr("No output folder yet") : tr("The output folder: %1").arg(where));
+}
+
+void GalleryView::elideCount() {
+  count_->setText(count_->fontMetrics().elidedText(countText_, Qt::ElideMiddle, std::max(40, count_->width())));
+}
+
+void GalleryView::resizeEvent(QResizeEvent* event) {
+  QWidget::resizeEvent(event);
+  // The label has its new width once the layout has run.
+  QMetaObject::invokeMethod(this, &GalleryView::elideCount, Qt::QueuedConnection);
 }
 
 }  // namespace atelier::ui

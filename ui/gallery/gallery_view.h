@@ -121,8 +121,11 @@ class GalleryView : public QWidget {
 
  protected:
   bool eventFilter(QObject* watched, QEvent* event) override;
+  void resizeEvent(QResizeEvent* event) override;
 
  private:
+  void elideCount();  // the header's text to the label's width, the folder's path shortened in the middle
+  QString countText_;
   void showMenu(const QPoint& pos);
   void updateActions();
   void updateCount();

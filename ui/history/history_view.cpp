@@ -61,6 +61,7 @@ HistoryView::HistoryView(bridge::EngineBridge* bridge, QWidget* parent) : QWidge
   table_->setSelectionMode(QAbstractItemView::SingleSelection);
   table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
   table_->verticalHeader()->hide();
+  table_->verticalHeader()->setDefaultSectionSize(table_->fontMetrics().height() + 8);  // compact rows: more of them in a strip
   table_->setCornerButtonEnabled(false);
   table_->horizontalHeader()->setStretchLastSection(false);
   table_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
@@ -80,19 +81,20 @@ HistoryView::HistoryView(bridge::EngineBridge* bridge, QWidget* parent) : QWidge
   filters->addWidget(search_, 1);
   filters->addWidget(kind_);
   filters->addWidget(date_);
-  auto* buttons = new QHBoxLayout;
-  buttons->addStretch(1);
-  buttons->addWidget(reopen_);
-  buttons->addWidget(runAgain_);
-  auto* split = new QSplitter(Qt::Vertical, this);
+  // The actions beside the filters and the details beside the table: in a bottom dock the table
+  // gets the whole height (stacked, it showed about a row and a half).
+  filters->addWidget(reopen_);
+  filters->addWidget(runAgain_);
+  auto* split = new QSplitter(Qt::Horizontal, this);
+  split->setObjectName(QStringLiteral("historySplit"));
   split->addWidget(table_);
   split->addWidget(detail_);
-  split->setStretchFactor(0, 2);
-  split->setStretchFactor(1, 1);
+  split->setStretchFactor(0, 3);
+  split->setStretchFactor(1, 2);
   auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(4, 4, 4, 4);
   layout->addLayout(filters);
   layout->addWidget(split, 1);
-  layout->addLayout(buttons);
 
   connect(search_, &QLineEdit::textChanged, this, &HistoryView::reload);
   connect(kind_, &QComboBox::currentIndexChanged, this, &HistoryView::reload);

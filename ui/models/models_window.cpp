@@ -20,6 +20,8 @@
 #include <QPlainTextEdit>
 #include <QProgressBar>
 #include <QPushButton>
+#include <QScreen>
+#include <QSet>
 #include <QSettings>
 #include <QSplitter>
 #include <QTreeWidget>
@@ -529,18 +531,34 @@ void ModelsWindow::showPull() {
     auto* list = new QListWidget(dialog);
     list->setObjectName(QStringLiteral("catalogList"));
     list->setAccessibleName(tr("Catalog models"));
+    list->setWordWrap(true);  // a description longer than the screen is wide wraps rather than being cut off
+    // What the store holds already is marked (and not offered again).
+    QSet<QString> installed;
+    for (int i = 0; i < tree_->topLevelItemCount(); ++i) installed.insert(tree_->topLevelItem(i)->data(Name, kNameRole).toString());
+    int widest = 0;
     for (const CatalogEntry& e : r.value()) {
       int64_t bytes = 0;
       for (const auto& f : e.files) bytes += f.size;
-      auto* item = new QListWidgetItem(QStringLiteral("%1 — %2, %3: %4")
-                                           .arg(QString::fromStdString(e.name), QString::fromStdString(e.kind),
-                                                QLocale().formattedDataSize(bytes), QString::fromStdString(e.description)),
+      const QString name = QString::fromStdString(e.name);
+      const bool have = installed.contains(name);
+      auto* item = new QListWidgetItem(QStringLiteral("%1 — %2, %3: %4%5")
+                                           .arg(name, QString::fromStdString(e.kind), QLocale().formattedDataSize(bytes),
+                                                QString::fromStdString(e.description), have ? tr(" (installed)") : QString()),
                                        list);
-      item->setData(Qt::UserRole, QString::fromStdString(e.name));
-      item->setFlags(item->flags() | Qt::ItemIsUserCheckable);
-      item->setCheckState(Qt::Unchecked);
+      item->setData(Qt::UserRole, name);
+      item->setToolTip(item->text());
+      if (have) {
+        item->setFlags(item->flags() & ~Qt::ItemIsEnabled);
+      } else {
+        item->setFlags(item->flags() | Qt::ItemIsUserCheckable);
+        item->setCheckState(Qt::Unchecked);
+      }
+      widest = std::max(widest, list->fontMetrics().horizontalAdvance(item->text()));
     }
     layout->addWidget(list, 1);
+    // As wide as the longest entry (and its check box), within the screen: names and sizes are read whole.
+    const int screenWidth = screen() ? screen()->availableGeometry().width() : 1280;
+    dialog->resize(std::min(widest + 120, screenWidth * 9 / 10), std::max(320, dialog->sizeHint().height()));
     auto* mirrorRow = new QHBoxLayout;
     auto* mirror = new QLineEdit(QSettings().value(QStringLiteral("models/mirror")).toString(), dialog);
     mirror->setObjectName(QStringLiteral("mirrorEdit"));

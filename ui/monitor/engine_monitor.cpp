@@ -9,12 +9,25 @@
 #include <QOpenGLFunctions>
 #include <QWheelEvent>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace atelier::ui {
 
 namespace {
+// The process's resident memory (Linux /proc), 0 where it cannot be read.
+double residentBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long pages = 0, resident = 0;
+  const bool ok = std::fscanf(f, "%ld %ld", &pages, &resident) == 2;
+  std::fclose(f);
+  return ok ? static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
 constexpr size_t kFrameWindow = 240;  // frames the statistics cover
 
 double percentile(std::vector<double> v, double q) {
@@ -32,11 +45,10 @@ void plot(const char* label, const std::vector<float>& series, const char* unit,
     for (float v : series) hi = std::max(hi, v);
     hi = std::max({hi * 1.15f, threshold * 1.15f, 1e-3f});
   }
-  char overlay[64];
-  std::snprintf(overlay, sizeof overlay, "%.3g %s", static_cast<double>(last), unit);
+  const QByteArray overlay = EngineMonitor::figure(static_cast<double>(last), unit);
   const float w = ImGui::GetContentRegionAvail().x;
   ImGui::PlotLines(label, series.empty() ? &last : series.data(), series.empty() ? 1 : static_cast<int>(series.size()), 0,
-                   overlay, 0.f, hi, ImVec2(std::max(40.f, w - 150.f), 40.f));
+                   overlay.constData(), 0.f, hi, ImVec2(std::max(40.f, w - 150.f), 40.f));
   if (threshold > 0) {
     const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
     // The plot frame's label sits right of the frame: the frame is the item's width minus it.
@@ -46,6 +58,21 @@ void plot(const char* label, const std::vector<float>& series, const char* unit,
   }
 }
 }  // namespace
+
+QByteArray EngineMonitor::figure(double v, const char* unit) {
+  QByteArray u(unit);
+  if (u == "bytes") {
+    static const char* names[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (std::abs(v) >= 1024 && i < 4) v /= 1024, ++i;
+    u = names[i];
+  }
+  // Three significant digits at most, never an exponent: 26200, 512, 12.3, 0.50.
+  const int decimals = std::abs(v) >= 100 || v == 0 ? 0 : std::abs(v) >= 10 ? 1 : 2;
+  QByteArray out = QByteArray::number(v, 'f', decimals);
+  if (!u.isEmpty()) out += ' ' + u;
+  return out;
+}
 
 bool EngineMonitor::openGLAvailable() {
   static const bool available = [] {
@@ -64,9 +91,10 @@ EngineMonitor::EngineMonitor(bridge::EngineBridge* bridge, QWidget* parent) : QO
   setMouseTracking(true);
   clock_.start();
   poll_.setInterval(250);
-  frame_.setInterval(33);  // 30 frames per second
-  connect(&poll_, &QTimer::timeout, this, &EngineMonitor::pollNow);
-  connect(&frame_, &QTimer::timeout, this, qOverload<>(&QWidget::update));
+  connect(&poll_, &QTimer::timeout, this, [this] {
+    // Behind another dock tab, or in a minimised window, nobody sees the figures.
+    if (isVisible() && !visibleRegion().isEmpty()) pollNow();
+  });
 }
 
 EngineMonitor::~EngineMonitor() {
@@ -82,14 +110,13 @@ EngineMonitor::~EngineMonitor() {
 void EngineMonitor::showEvent(QShowEvent* event) {
   QOpenGLWidget::showEvent(event);
   poll_.start();
-  frame_.start();
   pollNow();
+  update();
 }
 
 void EngineMonitor::hideEvent(QHideEvent* event) {
   QOpenGLWidget::hideEvent(event);
   poll_.stop();
-  frame_.stop();
 }
 
 void EngineMonitor::pollNow() {
@@ -98,11 +125,16 @@ void EngineMonitor::pollNow() {
   bridge_->run<EngineMetrics>([](Engine* e) { return e ? e->metrics() : EngineMetrics{}; },
                               [this](EngineMetrics m) {
                                 pollInFlight_ = false;
-                                int text = 0, image = 0;
-                                for (const JobInfo& j : bridge_->jobs())
+                                int text = 0, image = 0, running = 0;
+                                for (const JobInfo& j : bridge_->jobs()) {
                                   if (j.state == JobState::Queued) ++(j.kind == "image" ? image : text);
-                                data_.add(m, static_cast<double>(clock_.elapsed()) / 1000.0, text, image);
+                                  if (j.state == JobState::Running) ++running;  // image jobs too
+                                }
+                                const bool first = data_.samples().empty();
+                                data_.add(m, static_cast<double>(clock_.elapsed()) / 1000.0, text, image, running, residentBytes());
                                 ++polls_;
+                                const auto& s = data_.samples();
+                                if (first || s.size() < 2 || !s[s.size() - 1].same_figures(s[s.size() - 2]) || !m.active_alerts.empty()) update();
                                 emit sampled();
                               });
 }
@@ -155,15 +187,18 @@ void EngineMonitor::buildFrame() {
     plot("KV used", data_.series(&MonitorSample::kv_used), "blocks");
     plot("KV cached", data_.series(&MonitorSample::kv_cached), "blocks");
     plot("KV free", data_.series(&MonitorSample::kv_free), "blocks");
-    plot("memory", data_.series(&MonitorSample::memory_fraction), "", static_cast<float>(rules.memory_fraction), 1.0f);
+    plot("KV memory", data_.series(&MonitorSample::memory_fraction), "", static_cast<float>(rules.memory_fraction), 1.0f);
+    plot("process memory", data_.series(&MonitorSample::process_bytes), "bytes");
     plot("error rate", data_.series(&MonitorSample::error_rate), "", static_cast<float>(rules.error_rate), 1.0f);
   }
   if (ImGui::CollapsingHeader("Alerts", ImGuiTreeNodeFlags_DefaultOpen)) {
     if (data_.alerts().empty()) ImGui::TextDisabled("none so far");
     for (auto it = data_.alerts().rbegin(); it != data_.alerts().rend(); ++it) {
       const bool active = std::find(data_.active_alerts().begin(), data_.active_alerts().end(), it->message) != data_.active_alerts().end();
-      ImGui::TextColored(active ? ImVec4(1.f, 0.45f, 0.4f, 1.f) : ImVec4(0.7f, 0.7f, 0.7f, 1.f), "%7.1f s  %s", it->t_s,
-                         it->message.c_str());
+      // Wrapped to the panel's width: a long alert is read whole, not clipped at the edge.
+      ImGui::PushStyleColor(ImGuiCol_Text, active ? ImVec4(1.f, 0.45f, 0.4f, 1.f) : ImVec4(0.7f, 0.7f, 0.7f, 1.f));
+      ImGui::TextWrapped("%.1f s  %s", it->t_s, it->message.c_str());
+      ImGui::PopStyleColor();
     }
   }
   ImGui::End();

@@ -5,7 +5,9 @@
 // cached and free, memory, busy fraction, error rate — the alert rules'
 // thresholds drawn on their plots, and the alerts listed as they fire.
 // Metrics are polled through the bridge (never on the UI thread); the panel
-// polls and redraws only while it is visible, at 30 frames per second.
+// polls only while it is visible (not behind another dock tab) and redraws
+// only when a poll's figures changed (or the mouse moves over it): at most
+// four frames a second, none on an idle engine.
 #pragma once
 
 #include <QElapsedTimer>
@@ -44,6 +46,8 @@ class EngineMonitor : public QOpenGLWidget {
   bool rendererReady() const { return rendererReady_; }
   // Whether this platform can give the panel an OpenGL context (Qt's offscreen platform cannot).
   static bool openGLAvailable();
+  // VALUE as a plain number with its UNIT ("26200 tok/s", "12.3 ms"); UNIT "bytes" picks KiB/MiB/GiB.
+  static QByteArray figure(double value, const char* unit);
 
  public slots:
   void pollNow();
@@ -67,7 +71,7 @@ class EngineMonitor : public QOpenGLWidget {
 
   bridge::EngineBridge* bridge_;
   MonitorData data_;
-  QTimer poll_, frame_;
+  QTimer poll_;
   QElapsedTimer clock_, lastFrame_;
   ImGuiContext* imgui_ = nullptr;
   bool rendererReady_ = false;

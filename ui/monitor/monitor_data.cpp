@@ -4,14 +4,15 @@
 
 namespace atelier::ui {
 
-void MonitorData::add(const EngineMetrics& m, double t_s, int queued_text, int queued_image) {
+void MonitorData::add(const EngineMetrics& m, double t_s, int queued_text, int queued_image, int running, double process_bytes) {
   MonitorSample s;
   s.t_s = t_s;
   s.tokens_per_s = m.tokens_per_s;
   s.recent_tokens_per_s = m.recent_tokens_per_s;
   s.queued_text = queued_text;
   s.queued_image = queued_image;
-  s.running = m.running;
+  s.running = running >= 0 ? running : m.running;
+  s.process_bytes = process_bytes;
   s.ttft_p50_ms = m.time_to_first_token_ms.p50;
   s.ttft_p99_ms = m.time_to_first_token_ms.p99;
   s.itl_p50_ms = m.inter_token_ms.p50;

@@ -26,6 +26,13 @@ struct MonitorSample {
   double memory_fraction = 0;     // KV blocks used / all
   double busy_fraction = 0;
   double error_rate = 0;          // failed / finished since the previous sample (0 when none finished)
+  double process_bytes = 0;       // the process's resident memory (the engine's models and buffers are in it)
+  bool operator==(const MonitorSample&) const = default;
+  // The same figures, whenever they were taken (the panel redraws only when they differ).
+  bool same_figures(MonitorSample other) const {
+    other.t_s = t_s;
+    return other == *this;
+  }
 };
 
 struct MonitorAlert {
@@ -38,7 +45,8 @@ class MonitorData {
   static constexpr size_t kCapacity = 600;  // 2.5 minutes at 4 polls a second
 
   // One poll: the engine's metrics at T_S, and the queue by kind (metrics count it as one).
-  void add(const EngineMetrics& metrics, double t_s, int queued_text, int queued_image);
+  // RUNNING: jobs running of every kind (-1: the engine's count); PROCESS_BYTES: resident memory.
+  void add(const EngineMetrics& metrics, double t_s, int queued_text, int queued_image, int running = -1, double process_bytes = 0);
   const std::deque<MonitorSample>& samples() const { return samples_; }
   const std::vector<MonitorAlert>& alerts() const { return alerts_; }  // oldest first
   const std::vector<std::string>& active_alerts() const { return active_; }

@@ -6,6 +6,7 @@
 #include <QDoubleSpinBox>
 #include <QDragEnterEvent>
 #include <QDropEvent>
+#include <QFile>
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QFormLayout>
@@ -13,6 +14,7 @@
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QImageReader>
+#include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QKeyEvent>
@@ -132,6 +134,44 @@ QLabel* hintLabel(const QString& text, QWidget* parent) {
 
 }  // namespace
 
+namespace {
+// The class labels of a QuickDraw model (its safetensors header's __metadata__:
+// architecture "quickdraw-cvae", labels a JSON list); empty for any other model.
+// The header is untrusted: its length is checked before it is read.
+QStringList quickdrawClasses(const std::string& ref, const std::string& store) {
+  auto resolved = resolve_model(ref, store);
+  if (!resolved.ok()) return {};
+  QFile f(QString::fromStdString(resolved->path));
+  if (!f.open(QIODevice::ReadOnly)) return {};
+  quint64 n = 0;
+  if (f.read(reinterpret_cast<char*>(&n), 8) != 8 || n == 0 || n > (1u << 20)) return {};  // little-endian u64
+  const QJsonObject meta = QJsonDocument::fromJson(f.read(static_cast<qint64>(n))).object().value(QStringLiteral("__metadata__")).toObject();
+  if (!meta.value(QStringLiteral("architecture")).toString().startsWith(QStringLiteral("quickdraw"))) return {};
+  QStringList out;
+  for (const auto& v : QJsonDocument::fromJson(meta.value(QStringLiteral("labels")).toString().toUtf8()).array()) out << v.toString();
+  return out;
+}
+}  // namespace
+
+void PaintTab::applyModelKind(const QString& reference, const QStringList& classes) {
+  if (reference != model_->reference()) return;  // another model was chosen meanwhile
+  const bool quickdraw = !classes.isEmpty();
+  {
+    const QSignalBlocker b(quickdrawClass_);
+    quickdrawClass_->clear();
+    quickdrawClass_->addItems(classes);
+    quickdrawClass_->setCurrentIndex(classes.indexOf(prompt_->toPlainText().trimmed()));
+  }
+  quickdrawClass_->setVisible(quickdraw);
+  if (quickdrawRow_) quickdrawRow_->setVisible(quickdraw);
+  // A one-pass decoder: no sampler, schedule, steps or guidance (the size scales its doodle).
+  for (QWidget* w : {static_cast<QWidget*>(sampler_), static_cast<QWidget*>(scheduler_), static_cast<QWidget*>(steps_),
+                     static_cast<QWidget*>(cfg_), static_cast<QWidget*>(negative_)}) {
+    w->setEnabled(!quickdraw);
+    w->setToolTip(quickdraw ? tr("QuickDraw draws in one pass: this does not apply") : w->property("sdTip").toString());
+  }
+}
+
 PaintTab::PaintTab(bridge::EngineBridge* bridge, QWidget* parent) : QWidget(parent), bridge_(bridge) {
   setObjectName(QStringLiteral("paintTab"));
   outputFolder_ = QDir(bridge_->options().dataDir).filePath(QStringLiteral("images"));
@@ -148,6 +188,16 @@ PaintTab::PaintTab(bridge::EngineBridge* bridge, QWidget* parent) : QWidget(pare
   layout->addWidget(split);
 
   connect(bridge_, &bridge::EngineBridge::event, this, &PaintTab::onEvent);
+  // Which kind of model: QuickDraw's classes come from its file's header, read off the UI thread.
+  connect(model_, &ModelPicker::referenceChanged, this, [this](const QString& ref) {
+    const std::string store = (bridge_->options().storeDir.isEmpty() ? bridge_->options().dataDir : bridge_->options().storeDir).toStdString();
+    QtConcurrent::run([ref, store] { return quickdrawClasses(ref.toStdString(), store); })
+        .then(this, [this, ref](const QStringList& classes) { applyModelKind(ref, classes); });
+  });
+  connect(quickdrawClass_, &QComboBox::activated, this, [this] { prompt_->setPlainText(quickdrawClass_->currentText()); });
+  connect(quickdrawClass_, &QComboBox::currentIndexChanged, this, [this] {
+    if (quickdrawClass_->isVisible() && quickdrawClass_->currentIndex() >= 0) prompt_->setPlainText(quickdrawClass_->currentText());
+  });
   connect(bridge_, &bridge::EngineBridge::jobsChanged, this,
           [this](const QVector<JobInfo>& changed, const QVector<JobId>&) { onJobsChanged(changed); });
   connect(bridge_, &bridge::EngineBridge::pausedChanged, this, [this] {
@@ -159,9 +209,13 @@ PaintTab::PaintTab(bridge::EngineBridge* bridge, QWidget* parent) : QWidget(pare
     sc->setContext(Qt::WidgetWithChildrenShortcut);
     connect(sc, &QShortcut::activated, this, &PaintTab::generate);
   }
-  auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
-  esc->setContext(Qt::WidgetWithChildrenShortcut);
-  connect(esc, &QShortcut::activated, this, &PaintTab::stop);
+  // Window-wide: Esc stops whatever has focus (a dock, a disabled button's neighbour); only the shown tab's shortcut is live.
+  stopKey_ = new QShortcut(QKeySequence(Qt::Key_Escape), this);
+  stopKey_->setContext(Qt::WindowShortcut);
+  connect(stopKey_, &QShortcut::activated, this, &PaintTab::stop);
+  for (QWidget* w : {static_cast<QWidget*>(sampler_), static_cast<QWidget*>(scheduler_), static_cast<QWidget*>(steps_),
+                     static_cast<QWidget*>(cfg_), static_cast<QWidget*>(negative_)})
+    w->setProperty("sdTip", w->toolTip());
   setAcceptDrops(true);
   progress_->setRange(0, 1);
   progress_->setValue(0);
@@ -229,6 +283,14 @@ QWidget* PaintTab::buildPanel() {
   model_->setToolTip(tr("The image model: a Stable Diffusion 1.x/2.x checkpoint or the QuickDraw doodle model "
                         "(one pass: steps, CFG and sampler do not apply)"));
   sf->addRow(tr("&Model"), model_);
+  quickdrawClass_ = new QComboBox(sampling);
+  quickdrawClass_->setObjectName(QStringLiteral("quickdrawClass"));
+  quickdrawClass_->setToolTip(tr("The classes the QuickDraw model draws: the choice becomes the prompt"));
+  quickdrawClass_->setPlaceholderText(tr("choose what to draw"));
+  sf->addRow(tr("C&lass"), quickdrawClass_);
+  quickdrawRow_ = sf->labelForField(quickdrawClass_);
+  quickdrawClass_->hide();
+  if (quickdrawRow_) quickdrawRow_->hide();
   sampler_ = new QComboBox(sampling);
   sampler_->setObjectName(QStringLiteral("sampler"));
   for (const auto& [name, label] : kSamplerLabels) sampler_->addItem(tr(label), QString::fromLatin1(name));
@@ -864,6 +926,7 @@ void PaintTab::setPhase(Phase phase) {
   const bool idle = phase == Phase::Idle;
   generate_->setEnabled(idle);
   stop_->setEnabled(phase != Phase::Idle && phase != Phase::Stopping);
+  if (stopKey_) stopKey_->setEnabled(phase != Phase::Idle);  // idle, Esc is left to whatever has focus
   switch (phase) {
     case Phase::Idle:
       break;

@@ -18,6 +18,7 @@
 #include <optional>
 
 class QComboBox;
+class QShortcut;
 class QDoubleSpinBox;
 class QLabel;
 class QListWidget;
@@ -129,6 +130,10 @@ class PaintTab : public QWidget {
   ModelPicker* model_;
   QPlainTextEdit* prompt_;
   QPlainTextEdit* negative_;
+  QShortcut* stopKey_ = nullptr;  // Esc, window-wide while a generation runs
+  QComboBox* quickdrawClass_;  // the QuickDraw model's classes (hidden for other models)
+  QWidget* quickdrawRow_ = nullptr;
+  void applyModelKind(const QString& reference, const QStringList& classes);
   QComboBox* sampler_;
   QComboBox* scheduler_;
   QSpinBox* steps_;

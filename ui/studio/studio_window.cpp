@@ -15,9 +15,11 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QMenuBar>
+#include <QMessageBox>
 #include <QMimeData>
 #include <QPalette>
 #include <QPushButton>
+#include <QScreen>
 #include <QSettings>
 #include <QHeaderView>
 #include <QKeySequence>
@@ -31,6 +33,7 @@
 #include <QTreeWidget>
 
 #include "common/model_picker.h"
+#include "common/wheel_guard.h"
 #include "gallery/gallery_view.h"
 #include "history/history_view.h"
 #include "models/models_window.h"
@@ -180,9 +183,10 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     tabs_->setCurrentWidget(paint_);
   });
   connect(bridge_, &bridge::EngineBridge::opened, this, [this](bool ok, bool executes, const QString& message) {
-    if (!ok) engineLabel_->setText(tr("engine not available: %1").arg(message));
-    else if (executes) engineLabel_->setText(tr("running the queue in %1").arg(options_.dataDir));
-    else engineLabel_->setText(tr("another process runs the queue in %1; this window adds, follows and cancels its jobs").arg(options_.dataDir));
+    if (!ok) engineText_ = tr("engine not available: %1").arg(message);
+    else if (executes) engineText_ = tr("running the queue in %1").arg(options_.dataDir);
+    else engineText_ = tr("another process runs the queue in %1; this window adds, follows and cancels its jobs").arg(options_.dataDir);
+    showEngineState();
     engineLabel_->setToolTip(message);
     bridge_->scanModels();
   });
@@ -195,11 +199,23 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
     if (!error.isEmpty()) statusBar()->showMessage(error, 15000);
   });
 
+  // A paused queue runs nothing: the status bar says so plainly, not "running the queue".
+  connect(bridge_, &bridge::EngineBridge::pausedChanged, this, &StudioWindow::showEngineState);
+  // The text figures (tokens/s, context) are Write's: not shown while Paint is in front.
+  connect(tabs_, &QTabWidget::currentChanged, this, [this] { statsLabel_->setVisible(tabs_->currentWidget() == write_); });
+  guardWheel(this);
+  // History in the bottom strip shows a few rows, not one and a half (the strip's height is the
+  // layout's to choose; this is its floor).
+  history_->setMinimumHeight(history_->fontMetrics().lineSpacing() * 12);
+
   buildMenus();
   setupSnapshots();
-  resize(1280, 820);
-  // The workspaces get most of the height; the queue a strip below, the gallery a column.
-  resizeDocks({queueDock_}, {190}, Qt::Vertical);
+  // The default size, within the screen's free area (a 1366x768 laptop, or 200 % scaling, has less than 820 px).
+  const QSize room = screen() ? screen()->availableGeometry().size() : QSize(1280, 820);
+  resize(std::min(1280, room.width()), std::min(820, room.height()));
+  // The workspaces get most of the height; the queue (and History, tabbed with it) a strip below
+  // tall enough for several rows under its tabs and buttons, the gallery a column.
+  resizeDocks({queueDock_}, {220}, Qt::Vertical);
   resizeDocks({galleryDock_}, {260}, Qt::Horizontal);
   defaultState_ = QMainWindow::saveState();
 
@@ -394,6 +410,22 @@ void StudioWindow::buildMenus() {
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   help->addAction(tr("&Keyboard shortcuts"), QKeySequence(Qt::Key_F1), this, &StudioWindow::showShortcuts)
       ->setObjectName(QStringLiteral("actionShortcuts"));
+  help->addAction(tr("&Documentation"), QKeySequence(Qt::SHIFT | Qt::Key_F1), this, [this] {
+    QMessageBox::information(
+        this, tr("Atelier documentation"),
+        tr("<p><b>Write</b>: chat with a text model or let it continue a document (Notebook). Each chat has its own context "
+           "size and overflow policy (left panel).</p><p><b>Paint</b>: images from a prompt; every step is previewed.</p>"
+           "<p><b>Queue</b>, <b>Gallery</b>, <b>History</b> and the <b>Engine monitor</b> are docks (View menu).</p>"
+           "<p>Esc stops a generation whatever has focus; Help &gt; Keyboard shortcuts lists every key.</p>"
+           "<p>Everything the studio does, the command line does too: run <code>atelier --help</code>; the project's "
+           "README.md documents every command, flag and the HTTP API.</p>"));
+  })->setObjectName(QStringLiteral("actionDocumentation"));
+  help->addAction(tr("&About Atelier"), QKeySequence(Qt::CTRL | Qt::Key_F1), this, [this] {
+    QMessageBox::about(this, tr("About Atelier"),
+                       tr("<p><b>Atelier Studio</b></p><p>Text and images generated on this machine: a durable job queue, "
+                          "a versioned model store and a local HTTP API.</p><p>Qt %1</p>")
+                           .arg(QString::fromLatin1(qVersion())));
+  })->setObjectName(QStringLiteral("actionAbout"));
 }
 
 // Every menu action with its shortcut, read from the menus themselves (so
@@ -426,8 +458,9 @@ void StudioWindow::showShortcuts() {
   }
   add(tr("Write / Paint"), tr("Generate now"), QKeySequence(Qt::CTRL | Qt::Key_Return).toString(QKeySequence::NativeText));
   add(tr("Write"), tr("Add to the queue"), QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_Return).toString(QKeySequence::NativeText));
-  add(tr("Write / Paint"), tr("Stop"), QKeySequence(Qt::Key_Escape).toString(QKeySequence::NativeText));
+  add(tr("Write / Paint"), tr("Stop (whatever has focus)"), QKeySequence(Qt::Key_Escape).toString(QKeySequence::NativeText));
   add(tr("Write"), tr("Previous / next prompt"), tr("Ctrl+Up / Ctrl+Down"));
+  add(tr("Write"), tr("Regenerate the last answer"), QKeySequence(Qt::CTRL | Qt::Key_R).toString(QKeySequence::NativeText));
   auto* layout = new QVBoxLayout(dialog);
   layout->addWidget(table);
   auto* buttons = new QDialogButtonBox(QDialogButtonBox::Close, dialog);
@@ -520,6 +553,12 @@ void StudioWindow::setTheme(const QString& theme) {
 }
 
 QString StudioWindow::engineStatus() const { return engineLabel_->text(); }
+
+void StudioWindow::showEngineState() {
+  const bool paused = bridge_->paused();
+  engineLabel_->setText(paused ? tr("queue paused: nothing new starts (Queue > Pause / resume, Ctrl+Shift+P)") : engineText_);
+  engineLabel_->setStyleSheet(paused ? QStringLiteral("color: #e0a040; font-weight: bold") : QString());
+}
 QString StudioWindow::apiAddress() const { return apiAddress_; }
 
 void StudioWindow::showSettings() {
@@ -528,6 +567,9 @@ void StudioWindow::showSettings() {
   current.outputFolder = outputFolder_;
   auto* dialog = new SettingsDialog(current, /*apiServerAvailable=*/true, this);
   dialog->setAttribute(Qt::WA_DeleteOnClose);
+  // An empty field means the data folder: say which one, rather than leave it blank.
+  if (auto* store = dialog->findChild<QLineEdit*>(QStringLiteral("storeEdit")))
+    store->setPlaceholderText(tr("the data folder: %1").arg(bridge_->options().storeDir.isEmpty() ? options_.dataDir : bridge_->options().storeDir));
   connect(dialog, &QDialog::accepted, this, [this, dialog] { applySettings(dialog->settings(), dialog->restartRequested()); });
   dialog->open();
 }

@@ -55,6 +55,7 @@ class StudioWindow : public QMainWindow {
   HistoryView* historyView() const { return history_; }
   EngineMonitor* monitor() const { return monitor_; }
   QDockWidget* monitorDock() const { return monitorDock_; }
+  QDockWidget* galleryDock() const { return galleryDock_; }
   WelcomePage* welcomePage() const { return welcome_; }
   bool showingWelcome() const;
   StudioSettings settings() const { return settings_; }
@@ -70,7 +71,8 @@ class StudioWindow : public QMainWindow {
   void setTheme(const QString& theme);  // "dark" or "light"
   void resetLayout();
   void saveState();                     // settings and layout now (also on close)
-  QString engineStatus() const;         // what the status bar says about the queue
+  QString engineStatus() const;
+  void showEngineState();               // the engine's text, or that the queue is paused         // what the status bar says about the queue
   QString apiAddress() const;           // "http://HOST:PORT" while the API server listens, else ""
 
   static void applyTheme(const QString& theme);
@@ -112,6 +114,7 @@ class StudioWindow : public QMainWindow {
   QStackedWidget* stack_;
   StudioSettings settings_;
   QLabel* engineLabel_;
+  QString engineText_;  // what the engine is doing, shown when the queue is not paused
   QLabel* apiLabel_;
   QString apiAddress_;
   QLabel* statsLabel_;

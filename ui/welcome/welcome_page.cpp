@@ -9,6 +9,7 @@
 #include <QProgressBar>
 #include <QPushButton>
 #include <QRadioButton>
+#include <QRegularExpression>
 #include <QSettings>
 #include <QVBoxLayout>
 
@@ -137,7 +138,11 @@ void WelcomePage::install() {
     cancel_->setEnabled(false);
     progress_->setRange(0, 1000);
     if (!s.ok()) {
-      status_->setText(tr("The install did not finish: %1").arg(QString::fromStdString(s.message)));
+      // The store's messages are written for the command line ("--mirror DIR"); this page has a field for it.
+      QString why = QString::fromStdString(s.message);
+      why.replace(QRegularExpression(QStringLiteral("--mirror DIR( \\(or ATELIER_MODEL_MIRROR\\))?")),
+                  tr("a mirror folder (choose \"Copy from a mirror folder\" above)"));
+      status_->setText(tr("The install did not finish: %1").arg(why));
       return;
     }
     progress_->setValue(1000);

@@ -42,6 +42,10 @@ ConversationStore::ConversationStore(const QString& dataDir) {
   exec("CREATE TABLE IF NOT EXISTS turns (conversation INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,"
        " idx INTEGER NOT NULL, role TEXT NOT NULL, variants TEXT NOT NULL, current INTEGER NOT NULL,"
        " PRIMARY KEY (conversation, idx))");
+  // Added later: a database from before has these columns added once (the error for an existing column is expected).
+  for (const char* sql : {"ALTER TABLE conversations ADD COLUMN context_tokens INTEGER NOT NULL DEFAULT 0",
+                          "ALTER TABLE conversations ADD COLUMN overflow TEXT NOT NULL DEFAULT 'truncate-middle'"})
+    sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
 }
 
 ConversationStore::~ConversationStore() {
@@ -62,7 +66,7 @@ QVector<Conversation> ConversationStore::loadAll() {
   if (!db_) return out;
   QMutexLocker lock(&mutex_);
   sqlite3_stmt* st = nullptr;
-  sqlite3_prepare_v2(db_, "SELECT id, title, mode, model, system, document, updated_ms FROM conversations ORDER BY updated_ms DESC, id DESC",
+  sqlite3_prepare_v2(db_, "SELECT id, title, mode, model, system, document, updated_ms, context_tokens, overflow FROM conversations ORDER BY updated_ms DESC, id DESC",
                      -1, &st, nullptr);
   while (st && sqlite3_step(st) == SQLITE_ROW) {
     Conversation c;
@@ -73,6 +77,8 @@ QVector<Conversation> ConversationStore::loadAll() {
     c.system = columnText(st, 4);
     c.document = columnText(st, 5);
     c.updatedMs = sqlite3_column_int64(st, 6);
+    c.contextTokens = sqlite3_column_int(st, 7);
+    c.overflow = columnText(st, 8);
     out.push_back(c);
   }
   sqlite3_finalize(st);
@@ -116,7 +122,8 @@ void ConversationStore::save(const Conversation& conversation) {
     sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
     sqlite3_stmt* st = nullptr;
     sqlite3_prepare_v2(db_,
-                       "INSERT OR REPLACE INTO conversations (id, title, mode, model, system, document, updated_ms) VALUES (?,?,?,?,?,?,?)",
+                       "INSERT OR REPLACE INTO conversations (id, title, mode, model, system, document, updated_ms, context_tokens, overflow)"
+                       " VALUES (?,?,?,?,?,?,?,?,?)",
                        -1, &st, nullptr);
     sqlite3_bind_int64(st, 1, c.id);
     bindText(st, 2, c.title);
@@ -125,6 +132,8 @@ void ConversationStore::save(const Conversation& conversation) {
     bindText(st, 5, c.system);
     bindText(st, 6, c.document);
     sqlite3_bind_int64(st, 7, c.updatedMs);
+    sqlite3_bind_int(st, 8, c.contextTokens);
+    bindText(st, 9, c.overflow);
     bool ok = sqlite3_step(st) == SQLITE_DONE;
     sqlite3_finalize(st);
     sqlite3_prepare_v2(db_, "DELETE FROM turns WHERE conversation = ?", -1, &st, nullptr);

@@ -28,6 +28,8 @@ struct Conversation {
   QString model;
   QString system;        // chat: the system prompt
   QString document;      // notebook: the whole text
+  int contextTokens = 0; // chat: the context size its prompts are fitted to (0: the model's training context)
+  QString overflow = QStringLiteral("truncate-middle");  // chat: what goes when it does not fit (context_fit.h)
   QVector<ChatTurn> turns;
   qint64 updatedMs = 0;
 };

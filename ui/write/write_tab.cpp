@@ -5,7 +5,9 @@
 #include <QComboBox>
 #include <QDateTime>
 #include <QDoubleSpinBox>
+#include <QDir>
 #include <QFile>
+#include <QFileInfo>
 #include <QFileDialog>
 #include <QFormLayout>
 #include <QHBoxLayout>
@@ -16,6 +18,8 @@
 #include <QPushButton>
 #include <QScrollArea>
 #include <QScrollBar>
+#include <QShortcut>
+#include <QtConcurrent/QtConcurrentRun>
 #include <QSettings>
 #include <QSpinBox>
 #include <QSplitter>
@@ -29,6 +33,8 @@
 
 #include "common/model_picker.h"
 #include "common/seed_box.h"
+#include "settings/studio_settings.h"
+#include "write/context_fit.h"
 
 namespace atelier::ui {
 
@@ -98,6 +104,7 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   // Left: conversations and parameters.
   auto* panel = new QWidget;
   auto* form = new QFormLayout(panel);
+  form_ = form;
   form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
   mode_ = new QComboBox(panel);
   mode_->setObjectName(QStringLiteral("writeMode"));
@@ -165,6 +172,27 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   maxTokens_->setRange(1, 32768);
   maxTokens_->setValue(256);
   form->addRow(tr("Max new tokens"), maxTokens_);
+  contextSize_ = spin<QSpinBox>(panel, "contextSize",
+                                tr("This conversation's context: the most tokens its prompt and answer may hold together "
+                                   "(up to the model's training context). A longer context costs more KV memory."));
+  contextSize_->setRange(16, 4096);
+  contextSize_->setSingleStep(256);
+  contextSize_->setValue(4096);
+  contextSize_->setSuffix(tr(" tokens"));
+  form->addRow(tr("Context"), contextSize_);
+  contextNote_ = new QLabel(panel);
+  contextNote_->setObjectName(QStringLiteral("contextNote"));
+  contextNote_->setWordWrap(true);
+  form->addRow(contextNote_);
+  overflow_ = new QComboBox(panel);
+  overflow_->setObjectName(QStringLiteral("overflowPolicy"));
+  overflow_->addItem(tr("Truncate the middle"), QStringLiteral("truncate-middle"));
+  overflow_->addItem(tr("Rolling window"), QStringLiteral("rolling-window"));
+  overflow_->addItem(tr("Stop at the limit"), QStringLiteral("stop-at-limit"));
+  overflow_->setToolTip(tr("When the conversation outgrows its context: truncate the middle (keep the system prompt, the first "
+                           "exchange and the latest messages), a rolling window (keep the system prompt and the latest messages), "
+                           "or stop at the limit (nothing is left out; the answer ends when the context is full)"));
+  form->addRow(tr("Overflow"), overflow_);
   stops_ = new QPlainTextEdit(panel);
   stops_->setObjectName(QStringLiteral("stopStrings"));
   stops_->setToolTip(tr("Stop strings, one per line: generation ends before the first one"));
@@ -214,7 +242,7 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   generateButton_ = button("generate", tr("Generate"), tr("Generate now (Ctrl+Enter)"));
   queueButton_ = button("queue", tr("Queue"), tr("Add to the queue behind other jobs (Ctrl+Shift+Enter)"));
   stopButton_ = button("stop", tr("Stop"), tr("Stop the generation, whatever it is doing (Esc)"));
-  regenerateButton_ = button("regenerate", tr("Regenerate"), tr("A new answer in place of the last one; earlier answers stay as variants"));
+  regenerateButton_ = button("regenerate", tr("Regenerate"), tr("A new answer in place of the last one; earlier answers stay as variants (Ctrl+R)"));
   continueButton_ = button("continue", tr("Continue"), tr("The model goes on writing the last answer (or the document)"));
   copyButton_ = button("copy", tr("Copy"), tr("Copy the conversation as Markdown"));
   saveButton_ = button("saveMarkdown", tr("Save .md"), tr("Save the conversation as a Markdown file"));
@@ -227,6 +255,38 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   splitter->setStretchFactor(1, 1);
   splitter->setSizes({scroll->minimumWidth(), 700});
 
+  // Window-wide: Esc stops whatever has focus (after a click on Generate or Regenerate focus moves on to
+  // another button); Ctrl+Enter generates from the notebook's document as from the prompt.
+  stopKey_ = new QShortcut(QKeySequence(Qt::Key_Escape), this);
+  stopKey_->setContext(Qt::WindowShortcut);
+  connect(stopKey_, &QShortcut::activated, this, &WriteTab::stop);
+  for (const Qt::Key key : {Qt::Key_Return, Qt::Key_Enter}) {
+    auto* go = new QShortcut(QKeySequence(Qt::CTRL | key), this);
+    go->setContext(Qt::WidgetWithChildrenShortcut);
+    connect(go, &QShortcut::activated, this, &WriteTab::generate);
+    auto* later = new QShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | key), this);
+    later->setContext(Qt::WidgetWithChildrenShortcut);
+    connect(later, &QShortcut::activated, this, &WriteTab::queue);
+  }
+  auto* again = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key_R), this);
+  again->setContext(Qt::WidgetWithChildrenShortcut);
+  connect(again, &QShortcut::activated, this, [this] {
+    if (conv().mode != QLatin1String("notebook")) regenerate();
+  });
+  connect(contextSize_, &QSpinBox::valueChanged, this, [this](int v) {
+    if (conv().contextTokens != v && phase_ == Phase::Idle) {
+      conv().contextTokens = v;
+      persist();
+    }
+    updateContextControls();
+  });
+  connect(overflow_, &QComboBox::currentIndexChanged, this, [this] {
+    const QString name = overflow_->currentData().toString();
+    if (conv().overflow != name && phase_ == Phase::Idle) {
+      conv().overflow = name;
+      persist();
+    }
+  });
   connect(prompt_, &PromptEdit::generateRequested, this, &WriteTab::generate);
   connect(prompt_, &PromptEdit::queueRequested, this, &WriteTab::queue);
   connect(prompt_, &PromptEdit::stopRequested, this, &WriteTab::stop);
@@ -275,6 +335,9 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
             updateTemplateNote();
           });
   connect(bridge_, &bridge::EngineBridge::event, this, &WriteTab::onEvent);
+  connect(bridge_, &bridge::EngineBridge::pausedChanged, this, [this] {
+    if (phase_ == Phase::Queued) setPhase(Phase::Queued);  // the text says whether the queue is paused
+  });
   // A client of another process's queue hears of its job through the job list only.
   connect(bridge_, &bridge::EngineBridge::jobsChanged, this, [this](const QVector<JobInfo>& changed, const QVector<JobId>&) {
     if (job_ == 0) return;
@@ -282,7 +345,7 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
       if (j.id != job_) continue;
       if (j.state == JobState::Running && phase_ == Phase::Queued) setPhase(Phase::Loading);
       else if (j.state == JobState::Completed) finishJob(QString::fromStdString(j.text), tr("%1 tokens, stop: %2").arg(j.stats.new_tokens).arg(QString::fromStdString(j.stop_reason)));
-      else if (j.state == JobState::Failed) finishJob(streamed_, tr("failed: %1").arg(QString::fromStdString(j.error)));
+      else if (j.state == JobState::Failed) finishJob(streamed_, tr("failed: %1").arg(QString::fromStdString(j.error)), /*error=*/true);
       else if (j.state == JobState::Cancelled) finishJob(streamed_, tr("stopped"));
     }
   });
@@ -328,7 +391,11 @@ void WriteTab::selectConversation(int row) {
     mode_->setCurrentIndex(conv().mode == QLatin1String("notebook") ? 1 : 0);
     system_->setPlainText(conv().system);
     notebook_->setPlainText(conv().document);
+    const QSignalBlocker b4(overflow_);
+    overflow_->setCurrentIndex(std::max(0, overflow_->findData(conv().overflow)));
   }
+  chatError_.clear();
+  updateContextControls();
   views_->setCurrentIndex(conv().mode == QLatin1String("notebook") ? 1 : 0);
   if (!conv().model.isEmpty()) model_->setReference(conv().model);
   render();
@@ -336,11 +403,18 @@ void WriteTab::selectConversation(int row) {
 
 void WriteTab::newConversation() {
   if (phase_ != Phase::Idle) return;
+  // An untouched conversation of the same kind is the new one: empty ones do not pile up.
+  if (conv().turns.isEmpty() && conv().document.isEmpty() && conv().mode == mode_->currentData().toString()) {
+    chatError_.clear();
+    render();
+    return;
+  }
   Conversation c;
   c.id = store_ ? store_->allocateId() : QDateTime::currentMSecsSinceEpoch();
   c.mode = mode_->currentData().toString();
   c.title = c.mode == QLatin1String("notebook") ? tr("New document") : tr("New conversation");
   c.system = system_->toPlainText();
+  c.overflow = conv().overflow;  // the context starts at the model's whole training context
   conversations_.prepend(c);
   current_ = 0;
   refreshConversationList();
@@ -369,6 +443,12 @@ void WriteTab::setMode(const QString& mode) {
     }
   }
   views_->setCurrentIndex(index);
+  // A notebook is the document alone: the chat's message box, system prompt and overflow policy do not apply.
+  const bool chat = index == 0;
+  prompt_->setVisible(chat);
+  form_->setRowVisible(system_, chat);
+  form_->setRowVisible(overflow_, chat);
+  regenerateButton_->setVisible(chat);
   updateTemplateNote();
   render();
 }
@@ -381,7 +461,45 @@ void WriteTab::updateTemplateNote() {
     note = tr("This model has no chat template: the conversation is written as plain \"User:\" / \"Assistant:\" lines.");
   else note = tr("Chat template from the model (%1).").arg(QString::fromStdString(info_->architecture));
   templateNote_->setText(note);
-  if (info_) contextTokens_ = default_context_tokens(info_->n_ctx_train);
+  updateContextControls();
+}
+
+namespace {
+QString bytesText(int64_t bytes) {
+  if (bytes < (int64_t{1} << 20)) return QObject::tr("%1 KiB").arg((bytes + 512) >> 10);
+  if (bytes < (int64_t{1} << 30)) return QObject::tr("%1 MiB").arg(static_cast<double>(bytes) / (1 << 20), 0, 'f', 1);
+  return QObject::tr("%1 GiB").arg(static_cast<double>(bytes) / (1 << 30), 0, 'f', 2);
+}
+}  // namespace
+
+void WriteTab::updateContextControls() {
+  const bool chat = conv().mode != QLatin1String("notebook");
+  form_->setRowVisible(contextSize_, chat);
+  form_->setRowVisible(contextNote_, chat);
+  const int trained = info_ ? default_context_tokens(info_->n_ctx_train) : 0;
+  {
+    const QSignalBlocker b(contextSize_);
+    if (trained > 0) contextSize_->setMaximum(trained);
+    const int want = conv().contextTokens > 0 ? conv().contextTokens : contextSize_->maximum();
+    contextSize_->setValue(std::min(want, contextSize_->maximum()));
+  }
+  contextTokens_ = chat ? contextSize_->value() : trained;
+  if (!info_) {
+    contextNote_->clear();
+    return;
+  }
+  const StudioSettings settings = StudioSettings::load();
+  KvType kv = KvType::F16;
+  kv_type_from_name(settings.kvType.toStdString(), &kv);
+  const int64_t perToken = kv_bytes_per_token(*info_, kv);
+  const int64_t bytes = perToken * contextSize_->value();
+  const int64_t budget = int64_t{settings.kvMemoryMiB} << 20;
+  QString note = tr("KV cache for %1 tokens: %2 (%3) of the %4 KV budget; trained for %5 tokens")
+                     .arg(contextSize_->value())
+                     .arg(bytesText(bytes), settings.kvType, bytesText(budget))
+                     .arg(trained);
+  if (bytes > budget) note += tr(". More than the budget: lower the context or raise the KV memory in Settings");
+  contextNote_->setText(note);
 }
 
 // ---------------------------------------------------------------- rendering
@@ -412,6 +530,8 @@ void WriteTab::render() {
     // pre-wrap keeps the model's newlines and spaces as they are (and as the text copies out).
     html += QStringLiteral("</p><p style='white-space:pre-wrap'>%1</p>").arg(htmlText(t.text()));
   }
+  if (!chatError_.isEmpty())
+    html += QStringLiteral("<p style='color:#e06c60; white-space:pre-wrap'><b>%1</b> %2</p>").arg(tr("Not answered:"), htmlText(chatError_));
   html += QStringLiteral("</body></html>");
   chatView_->setHtml(html);
   chatView_->moveCursor(QTextCursor::End);
@@ -427,10 +547,18 @@ void WriteTab::appendStreamText(const QString& text) {
     notebook_->moveCursor(QTextCursor::End);
     return;
   }
+  // A new answer starts at its first word (the plain format leaves a space after "Assistant:").
+  QString shown = text;
+  if (streamPrefix_.isEmpty() && QStringView(streamed_).left(streamed_.size() - text.size()).trimmed().isEmpty()) {
+    qsizetype i = 0;
+    while (i < shown.size() && shown[i].isSpace()) ++i;
+    shown = shown.mid(i);
+  }
+  if (shown.isEmpty()) return;
   // The streaming answer is the last paragraph of the view.
   QTextCursor c(chatView_->document());
   c.movePosition(QTextCursor::End);
-  c.insertText(text);
+  c.insertText(shown);
   chatView_->moveCursor(QTextCursor::End);
 }
 
@@ -583,6 +711,9 @@ void WriteTab::start(Action action, bool interactive) {
   streamed_.clear();
   tokens_ = 0;
   promptTokens_ = 0;
+  finalRate_ = 0;
+  firstToken_.invalidate();
+  chatError_.clear();
   stopWanted_ = false;
   job_ = 0;
   early_.clear();
@@ -601,34 +732,112 @@ void WriteTab::start(Action action, bool interactive) {
             if (ref != model_->reference()) return;
             once->deleteLater();
             if (stopWanted_) return finishJob(QString(), tr("stopped"));
-            if (!ok) return finishJob(QString(), tr("cannot read the model: %1").arg(error));
+            if (!ok) return finishJob(QString(), tr("cannot read the model: %1").arg(error), /*error=*/true);
             submitPrepared(action, interactive, info);
           });
   bridge_->requestModelInfo(model_->reference());
 }
 
+namespace {
+// The model's tokenizer on its own (no weights): a GGUF holds its vocabulary,
+// a llama2.c checkpoint's is a file beside it. Null when none opens.
+std::shared_ptr<Vocabulary> openVocabulary(const ModelInfo& info) {
+  std::vector<std::string> candidates;
+  if (info.format == "llama2c") {
+    const QDir dir = QFileInfo(QString::fromStdString(info.path)).dir();
+    for (const char* name : {"tokenizer.bin", "tok512.bin"}) candidates.push_back(dir.filePath(QString::fromLatin1(name)).toStdString());
+  } else {
+    candidates.push_back(info.path);
+  }
+  for (const std::string& c : candidates)
+    if (auto v = Vocabulary::open(c); v.ok()) return v.value();
+  return nullptr;
+}
+
+// What the worker thread hands back: the fitted prompt (or why it does not fit) and the tokenizer it opened.
+struct Prepared {
+  Status status;
+  ChatFit fit;
+  bool counted = false;  // fit.prompt_tokens is the tokenizer's count
+  std::shared_ptr<Vocabulary> vocab;
+};
+}  // namespace
+
 void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& info) {
   if (stopWanted_) return finishJob(QString(), tr("stopped"));
   TextRequest r = baseRequest(interactive);
-  contextTokens_ = default_context_tokens(info.n_ctx_train);
-  if (action == Action::Notebook) {
-    r.prompt = conv().document.toStdString();
-  } else {
-    std::vector<ChatMessage> messages;
-    if (!conv().system.trimmed().isEmpty()) messages.push_back({"system", conv().system.toStdString()});
-    for (int i = 0; i < jobTurn_; ++i) messages.push_back({conv().turns[i].role.toStdString(), conv().turns[i].text().toStdString()});
-    auto rendered = format_chat_prompt(info, messages, /*add_generation_prompt=*/true);
-    if (!rendered.ok()) return finishJob(QString(), tr("chat template error: %1").arg(QString::fromStdString(rendered.status().message)));
-    // The plain format's "Assistant:" wants a space before an answer typed without one.
-    const bool space = info.chat_template.empty() && !streamPrefix_.isEmpty() && !streamPrefix_.front().isSpace();
-    r.prompt = rendered.value() + (space ? " " : "") + streamPrefix_.toStdString();
-    // A template writes its own BOS; do not add a second one.
-    if (!info.bos_token.empty() && r.prompt.rfind(info.bos_token, 0) == 0) r.add_bos = false;
+  updateContextControls();
+  const bool notebook = action == Action::Notebook;
+  ChatFitInput in;
+  in.answer_prefix = streamPrefix_.toStdString();
+  in.context_tokens = notebook ? default_context_tokens(info.n_ctx_train) : contextSize_->value();
+  in.max_new_tokens = r.max_new_tokens;
+  in.policy = overflow_from_name(conv().overflow.toStdString());
+  if (!notebook) {
+    if (!conv().system.trimmed().isEmpty()) in.messages.push_back({"system", conv().system.toStdString()});
+    for (int i = 0; i < jobTurn_; ++i) in.messages.push_back({conv().turns[i].role.toStdString(), conv().turns[i].text().toStdString()});
     if (info.chat_template.empty()) r.stop.push_back("\nUser:");
   }
+  const std::string document = conv().document.toStdString();
+  std::shared_ptr<Vocabulary> vocab = vocabFor_ == QString::fromStdString(info.path) ? vocab_ : nullptr;
+  // Counting a long conversation's tokens (perhaps more than once, as the policy drops
+  // messages) is the tokenizer's work: off the UI thread.
+  QtConcurrent::run([info, in, vocab, notebook, document]() {
+    Prepared p;
+    p.vocab = vocab ? vocab : openVocabulary(info);
+    const TokenCounter count = [v = p.vocab](const std::string& prompt, bool add_bos) -> Result<int> {
+      auto ids = v->tokenize(prompt, add_bos, /*parse_special=*/true);
+      if (!ids.ok()) return ids.status();
+      return static_cast<int>(ids->size());
+    };
+    if (notebook) {
+      p.fit.prompt = document;
+      p.fit.max_new_tokens = in.max_new_tokens;
+      if (p.vocab) {
+        auto n = count(document, true);
+        p.counted = n.ok();
+        if (n.ok()) p.fit.prompt_tokens = n.value();
+      }
+      return p;
+    }
+    if (!p.vocab) {
+      // No tokenizer of its own (a store's llama2.c model): the whole conversation, and the engine says if it does not fit.
+      ChatFitInput all = in;
+      all.context_tokens = INT32_MAX / 2;
+      auto fit = fit_chat(info, all, [](const std::string& prompt, bool) -> Result<int> { return static_cast<int>(prompt.size() / 4); });
+      if (fit.ok()) p.fit = fit.value(), p.fit.max_new_tokens = in.max_new_tokens;
+      else p.status = fit.status();
+      return p;
+    }
+    auto fit = fit_chat(info, in, count);
+    if (fit.ok()) {
+      p.fit = fit.value();
+      p.counted = true;
+    } else {
+      p.status = fit.status();
+    }
+    return p;
+  }).then(this, [this, r, path = QString::fromStdString(info.path), policy = conv().overflow](Prepared p) mutable {
+    if (p.vocab) {
+      vocab_ = p.vocab;
+      vocabFor_ = path;
+    }
+    if (stopWanted_) return finishJob(QString(), tr("stopped"));
+    if (!p.status.ok()) return finishJob(QString(), QString::fromStdString(p.status.message), /*error=*/true);
+    r.prompt = p.fit.prompt;
+    r.add_bos = p.fit.add_bos;
+    r.max_new_tokens = p.fit.max_new_tokens;
+    promptTokens_ = p.counted ? p.fit.prompt_tokens : 0;
+    if (p.fit.dropped_messages > 0)
+      emit statusMessage(tr("Write: %n earlier message(s) left out to fit the context (%1)", nullptr, p.fit.dropped_messages).arg(policy));
+    submitFitted(std::move(r));
+  });
+}
+
+void WriteTab::submitFitted(TextRequest r) {
   promptBytes_ = static_cast<int>(r.prompt.size());
   bridge_->submitText(r, [this](Result<JobId> id) {
-    if (!id.ok()) return finishJob(QString(), QString::fromStdString(id.status().message));
+    if (!id.ok()) return finishJob(QString(), QString::fromStdString(id.status().message), /*error=*/true);
     job_ = id.value();
     if (phase_ == Phase::Preparing) setPhase(Phase::Queued);
     if (stopWanted_) {
@@ -683,6 +892,7 @@ void WriteTab::onEvent(const Event& ev) {
     case EventType::Completed: {
       tokens_ = static_cast<int>(ev.result.ids.size());
       promptTokens_ = static_cast<int>(ev.result.prompt_ids.size());
+      finalRate_ = ev.result.stats.new_tokens_per_s;
       QString note = tr("%1 tokens, %2 tokens/s, stop: %3")
                          .arg(tokens_)
                          .arg(ev.result.stats.new_tokens_per_s, 0, 'f', 1)
@@ -691,7 +901,7 @@ void WriteTab::onEvent(const Event& ev) {
       break;
     }
     case EventType::Failed:
-      finishJob(streamed_, tr("failed: %1").arg(QString::fromStdString(ev.message)));
+      finishJob(streamed_, tr("failed: %1").arg(QString::fromStdString(ev.message)), /*error=*/true);
       break;
     case EventType::Cancelled:
       finishJob(streamed_, tr("stopped"));
@@ -701,21 +911,32 @@ void WriteTab::onEvent(const Event& ev) {
   }
 }
 
-void WriteTab::finishJob(const QString& finalText, const QString& note) {
+void WriteTab::finishJob(const QString& finalText, const QString& note, bool error) {
   // The answer belongs to the conversation it was asked in (the user cannot switch meanwhile).
   for (Conversation& c : conversations_) {
     if (c.id != jobConversation_) continue;
     if (c.mode == QLatin1String("notebook")) c.document = streamPrefix_ + finalText;
     else if (jobTurn_ >= 0 && jobTurn_ < c.turns.size()) {
       ChatTurn& t = c.turns[jobTurn_];
-      t.variants[t.current] = streamPrefix_ + finalText;
-      // An answer that never started leaves no empty variant behind.
+      QString text = finalText;
+      // A new answer starts at its first word (the plain format leaves a space after "Assistant:").
+      if (streamPrefix_.isEmpty()) {
+        qsizetype i = 0;
+        while (i < text.size() && text[i].isSpace()) ++i;
+        text = text.mid(i);
+      }
+      t.variants[t.current] = streamPrefix_ + text;
+      // An answer that never started leaves no empty variant, and no empty bubble, behind.
       if (t.text().isEmpty() && t.variants.size() > 1) {
         t.variants.removeAt(t.current);
         t.current = static_cast<int>(t.variants.size()) - 1;
+      } else if (t.text().isEmpty()) {
+        c.turns.removeAt(jobTurn_);
       }
     }
   }
+  // An error belongs in the chat, where the answer would have been.
+  chatError_ = error ? note : QString();
   job_ = 0;
   jobTurn_ = -1;
   setPhase(Phase::Idle);
@@ -733,16 +954,20 @@ void WriteTab::setPhase(Phase p) {
   regenerateButton_->setEnabled(idle && conv().mode == QLatin1String("chat"));
   continueButton_->setEnabled(idle);
   stopButton_->setEnabled(!idle && p != Phase::Stopping);
+  if (stopKey_) stopKey_->setEnabled(!idle);  // idle, Esc is left to whatever has focus
   notebook_->setReadOnly(!idle);
   mode_->setEnabled(idle);
   static const char* names[] = {"", "preparing...", "queued (or loading the model)...", "reading the prompt...", "writing...", "stopping..."};
-  phaseLabel_->setText(tr(names[static_cast<int>(p)]));
+  phaseLabel_->setText(p == Phase::Queued && bridge_->paused() ? tr("queued: the queue is paused (Queue > Pause / resume)")
+                                                               : tr(names[static_cast<int>(p)]));
   emit phaseChanged(p);
 }
 
 void WriteTab::updateStats() {
   const double seconds = firstToken_.isValid() ? firstToken_.elapsed() / 1000.0 : 0;
-  const double rate = seconds > 0.05 && tokens_ > 1 ? (tokens_ - 1) / seconds : 0;
+  // Once the job is done, its result's rate: the same figure the finished note gives.
+  double rate = seconds > 0.05 && tokens_ > 1 ? (tokens_ - 1) / seconds : 0;
+  if (phase_ == Phase::Idle && finalRate_ > 0) rate = finalRate_;
   // Until the result gives the exact count, the prompt is estimated at 4 bytes per token.
   int prompt = promptTokens_;
   if (prompt == 0 && phase_ != Phase::Idle) prompt = promptBytes_ / 4;

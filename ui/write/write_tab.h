@@ -15,6 +15,8 @@
 #include "write/conversation_store.h"
 
 class QComboBox;
+class QShortcut;
+class QFormLayout;
 class QDoubleSpinBox;
 class QLabel;
 class QListWidget;
@@ -94,8 +96,10 @@ class WriteTab : public QWidget {
   enum class Action { Reply, Regenerate, Continue, Notebook };
   void start(Action action, bool interactive);
   void submitPrepared(Action action, bool interactive, const atelier::ModelInfo& info);
+  void submitFitted(atelier::TextRequest request);
+  void updateContextControls();  // the context size's range and its KV cost, for the model and conversation
   void onEvent(const atelier::Event& event);
-  void finishJob(const QString& finalText, const QString& note);
+  void finishJob(const QString& finalText, const QString& note, bool error = false);
   void setPhase(Phase p);
   void render();  // the whole conversation into the view
   void appendStreamText(const QString& text);
@@ -114,6 +118,7 @@ class WriteTab : public QWidget {
   QVector<Conversation> conversations_;
   int current_ = 0;
 
+  QFormLayout* form_;
   QComboBox* mode_;
   QListWidget* conversationList_;
   ModelPicker* model_;
@@ -124,6 +129,9 @@ class WriteTab : public QWidget {
   QDoubleSpinBox* minP_;
   QDoubleSpinBox* repeatPenalty_;
   QSpinBox* maxTokens_;
+  QSpinBox* contextSize_;
+  QComboBox* overflow_;
+  QLabel* contextNote_;
   QPlainTextEdit* stops_;
   SeedBox* seed_;
   QLabel* templateNote_;
@@ -139,6 +147,7 @@ class WriteTab : public QWidget {
   QPushButton* copyButton_;
   QPushButton* saveButton_;
   QLabel* phaseLabel_;
+  QShortcut* stopKey_ = nullptr;  // Esc, window-wide while a generation runs
 
   // The generation in flight.
   Phase phase_ = Phase::Idle;
@@ -149,6 +158,8 @@ class WriteTab : public QWidget {
   int jobTurn_ = -1;                 // the assistant turn being written (chat)
   QString streamPrefix_;             // text the answer continues (Continue)
   QString streamed_;                 // text received so far
+  QString chatError_;                // shown under the conversation until the next generation
+  double finalRate_ = 0;             // the finished job's tokens/s, as its result reports it
   int tokens_ = 0;
   int promptTokens_ = 0;             // exact, from the result
   int promptBytes_ = 0;              // the submitted prompt's size: the estimate until then
@@ -156,6 +167,8 @@ class WriteTab : public QWidget {
   QElapsedTimer firstToken_;
   std::optional<atelier::ModelInfo> info_;  // of model_->reference()
   QString infoFor_;
+  std::shared_ptr<atelier::Vocabulary> vocab_;  // of info_'s model: counts prompts as the engine does
+  QString vocabFor_;
 };
 
 }  // namespace atelier::ui
