@@ -1179,11 +1179,14 @@ const FakeCase kFakeCases[] = {
     {"bf16-nhwc", {kernels::DType::BF16, kernels::Layout::NHWC}, 0.03},
 };
 
-#define EXPECT_CLOSE(want, got, fc, what)                                                      \
-  do {                                                                                         \
-    if ((fc).tol == 0) EXPECT_EQ(want, got) << (fc).name << " " << (what);                    \
-    else EXPECT_LE(rel_diff(want, got), (fc).tol) << (fc).name << " " << (what);               \
-    if ((fc).tol != 0) EXPECT_GT(rel_diff(want, got), 0.0) << (fc).name << " " << (what) << ": not rounded"; \
+#define EXPECT_CLOSE(want, got, fc, what)                                                          \
+  do {                                                                                             \
+    if ((fc).tol == 0) {                                                                           \
+      EXPECT_EQ(want, got) << (fc).name << " " << (what);                                          \
+    } else {                                                                                       \
+      EXPECT_LE(rel_diff(want, got), (fc).tol) << (fc).name << " " << (what);                      \
+      EXPECT_GT(rel_diff(want, got), 0.0) << (fc).name << " " << (what) << ": not rounded";        \
+    }                                                                                              \
   } while (0)
 
 TEST(SdFakeDevice, NetworksRunOnDeviceMemoryOnlyInTheDevicesTypeAndLayout) {

@@ -77,7 +77,9 @@ class Dev {
     }
   }
   ~Dev() {
-    if (fake_) EXPECT_EQ(fake_->violations(), std::vector<std::string>{});
+    if (fake_) {
+      EXPECT_EQ(fake_->violations(), std::vector<std::string>{});
+    }
     bufs_.clear();
     be_.reset();
   }
@@ -188,8 +190,11 @@ double rel_err(const std::vector<float>& y, const std::vector<float>& ref) {
 // rounding otherwise.
 #define EXPECT_ACT_EQ(y, ref)                                                      \
   do {                                                                             \
-    if (dev.exact()) EXPECT_EQ(y, ref);                                            \
-    else EXPECT_LE(rel_err(y, ref), dev.act_tol());                                \
+    if (dev.exact()) {                                                             \
+      EXPECT_EQ(y, ref);                                                           \
+    } else {                                                                       \
+      EXPECT_LE(rel_err(y, ref), dev.act_tol());                                   \
+    }                                                                              \
   } while (0)
 
 std::vector<float> rows_of(const std::vector<float>& v, int64_t r0, int64_t n, int64_t dim) {
@@ -718,8 +723,9 @@ TEST_P(BackendOps, RopeStoreKvIsTheThreeOps) {
     EXPECT_ACT_EQ(dev.get(k1, k.size()), dev.get(k2, k.size()));
     // The fused op stores K as roped, before it is rounded to the activation
     // type (as a device fusing them does); the three ops store the rounded K.
-    if (dev.exact())
+    if (dev.exact()) {
       EXPECT_EQ(dev.get(static_cast<uint8_t*>(a.layout.k), bytes), dev.get(static_cast<uint8_t*>(b.layout.k), bytes));
+    }
   }
 }
 
@@ -870,8 +876,11 @@ TEST_P(BackendOps, PagedAttentionOverAQ8_0CacheReadsItsDequantizedRows) {
           dev.be().paged_attention(c32.layout, a, dq, o32);
           const auto y8 = dev.get(o8, static_cast<size_t>(rows * qd)), y32 = dev.get(o32, static_cast<size_t>(rows * qd));
           // (The F32 cache's rows went through the activation type on their way in.)
-          if (dev.exact()) ASSERT_EQ(0, std::memcmp(y8.data(), y32.data(), y8.size() * 4)) << what << " window " << window;
-          else EXPECT_LE(rel_err(y8, y32), dev.act_tol()) << what << " window " << window;
+          if (dev.exact()) {
+            ASSERT_EQ(0, std::memcmp(y8.data(), y32.data(), y8.size() * 4)) << what << " window " << window;
+          } else {
+            EXPECT_LE(rel_err(y8, y32), dev.act_tol()) << what << " window " << window;
+          }
           expect_attention_batch_invariant(dev, c8.layout, a, dq, y8, what);
           Cache h = c8;  // the reference reads the host copy
           place(h, kbytes.data());

@@ -216,12 +216,18 @@ class StudioTest : public QObject {
   // client, and a chat answer still arrives (through the job database).
   void clientOfAHeadlessRunner() {
     QProcess headless;
-    headless.setProcessChannelMode(QProcess::ForwardedChannels);
+    headless.setProcessChannelMode(QProcess::MergedChannels);
     QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
     headless.setProcessEnvironment(env);
     headless.start(QStringLiteral(ATELIER_BINARY), {QStringLiteral("--headless"), QStringLiteral("--watch"), QStringLiteral("--data-dir"), home_->home()});
     QVERIFY(headless.waitForStarted(10000));
-    QTest::qWait(1500);  // it holds the runner lock
+    // It holds the runner lock once it says so (a fixed wait lost that race on a loaded machine).
+    QByteArray said;
+    auto output = [&] {
+      said += headless.readAll();
+      return said;
+    };
+    QTRY_VERIFY_WITH_TIMEOUT(output().contains("running the queue"), 30000);
     auto w = openWindow();
     QTRY_VERIFY_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("another process runs the queue")), 10000);
     QVERIFY(!w->bridge()->executes());
