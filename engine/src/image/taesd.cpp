@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "core/cancel.h"
 #include "core/error.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
@@ -243,6 +244,7 @@ std::vector<float> TaesdNet::run(Workspace::Lease& ws, const float* input, int h
   int64_t c = kind_ == Kind::encoder ? 3 : latent_channels_;
   ws.upload(S[cur], input, c * h * w * int64_t{sizeof(float)});
   for (const auto& l : layers_) {
+    throw_if_cancelled();  // a cancellation point between layers (core/cancel.h)
     float* x = S[cur];
     switch (l->type) {
       case T::clamp: be.tanh_clamp(x, x, c * h * w, 3.0f); break;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cancel.h"
 #include "core/error.h"
 
 namespace atelier::image {
@@ -446,6 +447,7 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   auto move_to = [&](int k) { cur = (cur + 1 + k) % 4; };
   ws.upload(X(), in.x, n * c * h * w * int64_t{sizeof(float)});
   auto run = [&](const Block& b) {
+    throw_if_cancelled();  // a cancellation point between blocks (core/cancel.h)
     if (b.conv) {
       b.conv->run(be, X(), other(0), n, h, w);
       move_to(0);
