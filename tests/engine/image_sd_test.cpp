@@ -381,6 +381,81 @@ TEST(ImageJobs, ShutdownDuringAHugeStepIsBoundedAndRequeues) {
   fs::remove_all(dir);
 }
 
+// Issue 35: memory is admitted before a job is accepted. A request whose
+// estimate exceeds what the device offers (here a cap between the 256x256 and
+// 512x512 estimates) is refused at submission with both numbers and the
+// largest size that fits; nothing is queued; that size is accepted.
+TEST(ImageJobs, SubmissionRefusesWhatCannotFitWithTheEstimate) {
+  const fs::path dir = fresh_dir("estimate");
+  ImageRequest small = request(70), big = request(70);
+  small.width = small.height = 256;
+  big.width = big.height = 512;
+  int64_t cap = 0;
+  {
+    auto e = open_engine(dir);
+    ASSERT_TRUE(e);
+    auto s = e->estimate(small), b = e->estimate(big);
+    ASSERT_TRUE(s.ok() && b.ok()) << s.status().message << b.status().message;
+    EXPECT_TRUE(s->fits && b->fits);
+    EXPECT_GT(s->weight_bytes, 0);
+    EXPECT_GT(b->working_bytes, s->working_bytes);
+    cap = (s->working_bytes + b->working_bytes) / 2 + s->weight_bytes;
+  }
+  fs::remove_all(dir);
+  EngineConfig c;
+  c.data_dir = dir.string();
+  c.store_dir = (dir / "store").string();
+  c.threads = 2;
+  c.image_memory_bytes = cap;
+  auto opened = Engine::open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status().message;
+  Engine& e = *opened.value();
+  e.pause();
+  auto est = e.estimate(big);
+  ASSERT_TRUE(est.ok());
+  EXPECT_FALSE(est->fits);
+  EXPECT_EQ(est->limit_bytes, cap);
+  EXPECT_GE(est->fit_width, 256);
+  EXPECT_LT(est->fit_width, 512);
+  EXPECT_EQ(est->fit_width, est->fit_height);  // the same shape
+  auto refused = e.submit(big);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code, StatusCode::InvalidArgument);
+  const std::string& m = refused.status().message;
+  EXPECT_NE(m.find("512x512"), std::string::npos) << m;
+  EXPECT_NE(m.find("GiB of working memory"), std::string::npos) << m;
+  EXPECT_NE(m.find("at most " + std::to_string(est->fit_width) + "x" + std::to_string(est->fit_height) + " fits"), std::string::npos) << m;
+  EXPECT_TRUE(e.list().empty());
+  ImageRequest fitting = big;
+  fitting.width = est->fit_width;
+  fitting.height = est->fit_height;
+  EXPECT_TRUE(e.submit(fitting).ok());
+  EXPECT_EQ(e.list().size(), 1u);
+  opened.value().reset();
+  fs::remove_all(dir);
+}
+
+// A request that fits but would take hours is accepted with a warning; a small one has none.
+TEST(ImageJobs, AnUnusuallyLongRequestIsWarnedAbout) {
+  const fs::path dir = fresh_dir("warn");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  ImageRequest huge = request(71);
+  huge.width = huge.height = 4096;
+  huge.steps = 20;
+  auto est = e->estimate(huge);
+  ASSERT_TRUE(est.ok()) << est.status().message;
+  EXPECT_GT(est->seconds, kImageWarnSeconds);
+  EXPECT_NE(est->warning.find("4096x4096"), std::string::npos) << est->warning;
+  auto small = e->estimate(request(72));
+  ASSERT_TRUE(small.ok());
+  EXPECT_GT(small->seconds, 0);
+  EXPECT_LT(small->seconds, est->seconds / 1000);  // attention grows with the square of the positions
+  EXPECT_TRUE(small->warning.empty()) << small->warning;
+  e.reset();
+  fs::remove_all(dir);
+}
+
 TEST(ImageJobs, RequestsRoundTripThroughJson) {
   ImageRequest r = request(77);
   r.batch_size = 2;

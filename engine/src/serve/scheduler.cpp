@@ -1242,7 +1242,7 @@ void Scheduler::admit_images(int64_t now) {
       // Encodes the prompts (and an init image): a model call, done once.
       set_lane_busy({j.id});
       err = guarded([&]() -> Status {
-        j.run = std::make_unique<ImageRun>(*m->slot->model, j.req);
+        j.run = std::make_unique<ImageRun>(*m->slot->model, j.req, config_.image_memory_bytes);
         return Status{};
       });
       set_lane_busy({});
