@@ -1317,6 +1317,7 @@ void Scheduler::image_step() {
       return Status{};
     });
     if (!previewed.ok() && previewed.code != StatusCode::Cancelled) {
+      set_lane_busy({});
       finish_image(*j, JobState::Failed, previewed);
       continue;
     }
