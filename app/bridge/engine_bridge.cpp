@@ -88,6 +88,7 @@ void EngineBridge::start() {
     config.max_wait_ms = o.maxWaitMs;
     config.kv_memory_bytes = o.kvMemoryBytes;
     config.model_cache_bytes = o.modelCacheBytes;
+    config.image_memory_bytes = o.imageMemoryBytes;
     config.kv_type = o.kvType;
     auto result = Engine::open(config);
     bool executes = true;

@@ -57,6 +57,7 @@ class EngineBridge : public QObject {
     int maxWaitMs = 100;
     int64_t kvMemoryBytes = int64_t{1} << 30;
     int64_t modelCacheBytes = int64_t{8} << 30;
+    int64_t imageMemoryBytes = 0;  // EngineConfig::image_memory_bytes: an image job's cap (0: the machine's memory)
     KvType kvType = KvType::F16;
   };
   explicit EngineBridge(Options options, QObject* parent = nullptr);

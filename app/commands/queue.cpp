@@ -418,6 +418,9 @@ int run_batch(const BatchOptions& o) {
       auto id = e.submit(l.image_request, l.key);
       if (id.ok()) l.job = id.value();
       else refused[l.number] = id.status().message;
+      // Accepted but unusually long: said now, not discovered hours later (the estimate is cached from submit).
+      if (auto est = e.estimate(l.image_request); id.ok() && est.ok() && !est->warning.empty())
+        std::fprintf(stderr, "line %d: warning: %s\n", l.number, est->warning.c_str());
     }
     if (g_interrupted) {
       size_t queued = 0;

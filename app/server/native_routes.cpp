@@ -94,6 +94,7 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
   http.Post("/v1/jobs", guarded(ctx, [&ctx](const httplib::Request& req, httplib::Response& res) {
               parse_body(req);  // a JSON object, or a 400 in OpenAI's shape
               Result<JobId> id = Status{};
+              std::string warning;  // an image that would take unusually long (accepted, told)
               if (is_image_request_json(req.body)) {
                 auto r = image_request_from_json(req.body);
                 if (!r.ok()) throw from_status(r.status());
@@ -108,6 +109,7 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
                 if (r->batch_count * r->batch_size > ctx.options.max_images)
                   throw bad_field("batch_size", "x batch_count must be at most " + std::to_string(ctx.options.max_images) + " (--max-images)");
                 if (!r->output.empty()) r->output = output_file(ctx, "output", r->output, r->batch_count * r->batch_size);
+                if (auto est = ctx.engine.estimate(r.value()); est.ok()) warning = est->warning;
                 id = ctx.engine.submit(r.value());
               } else {
                 auto r = request_from_json(req.body);
@@ -120,7 +122,9 @@ void add_native_routes(httplib::Server& http, Context& ctx) {
                 id = ctx.engine.submit(r.value());
               }
               if (!id.ok()) throw from_status(id.status());
-              send_json(res, job_json(find_job(ctx, id.value())), 201);
+              json out = job_json(find_job(ctx, id.value()));
+              if (!warning.empty()) out["warning"] = warning;
+              send_json(res, out, 201);
             }));
 
   http.Get("/v1/jobs", guarded(ctx, [&ctx](const httplib::Request& req, httplib::Response& res) {

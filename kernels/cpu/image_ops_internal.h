@@ -13,7 +13,7 @@ namespace atelier::kernels::cpu {
 template <class Fn>
 void run_parallel(Executor* ex, int64_t n, Fn&& fn) {
   if (n <= 0) return;
-  if (!ex || ex->threads() <= 1 || n == 1) {
+  if (!ex || n == 1) {  // a one-thread pool still slices under a cancel flag (engine core/cancel.h)
     fn(int64_t{0}, n);
     return;
   }

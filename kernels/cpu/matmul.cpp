@@ -483,7 +483,7 @@ void matmul_many(const WeightView* const* w, float* const* y, int count, const f
     }
   };
   const int64_t units = first[count];
-  if (!ex || ex->threads() <= 1 || units == 1) return run(0, units);
+  if (!ex || units == 1) return run(0, units);  // a one-thread pool still slices under a cancel flag (engine core/cancel.h)
   ex->parallel_for(units, run);
 }
 

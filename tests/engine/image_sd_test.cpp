@@ -297,6 +297,165 @@ TEST(ImageJobs, AJobInterruptedByShutdownRunsAgainToTheSameImage) {
   fs::remove_all(dir);
 }
 
+// Issue 35: a request whose one UNet call takes far longer than the test
+// (self-attention over 36,864 latent positions: tens of seconds here, minutes
+// under ASan) stops inside that call, within a second or two of the cancel
+// or the shutdown, not at the end of the step.
+namespace {
+ImageRequest huge_request(uint64_t seed) {
+  ImageRequest r = request(seed);
+  r.width = r.height = 1536;
+  r.steps = 2;
+  return r;
+}
+}  // namespace
+
+TEST(ImageJobs, CancelStopsInsideAHugeStep) {
+  const fs::path dir = fresh_dir("cancel-huge");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  auto log = std::make_shared<EventLog>();
+  e->subscribe(0, [log](const Event& ev) { (*log)(ev); });
+  auto id = e->submit(huge_request(60));
+  ASSERT_TRUE(id.ok()) << id.status().message;
+  const auto has = [&](EventType t) {
+    for (const Event& ev : log->snapshot())
+      if (ev.type == t) return true;
+    return false;
+  };
+  for (int i = 0; i < 12000 && !has(EventType::Started); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(has(EventType::Started));
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // into the first UNet call (the assertions hold in any phase)
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(e->cancel(id.value()).ok());
+  for (int i = 0; i < 6000 && !has(EventType::Cancelled); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(has(EventType::Cancelled)) << "not cancelled after " << ms << " ms";
+  EXPECT_LT(ms, 2000.0);
+  EXPECT_FALSE(has(EventType::Preview)) << "the first step ran to its end";
+  auto info = e->job(id.value());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, JobState::Cancelled);
+  // The lane runs the next job.
+  ImageRequest small = request(61);
+  small.steps = 1;
+  auto next = e->submit(small);
+  ASSERT_TRUE(next.ok());
+  ASSERT_TRUE(e->wait_idle(120'000));
+  EXPECT_EQ(e->job(next.value())->state, JobState::Completed);
+  e.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ImageJobs, ShutdownDuringAHugeStepIsBoundedAndRequeues) {
+  const fs::path dir = fresh_dir("stop-huge");
+  JobId id = 0;
+  {
+    std::atomic<bool> started{false};
+    auto e = open_engine(dir);
+    ASSERT_TRUE(e);
+    e->subscribe(0, [&](const Event& ev) {
+      if (ev.type == EventType::Started) started = true;
+    });
+    auto sid = e->submit(huge_request(62));
+    ASSERT_TRUE(sid.ok()) << sid.status().message;
+    id = sid.value();
+    for (int i = 0; i < 12000 && !started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(started);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto t0 = std::chrono::steady_clock::now();
+    e.reset();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 3000.0) << "the engine's shutdown waited for the step";
+  }
+  EngineConfig c;
+  c.data_dir = dir.string();
+  c.store_dir = (dir / "store").string();
+  c.execute = false;
+  auto reader = Engine::open(c);
+  ASSERT_TRUE(reader.ok()) << reader.status().message;
+  auto info = reader.value()->job(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, JobState::Queued);
+  reader.value().reset();
+  fs::remove_all(dir);
+}
+
+// Issue 35: memory is admitted before a job is accepted. A request whose
+// estimate exceeds what the device offers (here a cap between the 256x256 and
+// 512x512 estimates) is refused at submission with both numbers and the
+// largest size that fits; nothing is queued; that size is accepted.
+TEST(ImageJobs, SubmissionRefusesWhatCannotFitWithTheEstimate) {
+  const fs::path dir = fresh_dir("estimate");
+  ImageRequest small = request(70), big = request(70);
+  small.width = small.height = 256;
+  big.width = big.height = 512;
+  int64_t cap = 0;
+  {
+    auto e = open_engine(dir);
+    ASSERT_TRUE(e);
+    auto s = e->estimate(small), b = e->estimate(big);
+    ASSERT_TRUE(s.ok() && b.ok()) << s.status().message << b.status().message;
+    EXPECT_TRUE(s->fits && b->fits);
+    EXPECT_GT(s->weight_bytes, 0);
+    EXPECT_GT(b->working_bytes, s->working_bytes);
+    cap = (s->working_bytes + b->working_bytes) / 2 + s->weight_bytes;
+  }
+  fs::remove_all(dir);
+  EngineConfig c;
+  c.data_dir = dir.string();
+  c.store_dir = (dir / "store").string();
+  c.threads = 2;
+  c.image_memory_bytes = cap;
+  auto opened = Engine::open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status().message;
+  Engine& e = *opened.value();
+  e.pause();
+  auto est = e.estimate(big);
+  ASSERT_TRUE(est.ok());
+  EXPECT_FALSE(est->fits);
+  EXPECT_EQ(est->limit_bytes, cap);
+  EXPECT_GE(est->fit_width, 256);
+  EXPECT_LT(est->fit_width, 512);
+  EXPECT_EQ(est->fit_width, est->fit_height);  // the same shape
+  auto refused = e.submit(big);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code, StatusCode::InvalidArgument);
+  const std::string& m = refused.status().message;
+  EXPECT_NE(m.find("512x512"), std::string::npos) << m;
+  EXPECT_NE(m.find("GiB of working memory"), std::string::npos) << m;
+  EXPECT_NE(m.find("at most " + std::to_string(est->fit_width) + "x" + std::to_string(est->fit_height) + " fits"), std::string::npos) << m;
+  EXPECT_TRUE(e.list().empty());
+  ImageRequest fitting = big;
+  fitting.width = est->fit_width;
+  fitting.height = est->fit_height;
+  EXPECT_TRUE(e.submit(fitting).ok());
+  EXPECT_EQ(e.list().size(), 1u);
+  opened.value().reset();
+  fs::remove_all(dir);
+}
+
+// A request that fits but would take hours is accepted with a warning; a small one has none.
+TEST(ImageJobs, AnUnusuallyLongRequestIsWarnedAbout) {
+  const fs::path dir = fresh_dir("warn");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  ImageRequest huge = request(71);
+  huge.width = huge.height = 4096;
+  huge.steps = 20;
+  auto est = e->estimate(huge);
+  ASSERT_TRUE(est.ok()) << est.status().message;
+  EXPECT_GT(est->seconds, kImageWarnSeconds);
+  EXPECT_NE(est->warning.find("4096x4096"), std::string::npos) << est->warning;
+  auto small = e->estimate(request(72));
+  ASSERT_TRUE(small.ok());
+  EXPECT_GT(small->seconds, 0);
+  EXPECT_LT(small->seconds, est->seconds / 1000);  // attention grows with the square of the positions
+  EXPECT_TRUE(small->warning.empty()) << small->warning;
+  e.reset();
+  fs::remove_all(dir);
+}
+
 TEST(ImageJobs, RequestsRoundTripThroughJson) {
   ImageRequest r = request(77);
   r.batch_size = 2;

@@ -36,6 +36,10 @@ struct EngineConfig {
   // then the least recently used ones no job is using are unloaded first. A
   // model in use is never unloaded; one larger than the budget still loads.
   int64_t model_cache_bytes = int64_t{8} << 30;
+  // What one image job's weights and working memory may take (0: the
+  // device's memory: this machine's, or the process's ulimit -v / -d).
+  // submit() refuses an image request over it with an estimate (issue 35).
+  int64_t image_memory_bytes = 0;
   // Paged KV block size in positions. Attention reads a block's rows of a
   // layer as one run, and short runs stream poorly (engine/README.md, KV).
   int kv_block_tokens = 64;
@@ -182,6 +186,11 @@ class Engine {
   // that failed or was cancelled is queued afresh). KEYS: one per request.
   Result<std::vector<JobId>> submit_many(const std::vector<TextRequest>& requests, const std::vector<std::string>& keys);
   Result<JobId> submit(const ImageRequest& request, const std::string& key);
+  // What REQUEST will cost here (memory, an estimated time and a warning when
+  // it would take unusually long; models.h estimate_image). submit() refuses
+  // an image request that does not fit with the estimate's message (the
+  // numbers and the largest size that fits), before anything is queued.
+  Result<ImageEstimate> estimate(const ImageRequest& request) const;
   // The queued, running or completed job submitted under KEY; NotFound when none.
   Result<JobId> find_submitted(const std::string& key) const;
   Status cancel(JobId id);                    // takes effect within one step; NotFound / InvalidArgument if finished

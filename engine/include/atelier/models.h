@@ -142,6 +142,12 @@ Result<std::vector<ImageResult>> generate_image(const ImageRequest& request);
 Result<std::vector<ImageResult>> generate_image(const ImageRequest& request, const std::string& store_dir,
                                                 const ImageProgressFn& progress = {});
 
+// The estimate of REQUEST (request.model resolved in STORE_DIR, "" = the
+// default store). A one-pass generator (QuickDraw) always fits. NotFound /
+// Unsupported / InvalidModel as generate_image would say.
+// LIMIT_BYTES > 0 caps the device's memory (EngineConfig::image_memory_bytes).
+Result<ImageEstimate> estimate_image(const ImageRequest& request, const std::string& store_dir = "", int64_t limit_bytes = 0);
+
 // Where image INDEX of COUNT goes when a request names OUT: OUT itself for
 // one image, OUT-1.png ... OUT-N.png (the stem numbered) for several.
 std::string numbered_output_path(const std::string& out, int index, int count);

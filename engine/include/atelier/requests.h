@@ -153,6 +153,24 @@ struct ImageRequest {
   int priority = 0;
   bool interactive = false;
 };
+// What an image request will cost on the device that runs it (the CPU:
+// this machine's memory, or the process's ulimit -v / -d), from the model's
+// shapes, without running it. Engine::submit refuses a request that does not
+// fit (the same rule generate_image applies before any work); a warning says
+// when it would take unusually long.
+struct ImageEstimate {
+  int64_t weight_bytes = 0;      // the model's weights, loaded
+  int64_t working_bytes = 0;     // workspaces (classifier-free guidance: 2 x batch_size UNet rows), latents, the picture
+  int64_t limit_bytes = 0;       // what the device offers (0: unknown)
+  std::string limit_source;      // "this machine has", "this process may use (ulimit -v)"
+  bool fits = true;
+  int fit_width = 0, fit_height = 0;  // !fits: the largest size of the same shape that fits (0 x 0: none)
+  double unet_flops = 0;         // every UNet evaluation of the request
+  double seconds = 0;            // the whole request here, estimated from unet_flops and this machine's measured FMA peak (0: not estimated)
+  std::string message;           // !fits: why, with the numbers and the size that fits
+  std::string warning;           // set when it would take unusually long (kImageWarnSeconds)
+};
+inline constexpr double kImageWarnSeconds = 15 * 60;
 // The JSON form ("kind": "image" plus the fields above), for the job database and batch files.
 std::string image_request_to_json(const ImageRequest& request);
 Result<ImageRequest> image_request_from_json(std::string_view json);

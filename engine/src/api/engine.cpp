@@ -138,6 +138,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };
   if (c.data_dir.empty()) return bad("the engine needs a data dir");
   if (c.max_batch < 1 || c.max_batch > 1024) return bad("max_batch must be between 1 and 1024");
+  if (c.image_memory_bytes < 0) return bad("image_memory_bytes must be 0 (the device's memory) or positive");
   if (c.max_wait_ms < 0 || c.max_wait_ms > 60'000) return bad("max_wait_ms must be between 0 and 60000");
   if (c.kv_memory_bytes <= 0) return bad("the KV memory budget must be positive");
   if (c.kv_block_tokens < 1 || c.kv_block_tokens > 4096) return bad("kv_block_tokens must be between 1 and 4096");
@@ -286,12 +287,20 @@ Result<JobId> Engine::submit(const ImageRequest& request, const std::string& key
   // Checked now, not after the render: the model is an image model and the output can be written.
   if (Status st = check_image_model_kind(request.model, impl_->config.store_dir); !st.ok()) return st;
   if (Status st = check_image_output(request.output); !st.ok()) return st;
+  // Memory is admitted before a job is accepted (issue 35): what cannot fit
+  // is refused now, not found out when the job starts. An estimate that
+  // cannot be made leaves the loader to say what is wrong when the job runs.
+  if (auto est = estimate(request); est.ok() && !est->fits) return Status::error(StatusCode::InvalidArgument, est->message);
   ImageRequest r = request;
   // Fixed now, so the job's images are the same whenever (and however often) it runs.
   if (r.seed == SamplingParams::kRandomSeed) r.seed = pick_image_seed();
   auto ids = insert_jobs(*impl_, {{image_request_to_json(r), r.priority, r.interactive, r.seed, key}});
   if (!ids.ok()) return ids.status();
   return ids.value().front();
+}
+
+Result<ImageEstimate> Engine::estimate(const ImageRequest& request) const {
+  return estimate_image(request, impl_->config.store_dir, impl_->config.image_memory_bytes);
 }
 
 Result<JobId> Engine::find_submitted(const std::string& key) const {

@@ -227,6 +227,8 @@ Status write_png(const ImageResult& result, const ImageRequest& request, const s
                            {"atelier", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
   } catch (const std::bad_alloc&) {
     return Status::error(StatusCode::Io, "out of memory while encoding " + path);
+  } catch (const Error& e) {
+    return Status::error(e.code() == StatusCode::Cancelled ? StatusCode::Cancelled : StatusCode::Io, e.what());
   } catch (const std::exception& e) {
     return Status::error(StatusCode::Io, e.what());
   }

@@ -7,12 +7,16 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "api/text_model_impl.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "core/utf8.h"
 #include "formats/safetensors.h"
 #include "formats/sniff.h"
@@ -256,30 +260,129 @@ uint64_t memory_limit_bytes(std::string* what) {
   return limit;
 }
 
-Status check_image_memory(const image::DiffusionModel& model, const ImageRequest& r) {
-  // Classifier-free guidance evaluates every image twice (with and without the prompt).
-  const int64_t work = model.working_bytes(2 * r.batch_size, r.height / 8, r.width / 8, !r.init_image.empty());
-  if (work <= 0) return {};
-  std::string what;
-  const uint64_t limit = memory_limit_bytes(&what);
-  const int64_t weights = model.weight_bytes();
-  if (limit == 0 || static_cast<uint64_t>(work + weights) <= limit) return {};
-  auto gib = [](double b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
-    return std::string(buf);
-  };
-  return Status::error(StatusCode::InvalidArgument,
-                       "a " + std::to_string(r.width) + "x" + std::to_string(r.height) + " image with batch size " +
-                           std::to_string(r.batch_size) + " needs about " + gib(static_cast<double>(work)) +
-                           " of working memory beside " + gib(static_cast<double>(weights)) + " of weights, more than the " +
-                           gib(static_cast<double>(limit)) + " " + what + ": use a smaller width and height or batch size");
+namespace {
+
+std::string gib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return buf;
 }
 
-ImageRun::ImageRun(LoadedDiffusion& m, const ImageRequest& request) : m_(m), request_(request) {
+// The memory half of an estimate: R's working memory beside MODEL's weights
+// against what this machine (or the process's ulimit) offers, and when it
+// does not fit, the largest size of the same shape that does.
+void estimate_memory(const image::DiffusionModel& model, const ImageRequest& r, int64_t cap_bytes, ImageEstimate& e) {
+  // Classifier-free guidance evaluates every image twice (with and without the prompt).
+  const auto work = [&](int w, int h) { return model.working_bytes(2 * r.batch_size, h / 8, w / 8, !r.init_image.empty()); };
+  e.working_bytes = work(r.width, r.height);
+  e.weight_bytes = model.weight_bytes();
+  e.limit_bytes = static_cast<int64_t>(memory_limit_bytes(&e.limit_source));
+  if (cap_bytes > 0 && (e.limit_bytes == 0 || cap_bytes < e.limit_bytes)) {
+    e.limit_bytes = cap_bytes;
+    e.limit_source = "the engine allows an image job";
+  }
+  const auto fits = [&](int64_t work_bytes) { return work_bytes <= 0 || e.limit_bytes == 0 || work_bytes + e.weight_bytes <= e.limit_bytes; };
+  if (fits(e.working_bytes)) return;
+  e.fits = false;
+  // Widths in steps of 8 pixels, the height keeping the shape (a multiple of 8, at least 8).
+  const auto height_for = [&](int w) {
+    return std::max(8, static_cast<int>(std::lround(static_cast<double>(r.height) * w / r.width / 8.0)) * 8);
+  };
+  int lo = 0, hi = r.width / 8 - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (fits(work(8 * mid, height_for(8 * mid)))) lo = mid;
+    else hi = mid - 1;
+  }
+  if (lo > 0 && fits(work(8 * lo, height_for(8 * lo)))) {
+    e.fit_width = 8 * lo;
+    e.fit_height = height_for(8 * lo);
+  }
+  e.message = "a " + std::to_string(r.width) + "x" + std::to_string(r.height) + " image with batch size " +
+              std::to_string(r.batch_size) + " needs about " + gib(static_cast<double>(e.working_bytes)) +
+              " of working memory beside " + gib(static_cast<double>(e.weight_bytes)) + " of weights, more than the " +
+              gib(static_cast<double>(e.limit_bytes)) + " " + e.limit_source + ": use a smaller width and height or batch size" +
+              (e.fit_width ? " (at most " + std::to_string(e.fit_width) + "x" + std::to_string(e.fit_height) + " fits)" : "");
+}
+
+// This machine's measured FMA peak over every core, once per process (~0.1 s).
+double peak_gflop_per_s() {
+  static const double peak = [] {
+    ThreadPool pool(0);
+    return kernels::measure_peak_gflop_per_s(&pool);
+  }();
+  return peak;
+}
+
+// The time half: every UNet evaluation's FLOPs over a quarter of the peak
+// (the UNet reached 53% of it at 256x256 and its attention ~8% at 512x512:
+// a quarter is right within a few times, enough to tell minutes from hours).
+void estimate_time(const image::SdModel& model, const ImageRequest& r, ImageEstimate& e) {
+  const double rows = r.batch_size * (r.cfg_scale == 1.0f ? 1.0 : 2.0);
+  const double evals = r.steps * (r.sampler == "heun" ? 2.0 : 1.0) * (r.init_image.empty() ? 1.0 : r.strength);
+  e.unet_flops = image::unet_flops(model.info().unet, r.height / 8, r.width / 8) * rows * evals * r.batch_count;
+  const double rate = 0.25 * peak_gflop_per_s() * 1e9;
+  if (rate <= 0) return;
+  e.seconds = e.unet_flops / rate;
+  if (e.seconds < kImageWarnSeconds) return;
+  char buf[64];
+  if (e.seconds < 2 * 3600) std::snprintf(buf, sizeof buf, "about %.0f minutes", e.seconds / 60);
+  else std::snprintf(buf, sizeof buf, "about %.0f hours", e.seconds / 3600);
+  e.warning = "this " + std::to_string(r.width) + "x" + std::to_string(r.height) + " image would take " + buf +
+              " on this machine (estimated): a smaller size or fewer steps is much faster";
+}
+
+}  // namespace
+
+Status check_image_memory(const image::DiffusionModel& model, const ImageRequest& r, int64_t cap_bytes) {
+  ImageEstimate e;
+  estimate_memory(model, r, cap_bytes, e);
+  return e.fits ? Status{} : Status::error(StatusCode::InvalidArgument, e.message);
+}
+
+Result<ImageEstimate> estimate_image(const ImageRequest& r, const std::string& store_dir, int64_t limit_bytes) {
+  if (Status st = validate_image_request(r); !st.ok()) return st;
+  ResolvedModel resolved;
+  std::error_code ec;
+  if (std::filesystem::is_directory(r.model, ec)) {
+    resolved.path = resolved.display = r.model;
+  } else {
+    auto found = resolve_model(r.model, store_dir, {});  // no hashing: cheap at submission
+    if (!found.ok()) return found.status();
+    resolved = found.value();
+  }
+  return guarded([&]() -> Result<ImageEstimate> {
+    if (!std::filesystem::is_directory(resolved.path, ec) && is_one_pass_image_model(resolved, resolved.path))
+      return ImageEstimate{};
+    // The numbers depend on the file and the request's shape only: a repeated
+    // submission does not open the model again (opening a full-size SD 1.5 takes ~1.5 s).
+    const auto t = std::filesystem::last_write_time(resolved.path, ec);
+    const std::string key = resolved.path + "|" + std::to_string(std::filesystem::is_regular_file(resolved.path, ec) ? std::filesystem::file_size(resolved.path, ec) : 0) + "|" +
+                            std::to_string(t.time_since_epoch().count()) + "|" + std::to_string(r.width) + "x" +
+                            std::to_string(r.height) + "|" + std::to_string(r.batch_size) + "|" +
+                            std::to_string(r.batch_count) + "|" + std::to_string(r.steps) + "|" + r.sampler + "|" +
+                            std::to_string(r.cfg_scale) + "|" + std::to_string(r.strength) + "|" + (r.init_image.empty() ? "" : "i") + "|" + std::to_string(limit_bytes);
+    static std::mutex mu;
+    static std::map<std::string, ImageEstimate> cache;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (auto it = cache.find(key); it != cache.end()) return it->second;
+    }
+    SdDiffusion model(image::SdModel::open(resolved.path), nullptr, nullptr);
+    ImageEstimate e;
+    estimate_memory(model, r, limit_bytes, e);
+    estimate_time(model.model(), r, e);
+    std::lock_guard<std::mutex> lock(mu);
+    if (cache.size() > 256) cache.clear();
+    cache[key] = e;
+    return e;
+  });
+}
+
+ImageRun::ImageRun(LoadedDiffusion& m, const ImageRequest& request, int64_t memory_cap_bytes) : m_(m), request_(request) {
   image::DiffusionModel& model = *m_.model;
   // Refused before any work, with the limit named, rather than failing to allocate mid-render.
-  if (Status st = check_image_memory(model, request); !st.ok()) throw InvalidArgumentError(st.message);
+  if (Status st = check_image_memory(model, request, memory_cap_bytes); !st.ok()) throw InvalidArgumentError(st.message);
   auto [cond, uncond] = image::encode_prompts(model, *m_.tokenizer, request.prompt, request.negative_prompt);
   cond_ = std::make_shared<const image::Conditioning>(std::move(cond));
   uncond_ = std::make_shared<const image::Conditioning>(std::move(uncond));

@@ -57,7 +57,9 @@ std::unique_ptr<LoadedDiffusion> load_diffusion(const ImageRequest& request, con
 // One request's images: batch_count rounds of batch_size tasks, image i with seed + i.
 class ImageRun {
  public:
-  ImageRun(LoadedDiffusion& model, const ImageRequest& request);
+  // Refuses (InvalidArgument, before any work) a request whose working memory
+  // and weights exceed the device's memory, or MEMORY_CAP_BYTES when > 0.
+  ImageRun(LoadedDiffusion& model, const ImageRequest& request, int64_t memory_cap_bytes = 0);
   uint64_t seed() const { return seed0_; }
   int images() const { return request_.batch_count * request_.batch_size; }
   // The current round's tasks that still need network calls.

@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <chrono>
 
+#include "core/cancel.h"
+
 #if defined(__linux__)
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -51,6 +53,26 @@ constexpr int64_t back_of(uint64_t v) { return static_cast<int64_t>(v >> 32); }
 // by the others.
 constexpr int64_t kBatchesPerShare = 4;
 
+// Under a cancel flag (core/cancel.h) a claimed batch runs in slices of about
+// this long, sized as it goes (from one unit, doubling while a slice is
+// quicker, halving while slower), and stops once the flag is set: a loop
+// whose batch would take minutes (attention over a 4096x4096 picture's
+// latents) stops within a slice. Results are the same (split-invariant loops).
+constexpr auto kSliceFast = std::chrono::milliseconds(5), kSliceSlow = std::chrono::milliseconds(40);
+
+void run_sliced(const std::function<void(int64_t, int64_t)>& fn, int64_t b, int64_t e, const std::atomic<bool>& cancel,
+                int64_t& slice) {
+  while (b < e && !cancel.load(std::memory_order_relaxed)) {
+    const int64_t s = std::min(e, b + slice);
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(b, s);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (took < kSliceFast) slice *= 2;
+    else if (took > kSliceSlow && slice > 1) slice /= 2;
+    b = s;
+  }
+}
+
 }  // namespace
 
 int ThreadPool::hardware_threads() {
@@ -91,8 +113,15 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
+  const std::atomic<bool>* cancel = current_cancel_flag();
+  if (cancel && cancel->load(std::memory_order_relaxed)) return;  // cancelled: the call's remaining loops are skipped
   if (n_threads_ == 1 || n == 1) {
-    fn(0, n);
+    if (cancel) {
+      int64_t slice = 1;
+      run_sliced(fn, 0, n, *cancel, slice);
+    } else {
+      fn(0, n);
+    }
     return;
   }
   if (n > 0x7FFFFFFF) {  // beyond a packed share: halve the range instead
@@ -104,6 +133,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
+    cancel_ = cancel;
     batch_ = std::max<int64_t>(1, (n / n_threads_ + kBatchesPerShare - 1) / kBatchesPerShare);
     for (int t = 0; t < n_threads_; ++t)
       shares_[t].range.store(pack(n * t / n_threads_, n * (t + 1) / n_threads_), std::memory_order_relaxed);
@@ -143,10 +173,18 @@ void ThreadPool::run_share(int index) {
       }
     }
   };
+  const std::atomic<bool>* cancel = cancel_;
+  int64_t slice = 1;
+  auto run = [&](int64_t b, int64_t e) {
+    if (cancel) run_sliced(fn, b, e, *cancel, slice);
+    else fn(b, e);
+  };
+  // Once cancelled, what is unclaimed stays so: the loop ends when every thread has stopped.
+  auto stopped = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
   int64_t b = 0, e = 0;
-  while (claim(index, true, b, e)) fn(b, e);
+  while (!stopped() && claim(index, true, b, e)) run(b, e);
   for (int s = 1; s < n_threads_; ++s)
-    while (claim((index + s) % n_threads_, false, b, e)) fn(b, e);
+    while (!stopped() && claim((index + s) % n_threads_, false, b, e)) run(b, e);
 }
 
 void ThreadPool::worker(int index) {

@@ -31,6 +31,9 @@ class ThreadPool final : public kernels::Executor {
   // few batches; a thread done with its share takes batches from the back of
   // the others' (so a thread that loses its core to another process does not
   // hold up the loop). Not re-entrant: one parallel_for at a time per pool.
+  // Called under a cancel flag (core/cancel.h), batches run in short slices
+  // and the loop stops early once the flag is set (the output is then
+  // incomplete: the caller's next cancellation point throws).
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) override;
 
   static int hardware_threads();
@@ -48,6 +51,7 @@ class ThreadPool final : public kernels::Executor {
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  const std::atomic<bool>* cancel_ = nullptr;  // the caller's cancel flag for the current job
   int64_t batch_ = 1;
   struct alignas(64) Share {
     std::atomic<uint64_t> range{0};  // unclaimed [front, back), packed

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cancel.h"
 #include "core/error.h"
 
 namespace atelier::image {
@@ -193,6 +194,7 @@ void ClipTextEncoder::run(Workspace::Lease& ws, const int32_t* ids, float* out) 
   as.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const kernels::Activation act = cfg_.quick_gelu ? kernels::Activation::quick_gelu : kernels::Activation::gelu;
   for (const auto& L : layers_) {
+    throw_if_cancelled();  // a cancellation point between layers (core/cancel.h)
     be.layer_norm(x, h, T, w, L->ln1_w.data(), L->ln1_b.data(), 1e-5f);
     be.matmul(L->qkv.view(), h, qkv, T);
     be.add_bias(qkv, L->qkv_b.data(), T, 3 * w);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/cancel.h"
 #include "core/error.h"
 
 namespace atelier::image {
@@ -49,6 +50,10 @@ void error_cb(png_structp png, png_const_charp msg) {
   png_longjmp(png, 1);
 }
 void warning_cb(png_structp, png_const_charp) {}
+// A cancellation point every 64 rows (core/cancel.h): a 4096x4096 picture takes seconds to compress.
+void row_cb(png_structp png, png_uint_32 row, int) {
+  if ((row & 63) == 0 && cancel_requested()) png_error(png, "cancelled");
+}
 
 bool is_ascii(const std::string& s) {
   for (unsigned char c : s)
@@ -96,9 +101,11 @@ std::vector<uint8_t> encode_png(const PngImage& image, const std::vector<std::pa
     throw Error("PNG: cannot create the encoder (out of memory)");
   }
   png_set_write_fn(png, &sink, write_cb, flush_cb);
+  png_set_write_status_fn(png, row_cb);
   t_png_error[0] = 0;
   const bool ok = encode_raw(png, info, image, texts.data(), static_cast<int>(texts.size()), rows.data());
   png_destroy_write_struct(&png, &info);
+  if (!ok && cancel_requested()) throw Error(StatusCode::Cancelled, "cancelled");
   if (!ok) throw Error(std::string("PNG: encoding failed: ") + t_png_error);
   return out;
 }

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "core/cancel.h"
 #include "core/error.h"
 #include "formats/pickle.h"
 #include "formats/safetensors.h"
@@ -253,6 +254,7 @@ std::vector<float> TaesdNet::run(Workspace::Lease& ws, const float* input, int h
   ws.upload(stage.data(), input, c * h * w * int64_t{sizeof(float)});
   be.relayout(stage, kernels::Layout::NCHW, S[cur], be.layout(), 1, c, h * w);
   for (const auto& l : layers_) {
+    throw_if_cancelled();  // a cancellation point between layers (core/cancel.h)
     const kernels::Act x = S[cur];
     switch (l->type) {
       case T::clamp: be.tanh_clamp(x, x, c * h * w, 3.0f); break;

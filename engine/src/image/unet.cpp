@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/cancel.h"
 #include "core/error.h"
 
 namespace atelier::image {
@@ -455,6 +456,7 @@ void Unet::forward(Workspace::Lease& ws, const Plan& p, const UnetBatch& in, flo
   ws.upload(stage.data(), in.x, n * c * h * w * int64_t{sizeof(float)});
   be.relayout(stage, kernels::Layout::NCHW, X(), be.layout(), n, c, h * w);
   auto run = [&](const Block& b) {
+    throw_if_cancelled();  // a cancellation point between blocks (core/cancel.h)
     if (b.conv) {
       b.conv->run(be, X(), other(0), n, h, w);
       move_to(0);

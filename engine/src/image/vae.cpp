@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/cancel.h"
 #include "core/error.h"
 
 namespace atelier::image {
@@ -337,6 +338,7 @@ std::vector<float> Vae::decode(Workspace::Lease& ws, const float* latent, int h_
   d.conv_in.run(be, S.x(), S.free(0), 1, h, w);
   S.take(0);
   auto res = [&](const ResnetBlock& r) {
+    throw_if_cancelled();  // a cancellation point between blocks (core/cancel.h)
     r.run(be, S.x(), S.free(2), S.free(0), S.free(1), h, w);
     S.take(2);
   };
@@ -386,6 +388,7 @@ std::vector<float> Vae::encode(Workspace::Lease& ws, const float* rgb, int h_in,
   e.conv_in.run(be, S.x(), S.free(0), 1, h, w);
   S.take(0);
   auto res = [&](const ResnetBlock& r) {
+    throw_if_cancelled();  // a cancellation point between blocks (core/cancel.h)
     r.run(be, S.x(), S.free(2), S.free(0), S.free(1), h, w);
     S.take(2);
   };

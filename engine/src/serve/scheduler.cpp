@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/cancel.h"
 #include "core/thread_pool.h"
 #include "api/image_job.h"
 #include "text/kv_cache.h"
@@ -115,6 +116,7 @@ Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& h
 
 Scheduler::~Scheduler() {
   stop_ = true;
+  lane_interrupt_ = true;  // a model call under way stops within a slice: shutdown never waits on a step
   notify();
   thread_.join();
   image_thread_.join();
@@ -158,6 +160,37 @@ void Scheduler::hand_to_lane(std::unique_ptr<ImageJob> job) {
     lane_wake_ = true;
   }
   lane_cv_.notify_one();
+}
+
+void Scheduler::cancel_in_lane(JobId id) {
+  {
+    std::lock_guard<std::mutex> lock(lane_mu_);
+    image_cancels_.insert(id);
+    lane_wake_ = true;
+    if (lane_busy_.count(id)) lane_interrupt_ = true;
+  }
+  lane_cv_.notify_one();
+}
+
+void Scheduler::set_lane_busy(std::vector<JobId> ids) {
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  lane_busy_ = std::set<JobId>(ids.begin(), ids.end());
+  // A cancel that came while the lane was between calls stops the next one at its first cancellation point.
+  for (JobId id : ids)
+    if (image_cancels_.count(id)) lane_interrupt_ = true;
+}
+
+void Scheduler::drop_image_model_if_idle(LoadedImage* m) {
+  const auto uses = [&](const auto& j) { return j && !j->done && j->model == m; };
+  if (std::any_of(image_running_.begin(), image_running_.end(), uses) ||
+      std::any_of(image_waiting_.begin(), image_waiting_.end(), uses))
+    return;
+  for (auto it = image_models_.begin(); it != image_models_.end(); ++it)
+    if (it->second.get() == m) {
+      model_bytes_ -= m->bytes;
+      image_models_.erase(it);
+      return;
+    }
 }
 
 void Scheduler::request_cancel(JobId id) {
@@ -355,12 +388,7 @@ void Scheduler::run() {
           found = true;
         }
       if (!found && in_lane(id)) {
-        {
-          std::lock_guard<std::mutex> lock(lane_mu_);
-          image_cancels_.insert(id);
-          lane_wake_ = true;
-        }
-        lane_cv_.notify_one();
+        cancel_in_lane(id);
         found = true;
       }
       if (!found && !ended_here(id)) announce_cancelled(id, now);  // cancelled while still only in the database
@@ -543,14 +571,7 @@ void Scheduler::refresh_queue(int64_t now) {
   // Cancels requested by other processes: running sequences stop at the next
   // step; preempted ones (still "running" in the database) end here.
   for (int64_t id : db_.cancel_requests()) {
-    if (in_lane(id)) {
-      {
-        std::lock_guard<std::mutex> lock(lane_mu_);
-        image_cancels_.insert(id);
-        lane_wake_ = true;
-      }
-      lane_cv_.notify_one();
-    }
+    if (in_lane(id)) cancel_in_lane(id);
     for (auto& s : running_)
       if (s->id == id) s->cancel = true;
     for (auto& s : waiting_)
@@ -1049,6 +1070,7 @@ void Scheduler::release_quarantine(JobId id) {
 void Scheduler::image_loop() {
   // This thread takes part in its pool's loops: it yields to text too.
   ThreadPool::lower_this_thread_priority(config_.nice + config_.image_nice);
+  CancelScope cancel_scope(&lane_interrupt_);
   auto sweep = [this](std::vector<std::unique_ptr<ImageJob>>& jobs) {
     // Jobs that left without end_job (cancelled between reading and starting) leave the lane too.
     std::lock_guard<std::mutex> lock(lane_mu_);
@@ -1071,6 +1093,8 @@ void Scheduler::image_loop() {
       queued = std::move(image_queued_);
       lane_paused_ = image_paused_;
       lane_wake_ = false;
+      // The cancels taken here end their jobs below; a later one sets it again.
+      lane_interrupt_ = stop_.load();
     }
     for (auto& j : inbox) image_waiting_.push_back(std::move(j));
     for (auto& j : image_waiting_)
@@ -1202,7 +1226,10 @@ void Scheduler::admit_images(int64_t now) {
         continue;
       }
       Status err;
+      set_lane_busy({j.id});
       LoadedImage* m = image_model_for(j.req, resolved.value(), err);
+      set_lane_busy({});
+      if (!m && err.code == StatusCode::Cancelled) return;  // the loop's next turn ends it (or shuts down)
       if (!m) {
         finish_image(j, JobState::Failed, err);
         continue;
@@ -1213,10 +1240,17 @@ void Scheduler::admit_images(int64_t now) {
       }
       j.model = m;
       // Encodes the prompts (and an init image): a model call, done once.
+      set_lane_busy({j.id});
       err = guarded([&]() -> Status {
-        j.run = std::make_unique<ImageRun>(*m->slot->model, j.req);
+        j.run = std::make_unique<ImageRun>(*m->slot->model, j.req, config_.image_memory_bytes);
         return Status{};
       });
+      set_lane_busy({});
+      if (err.code == StatusCode::Cancelled) {
+        // Started and interrupted: the loop's next turn ends it (a stop requeues it).
+        drop_image_model_if_idle(m);
+        return;
+      }
       if (!err.ok()) {
         finish_image(j, JobState::Failed, err);
         continue;
@@ -1248,7 +1282,25 @@ void Scheduler::image_step() {
       for (image::ImageTask* t : j->run->live()) tasks.push_back(t);
     }
   const auto t0 = Clock::now();
+  std::vector<JobId> ids;
+  for (ImageJob* j : jobs) ids.push_back(j->id);
+  set_lane_busy(ids);
   const Status st = runner_->execute_image(*m->slot, tasks);
+  set_lane_busy({});
+  if (st.code == StatusCode::Cancelled) {
+    // Interrupted inside the call: the tasks were not advanced (a sampler
+    // feeds only after the network returns), so the others redo this step;
+    // the cancelled job ends at the loop's next turn.
+    for (ImageJob* j : jobs) {
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      if (image_cancels_.count(j->id)) j->cancel = true;
+    }
+    for (ImageJob* j : jobs)
+      if (j->cancel && !j->done) finish_image(*j, JobState::Cancelled);
+    std::erase_if(image_running_, [](const auto& j) { return j->done; });
+    drop_image_model_if_idle(m);
+    return;
+  }
   metrics_.on_image_step(static_cast<int>(tasks.size()), ms_between(t0, Clock::now()));
   if (!st.ok()) {
     for (ImageJob* j : jobs) finish_image(*j, JobState::Failed, st);
@@ -1258,7 +1310,18 @@ void Scheduler::image_step() {
   for (ImageJob* j : jobs) {
     const double seconds = ms_between(j->started, Clock::now()) / 1000.0;
     int done_steps = 0, all_steps = 0;
-    for (ImageProgress& p : j->run->progress(seconds, true)) {
+    set_lane_busy({j->id});
+    std::vector<ImageProgress> reports;
+    const Status previewed = guarded([&]() -> Status {
+      reports = j->run->progress(seconds, true);  // a TAESD preview decoder runs here
+      return Status{};
+    });
+    if (!previewed.ok() && previewed.code != StatusCode::Cancelled) {
+      set_lane_busy({});
+      finish_image(*j, JobState::Failed, previewed);
+      continue;
+    }
+    for (ImageProgress& p : reports) {
       done_steps += p.step;
       all_steps += p.steps;
       Event ev;
@@ -1276,8 +1339,15 @@ void Scheduler::image_step() {
       j->run->advance();  // decodes a finished round
       return Status{};
     });
-    if (!err.ok()) finish_image(*j, JobState::Failed, err);
-    else if (j->run->done()) finish_image(*j, JobState::Completed);
+    if (err.code == StatusCode::Cancelled) {
+      // Interrupted while decoding (or writing below): the loop's next turn
+      // ends it as cancelled, or the shutdown requeues it.
+    } else if (!err.ok()) {
+      finish_image(*j, JobState::Failed, err);
+    } else if (j->run->done()) {
+      finish_image(*j, JobState::Completed);
+    }
+    set_lane_busy({});
   }
   std::erase_if(image_running_, [](const auto& j) { return j->done; });
 }
@@ -1305,6 +1375,8 @@ void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
       files.push_back(path);
       seeds.push_back(results[i].seed);
     }
+    if (written.code == StatusCode::Cancelled && stop_) return;  // still running: the shutdown requeues it
+    if (written.code == StatusCode::Cancelled) return finish_image(j, JobState::Cancelled);
     if (!written.ok()) return finish_image(j, JobState::Failed, written);
     const json result = {{"files", files}, {"seeds", seeds}, {"stats", {{"queue_wait_ms", ev.stats.queue_wait_ms}, {"total_ms", ev.stats.total_ms}}}};
     ev.files = files;

@@ -131,6 +131,15 @@ class Scheduler {
   bool preempt_image_for(const ImageJob& requester, int64_t now_ms);
   void image_step();
   void finish_image(ImageJob& j, JobState state, const Status& error = {});
+  // Cancel inside a model call (issue 35; core/cancel.h): the lane's thread
+  // runs under lane_interrupt_, which a cancel of a job the current call
+  // works for (lane_busy_) or the scheduler's stop sets; the networks stop
+  // between blocks and the thread pool within a slice.
+  void cancel_in_lane(JobId id);                  // executor thread: hands the cancel to the lane
+  void set_lane_busy(std::vector<JobId> ids);      // image lane: the jobs its next call works for ({} after it)
+  // After a call was interrupted: unloads M unless a job still holds it, so
+  // the workspace a huge request grew is freed with the job.
+  void drop_image_model_if_idle(LoadedImage* m);
   LoadedImage* image_model_for(const ImageRequest& r, const ResolvedModel& resolved, Status& error);
 
   EngineConfig config_;
@@ -181,6 +190,8 @@ class Scheduler {
   // the executor has handed over, so a job queued before a resume is seen first.
   bool image_paused_ = true;
   std::set<JobId> lane_ids_;  // handed to the lane and not yet ended there
+  std::set<JobId> lane_busy_;  // the jobs the lane's current model call works for
+  std::atomic<bool> lane_interrupt_{false};  // the lane thread's cancel flag (core/cancel.h)
   std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
   std::atomic<int> image_queue_depth_{0}, image_running_count_{0};
   std::atomic<int64_t> model_bytes_{0};  // loaded models of both threads (the cache budget)
