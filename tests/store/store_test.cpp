@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "store/blob_store.h"
 #include "store/fixture_sums.h"
 #include "store/store.h"
@@ -242,6 +243,37 @@ TEST(Store, Llama2cWithTokenizerAndSafetensorsFacts) {
   EXPECT_GT(q.parameters, 0);
   EXPECT_TRUE(st->verify().ok());
   EXPECT_EQ(st->verify().blobs_checked, 3);
+}
+
+// A1111's and ComfyUI's checkpoints name no architecture in their metadata:
+// the store names it from the tensors (the Models window's Architecture
+// column was empty for an imported SD model). Shapes as SD 1.x (768-wide
+// cross-attention, CLIP's transformer), SD 2.x (OpenCLIP, 1024) and SDXL
+// (its conditioner) lay them out; the values do not matter here.
+TEST(Store, ImageCheckpointsWithoutMetadataAreNamedFromTheirTensors) {
+  TempDir t;
+  auto st = ModelStore::open(t.store());
+  auto write = [&](const std::string& file, int64_t context, const std::string& clip_tensor) {
+    atelier::formats::SafetensorsWriter w;
+    const std::vector<float> z(static_cast<size_t>(4 * 4 * 9 + 8 * context));
+    w.add_tensor("model.diffusion_model.input_blocks.0.0.weight", atelier::formats::ElemType::F32, {4, 4, 3, 3}, z.data(), 4 * 4 * 9 * 4);
+    w.add_tensor("model.diffusion_model.middle_block.1.transformer_blocks.0.attn2.to_k.weight", atelier::formats::ElemType::F32,
+                 {8, context}, z.data(), static_cast<uint64_t>(8 * context * 4));
+    w.add_tensor(clip_tensor, atelier::formats::ElemType::F32, {4}, z.data(), 16);
+    const std::string path = (std::filesystem::path(t.store()).parent_path() / file).string();
+    w.write(path);
+    return path;
+  };
+  const std::string sd1 = write("sd1.safetensors", 768, "cond_stage_model.transformer.text_model.final_layer_norm.weight");
+  const std::string sd2 = write("sd2.safetensors", 1024, "cond_stage_model.model.transformer.resblocks.0.ln_1.weight");
+  const std::string xl = write("xl.safetensors", 2048, "conditioner.embedders.0.transformer.text_model.final_layer_norm.weight");
+  ASSERT_EQ(st->import({{sd1, "model"}}, "one"), 1);
+  ASSERT_EQ(st->import({{sd2, "model"}}, "two"), 1);
+  ASSERT_EQ(st->import({{xl, "model"}}, "xl"), 1);
+  EXPECT_EQ(st->resolve("one").architecture, "sd1");
+  EXPECT_EQ(st->resolve("two").architecture, "sd2");
+  EXPECT_EQ(st->resolve("xl").architecture, "sdxl");
+  EXPECT_EQ(st->resolve("one").kind, "image");
 }
 
 TEST(Store, IdenticalContentIsStoredOnce) {

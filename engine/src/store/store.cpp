@@ -167,6 +167,28 @@ HeaderFacts inspect_gguf(const std::string& path) {
   return f;
 }
 
+// An image checkpoint's architecture from its tensor names where its
+// metadata names none (the files A1111 and ComfyUI load carry no such key):
+// "sdxl" (its conditioner or label embedding), "sd2" (the OpenCLIP text
+// encoder, or a 1024-wide cross-attention), "sd1" (a UNet laid out as SD's
+// otherwise), or "". Names may sit under a prefix (a .ckpt's state_dict).
+template <class Tensors>
+std::string image_architecture(const Tensors& tensors) {
+  bool unet = false, xl = false, open_clip = false;
+  int64_t context = 0;
+  auto has = [](const std::string& name, const char* part) { return name.find(part) != std::string::npos; };
+  for (const auto& t : tensors) {
+    unet = unet || has(t.name, "model.diffusion_model.input_blocks.0.0.weight");
+    xl = xl || has(t.name, "conditioner.embedders.") || has(t.name, "model.diffusion_model.label_emb.");
+    open_clip = open_clip || has(t.name, "cond_stage_model.model.transformer.");
+    if (has(t.name, "model.diffusion_model.middle_block.1.transformer_blocks.0.attn2.to_k.weight") && t.shape.size() == 2)
+      context = t.shape[1];
+  }
+  if (xl) return "sdxl";
+  if (!unet) return "";
+  return open_clip || context == 1024 ? "sd2" : "sd1";
+}
+
 HeaderFacts inspect_safetensors(const std::string& path) {
   auto s = formats::SafetensorsFile::open(path);
   HeaderFacts f;
@@ -174,6 +196,7 @@ HeaderFacts inspect_safetensors(const std::string& path) {
   f.kind = "image";
   const auto& md = s->metadata();
   if (auto it = md.find("architecture"); it != md.end()) f.architecture = it->second;
+  if (f.architecture.empty()) f.architecture = image_architecture(s->tensors());
   for (const char* key : {"native_resolution", "resolution"}) {
     if (auto it = md.find(key); it != md.end() && f.native_resolution == 0) {
       try {
@@ -196,6 +219,7 @@ HeaderFacts inspect_pytorch(const std::string& path) {
   HeaderFacts f;
   f.format = "pytorch";
   f.kind = "image";
+  f.architecture = image_architecture(c->tensors());
   std::set<std::string> types;
   for (const auto& t : c->tensors()) {
     f.parameters += t.elements();
