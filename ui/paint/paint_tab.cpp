@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <QRegularExpression>
+#include <cctype>
 #include <cmath>
 
 #include "bridge/engine_bridge.h"
@@ -430,6 +431,16 @@ QWidget* PaintTab::buildPanel() {
   outerLayout->addWidget(scroll, 1);
   // Wide enough for the form without a horizontal scroll bar (it is off).
   outer->setMinimumWidth(std::max(330, panel->minimumSizeHint().width() + scroll->verticalScrollBar()->sizeHint().width() + 4));
+
+  // The submitted job's warning (the engine's estimate: unusually long), in view beside Generate.
+  notice_ = new QLabel(outer);
+  notice_->setObjectName(QStringLiteral("paintNotice"));
+  notice_->setWordWrap(true);
+  notice_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  notice_->setStyleSheet(QStringLiteral("QLabel { color: #f0b429; }"));
+  notice_->setContentsMargins(8, 4, 8, 0);
+  notice_->hide();
+  outerLayout->addWidget(notice_);
 
   // Generate / Stop, always in view.
   auto* buttons = new QHBoxLayout;
@@ -929,6 +940,7 @@ void PaintTab::setPhase(Phase phase) {
   if (stopKey_) stopKey_->setEnabled(phase != Phase::Idle);  // idle, Esc is left to whatever has focus
   switch (phase) {
     case Phase::Idle:
+      notice_->hide();  // it was about the job that ended
       break;
     case Phase::Submitting:
       progress_->setRange(0, 1);
@@ -1010,7 +1022,25 @@ void PaintTab::generate() {
   strip_->setVisible(images_.size() > 1);
   pages_->setCurrentIndex(0);
   setPhase(Phase::Submitting);
+  notice_->clear();
+  notice_->hide();
   QPointer<PaintTab> self(this);
+  // Asked before the submission (the bridge's worker runs calls in order, and
+  // submit reuses the estimate): an unusually long job is said as it queues.
+  const quint64 submission = ++submission_;
+  bridge_->run<std::string>(
+      [r](Engine* e) -> std::string {
+        if (!e) return {};
+        auto est = e->estimate(r);
+        return est.ok() ? est->warning : std::string();
+      },
+      [self, submission](std::string warning) {
+        if (!self || self->submission_ != submission || self->phase_ == Phase::Idle || warning.empty()) return;
+        warning[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(warning[0])));
+        self->notice_->setText(QString::fromStdString(warning));
+        self->notice_->show();
+        emit self->statusMessage(tr("Paint: %1").arg(self->notice_->text()));
+      });
   bridge_->submitImage(r, [self](Result<JobId> result) {
     if (self) self->submitted(std::move(result));
   });
