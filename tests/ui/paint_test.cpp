@@ -540,6 +540,7 @@ void PaintTest::longRequestShowsTheEstimateWarning() {
   // Near Generate: directly above it, in view.
   QVERIFY(notice->mapTo(tab.get(), QPoint(0, notice->height())).y() <= generate->mapTo(tab.get(), QPoint(0, 0)).y());
   QVERIFY(notice->visibleRegion().boundingRect().height() == notice->height());
+  tab->grab().save(screenshotDir() + QStringLiteral("/paint-long-request-warning.png"));
   tab->stop();
   QTRY_COMPARE_WITH_TIMEOUT(tab->phase(), PaintTab::Phase::Idle, 10000);
   QVERIFY(!notice->isVisible());  // the warning was about that job

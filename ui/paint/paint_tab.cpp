@@ -476,7 +476,7 @@ QWidget* PaintTab::buildPanel() {
   notice_->setObjectName(QStringLiteral("paintNotice"));
   notice_->setWordWrap(true);
   notice_->setTextInteractionFlags(Qt::TextSelectableByMouse);
-  notice_->setStyleSheet(QStringLiteral("QLabel { color: #f0b429; }"));
+  notice_->setStyleSheet(QStringLiteral("QLabel { color: #c77c00; }"));  // amber, readable on the dark and the light theme
   notice_->setContentsMargins(8, 4, 8, 0);
   notice_->hide();
   outerLayout->addWidget(notice_);
