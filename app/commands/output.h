@@ -47,6 +47,8 @@ inline nlohmann::json metrics_json(const EngineMetrics& m) {
           {"kv_blocks_cached", m.kv_blocks_cached},
           {"prefix_cache_hit_rate", m.prefix_cache_hit_rate},
           {"busy_fraction", m.busy_fraction},
+          {"device_memory_total_bytes", m.device_memory_total_bytes},
+          {"device_memory_free_bytes", m.device_memory_free_bytes},
           {"alerts", m.active_alerts}};
 }
 

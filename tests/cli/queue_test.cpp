@@ -136,6 +136,9 @@ TEST(Queue, AddListCancelThenHeadlessRunsTheRest) {
   for (const char* key : {"tokens_per_s", "time_to_first_token_ms", "inter_token_ms", "batch_size_histogram", "queue_depth",
                           "kv_blocks_used", "kv_blocks_free", "prefix_cache_hit_rate", "busy_fraction", "alerts"})
     EXPECT_TRUE(mj.contains(key)) << key;
+  // The device's memory (issue 35: the monitor showed 0): the CPU's, the machine's RAM.
+  EXPECT_GT(mj.value("device_memory_total_bytes", int64_t{0}), int64_t{64} << 20) << m.out;
+  EXPECT_GT(mj.value("device_memory_free_bytes", int64_t{0}), 0) << m.out;
   // The values this run caused: the runner ran one job of 12 new tokens
   // alone (b was cancelled before it started) and left nothing behind.
   EXPECT_EQ(mj["completed"].get<int>(), 1);

@@ -211,6 +211,41 @@ TEST(Serve, FailedJobsRecordTheirStatusName) {
   fs::remove_all(dir);
 }
 
+// Issue 35: the metrics say the engine is busy while only an image job runs
+// (busy_fraction counted only text steps: 0 during minutes of UNet calls), and
+// give the device's memory (the CPU's: the machine's RAM).
+TEST(Serve, MetricsShowImageWorkAndTheDeviceMemory) {
+  const fs::path dir = fresh_dir("busy");
+  auto e = open_engine(dir);
+  ASSERT_TRUE(e);
+  EngineMetrics idle = e->metrics();
+  EXPECT_EQ(idle.busy_fraction, 0.0);
+  EXPECT_GT(idle.device_memory_total_bytes, int64_t{64} << 20);
+  EXPECT_GT(idle.device_memory_free_bytes, 0);
+  EXPECT_LE(idle.device_memory_free_bytes, idle.device_memory_total_bytes);
+  auto log = std::make_shared<EventLog>();
+  e->subscribe(0, [log](const Event& ev) { (*log)(ev); });
+  ImageRequest ir = image_request(128, 8, 9);
+  ir.output = (dir / "img.png").string();
+  auto img = e->submit(ir);
+  ASSERT_TRUE(img.ok());
+  // Until the image has made its first step: the prompt encoding and a UNet call are behind it.
+  bool stepped = false;
+  for (int i = 0; i < 60'000 / 5 && !stepped; ++i) {
+    const auto ev = log->snapshot();
+    stepped = std::any_of(ev.begin(), ev.end(), [&](const Event& x) { return x.job == img.value() && x.type == EventType::Preview; });
+    if (!stepped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(stepped);
+  const EngineMetrics busy = e->metrics();
+  EXPECT_GT(busy.busy_fraction, 0.0) << "an image job runs: the engine is not idle";
+  EXPECT_LE(busy.busy_fraction, 1.0);
+  ASSERT_TRUE(e->wait_idle(120'000));
+  EXPECT_EQ(e->job(img.value())->state, JobState::Completed);
+  e.reset();
+  fs::remove_all(dir);
+}
+
 // A cancel of a text job takes effect within one text step even while an
 // image step (a long UNet call) is running on the lane.
 TEST(Serve, TextCancelDoesNotWaitForAnImageStep) {

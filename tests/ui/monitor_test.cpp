@@ -81,6 +81,56 @@ class MonitorTest : public QObject {
     QCOMPARE(d.series(&MonitorSample::queued_image), (std::vector<float>{1, 4, 4, 0}));
   }
 
+  // Issue 35: the device's memory (it read 0: the metrics had none) and a busy
+  // engine while only image jobs ran (busy counted text steps only).
+  void deviceMemoryAndBusyDuringImageJobs() {
+    MonitorData d;
+    EngineMetrics m;
+    m.device_memory_total_bytes = int64_t{16} << 30;
+    m.device_memory_free_bytes = (int64_t{10} << 30) + 4096;
+    d.add(m, 1.0, 0, 0);
+    QCOMPARE(d.samples().back().device_total_bytes, 16.0 * (1 << 30));
+    QCOMPARE(d.samples().back().device_used_bytes, 6.0 * (1 << 30));
+    m.device_memory_free_bytes -= 12288;  // the kernel's figure drifts by pages: the same figure
+    d.add(m, 1.5, 0, 0);
+    QCOMPARE(d.samples()[1].device_used_bytes, d.samples()[0].device_used_bytes);
+    m.device_memory_free_bytes -= int64_t{1} << 30;  // and other programs move it: not a reason to redraw at once
+    d.add(m, 2.0, 0, 0);
+    QCOMPARE(d.samples()[2].device_used_bytes, 7.0 * (1 << 30));
+    QVERIFY(d.samples()[2].same_figures(d.samples()[1]));
+
+    bridge::EngineBridge::Options o;
+    o.dataDir = home_->home();
+    o.pollMs = 100;
+    bridge::EngineBridge engine(o);
+    QSignalSpy opened(&engine, &bridge::EngineBridge::opened);
+    engine.start();
+    QVERIFY(opened.wait(20000));
+    EngineMonitor monitor(&engine);
+    JobId id = 0;
+    ImageRequest img;
+    img.model = "quickdraw";
+    img.prompt = "apple";
+    img.batch_count = 4;
+    engine.submitImage(img, [&](Result<JobId> got) { id = got.ok() ? got.value() : -1; });
+    QTRY_VERIFY_WITH_TIMEOUT(id != 0, 10000);
+    QVERIFY(id > 0);
+    auto state = [&] {
+      for (const JobInfo& j : engine.jobs())
+        if (j.id == id) return j.state;
+      return JobState::Queued;
+    };
+    QTRY_COMPARE_WITH_TIMEOUT(state(), JobState::Completed, 60000);
+    // Within the busy figure's 10 s window of the job's model calls.
+    const int before = monitor.polls();
+    monitor.pollNow();
+    QTRY_VERIFY_WITH_TIMEOUT(monitor.polls() > before, 10000);
+    const MonitorSample s = monitor.data().samples().back();
+    QVERIFY2(s.busy_fraction > 0, "only an image job ran, and the engine looked idle");
+    QVERIFY2(s.device_total_bytes >= 64.0 * (1 << 20), qPrintable(EngineMonitor::figure(s.device_total_bytes, "bytes")));
+    QVERIFY(s.device_used_bytes > 0 && s.device_used_bytes <= s.device_total_bytes);
+  }
+
   void theDataFollowsTheEngine() {
     bridge::EngineBridge::Options o;
     o.dataDir = home_->home();

@@ -87,6 +87,7 @@ class PaintTest : public QObject {
   void droppedPngRestoresAndDroppedPictureIsInit();
   void stopWhenQueuedAndWhileSubmitting();
   void stopWhileRunning();
+  void longRequestShowsTheEstimateWarning();
   void quickDrawOnePass();
   void quickDrawHasAClassPickerAndNoSampler();
   void img2imgWithPaintedMask();
@@ -503,6 +504,46 @@ void PaintTest::stopWhenQueuedAndWhileSubmitting() {
   bridge_->setPaused(false);
   QTest::qWait(300);
   QCOMPARE(saved.count(), 0);
+}
+
+// Issue 35: an accepted request that would take unusually long says so near
+// Generate when it queues (the engine's estimate), and a quick one says nothing.
+void PaintTest::longRequestShowsTheEstimateWarning() {
+  auto tab = newTab();
+  setBasics(tab.get(), QStringLiteral("a patient lighthouse"), 4, 5);
+  bridge_->setPaused(true);  // nothing runs: only the submission is looked at
+  const auto resume = qScopeGuard([this] { bridge_->setPaused(false); });
+  auto* notice = child<QLabel>(tab.get(), "paintNotice");
+  QVERIFY(notice);
+  auto* generate = child<QPushButton>(tab.get(), "generate");
+
+  // Quick: queued without a warning.
+  QTest::mouseClick(generate, Qt::LeftButton);
+  QTRY_COMPARE_WITH_TIMEOUT(tab->phase(), PaintTab::Phase::Queued, 10000);
+  QTest::qWait(300);  // any estimate answer has come by now (it is asked before the submission)
+  QVERIFY2(!notice->isVisible(), qPrintable(notice->text()));
+  tab->stop();
+  QTRY_COMPARE_WITH_TIMEOUT(tab->phase(), PaintTab::Phase::Idle, 10000);
+
+  // 1536x1536, 1000 steps, 100 rounds: fits in memory, takes days here.
+  child<QSpinBox>(tab.get(), "width")->setValue(1536);
+  child<QSpinBox>(tab.get(), "height")->setValue(1536);
+  child<QSpinBox>(tab.get(), "steps")->setValue(1000);
+  child<QSpinBox>(tab.get(), "batchCount")->setValue(100);
+  QTest::mouseClick(generate, Qt::LeftButton);
+  QTRY_COMPARE_WITH_TIMEOUT(tab->phase(), PaintTab::Phase::Queued, 30000);
+  QTRY_VERIFY_WITH_TIMEOUT(notice->isVisible(), 10000);
+  QVERIFY2(notice->text().contains(QStringLiteral("1536x1536 image would take about")) &&
+               notice->text().contains(QRegularExpression(QStringLiteral("about \\d+ hours"))),
+           qPrintable(notice->text()));
+  QVERIFY2(!tab->findChild<QLabel*>(QStringLiteral("paintError"))->isVisible(), "a warning is not an error");
+  // Near Generate: directly above it, in view.
+  QVERIFY(notice->mapTo(tab.get(), QPoint(0, notice->height())).y() <= generate->mapTo(tab.get(), QPoint(0, 0)).y());
+  QVERIFY(notice->visibleRegion().boundingRect().height() == notice->height());
+  tab->grab().save(screenshotDir() + QStringLiteral("/paint-long-request-warning.png"));
+  tab->stop();
+  QTRY_COMPARE_WITH_TIMEOUT(tab->phase(), PaintTab::Phase::Idle, 10000);
+  QVERIFY(!notice->isVisible());  // the warning was about that job
 }
 
 void PaintTest::stopWhileRunning() {

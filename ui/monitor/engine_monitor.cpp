@@ -134,7 +134,11 @@ void EngineMonitor::pollNow() {
                                 data_.add(m, static_cast<double>(clock_.elapsed()) / 1000.0, text, image, running, residentBytes());
                                 ++polls_;
                                 const auto& s = data_.samples();
-                                if (first || s.size() < 2 || !s[s.size() - 1].same_figures(s[s.size() - 2]) || !m.active_alerts.empty()) update();
+                                const bool changed = first || s.size() < 2 || !s[s.size() - 1].same_figures(s[s.size() - 2]) || !m.active_alerts.empty();
+                                // The device's memory alone: redrawn now and then, not at every drift of the machine's free memory.
+                                const bool deviceDue = !changed && s.size() >= 2 && s.back().device_used_bytes != drawnDeviceBytes_ &&
+                                                       (!lastFrame_.isValid() || lastFrame_.elapsed() >= kDeviceRedrawMs);
+                                if (changed || deviceDue) update();
                                 emit sampled();
                               });
 }
@@ -157,6 +161,7 @@ void EngineMonitor::initializeGL() {
 void EngineMonitor::resizeGL(int, int) {}
 
 void EngineMonitor::buildFrame() {
+  drawnDeviceBytes_ = data_.samples().empty() ? 0 : data_.samples().back().device_used_bytes;
   ImGui::NewFrame();
   ImGui::SetNextWindowPos(ImVec2(0, 0));
   ImGui::SetNextWindowSize(ImGui::GetIO().DisplaySize);
@@ -189,6 +194,11 @@ void EngineMonitor::buildFrame() {
     plot("KV free", data_.series(&MonitorSample::kv_free), "blocks");
     plot("KV memory", data_.series(&MonitorSample::memory_fraction), "", static_cast<float>(rules.memory_fraction), 1.0f);
     plot("process memory", data_.series(&MonitorSample::process_bytes), "bytes");
+    // The device's memory in use, its total as the scale (the CPU's: the machine's RAM).
+    plot("device memory", data_.series(&MonitorSample::device_used_bytes), "bytes", -1,
+         static_cast<float>(last.device_total_bytes));
+    ImGui::TextDisabled("device: %s used of %s", EngineMonitor::figure(last.device_used_bytes, "bytes").constData(),
+                        EngineMonitor::figure(last.device_total_bytes, "bytes").constData());
     plot("error rate", data_.series(&MonitorSample::error_rate), "", static_cast<float>(rules.error_rate), 1.0f);
   }
   if (ImGui::CollapsingHeader("Alerts", ImGuiTreeNodeFlags_DefaultOpen)) {

@@ -77,6 +77,7 @@ class EngineMonitor : public QOpenGLWidget {
   bool rendererReady_ = false;
   bool pollInFlight_ = false;
   int polls_ = 0;
+  double drawnDeviceBytes_ = 0;  // the device memory figure the last frame showed
   std::vector<double> frameMs_, buildMs_;
 };
 

@@ -1,6 +1,7 @@
 #include "monitor/monitor_data.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace atelier::ui {
 
@@ -13,6 +14,9 @@ void MonitorData::add(const EngineMetrics& m, double t_s, int queued_text, int q
   s.queued_image = queued_image;
   s.running = running >= 0 ? running : m.running;
   s.process_bytes = process_bytes;
+  const auto quantum = [](int64_t bytes) { return std::round(static_cast<double>(std::max<int64_t>(0, bytes)) / kDeviceQuantumBytes) * kDeviceQuantumBytes; };
+  s.device_total_bytes = quantum(m.device_memory_total_bytes);
+  s.device_used_bytes = quantum(m.device_memory_total_bytes - m.device_memory_free_bytes);
   s.ttft_p50_ms = m.time_to_first_token_ms.p50;
   s.ttft_p99_ms = m.time_to_first_token_ms.p99;
   s.itl_p50_ms = m.inter_token_ms.p50;

@@ -15,6 +15,9 @@
 
 namespace atelier::ui {
 
+inline constexpr double kDeviceQuantumBytes = 16.0 * 1024 * 1024;
+inline constexpr int kDeviceRedrawMs = 5000;
+
 struct MonitorSample {
   double t_s = 0;                 // seconds since the monitor started
   double tokens_per_s = 0, recent_tokens_per_s = 0;
@@ -27,10 +30,16 @@ struct MonitorSample {
   double busy_fraction = 0;
   double error_rate = 0;          // failed / finished since the previous sample (0 when none finished)
   double process_bytes = 0;       // the process's resident memory (the engine's models and buffers are in it)
+  // The engine's device (EngineMetrics::device_memory_*): in use (total - free) and total, in whole
+  // kDeviceQuantumBytes, so the free figure's constant small drift does not redraw an idle panel.
+  double device_used_bytes = 0, device_total_bytes = 0;
   bool operator==(const MonitorSample&) const = default;
   // The same figures, whenever they were taken (the panel redraws only when they differ).
+  // The device's memory in use is not one of them: it is the machine's, moved by every
+  // other program (EngineMonitor redraws for it alone at most every kDeviceRedrawMs).
   bool same_figures(MonitorSample other) const {
     other.t_s = t_s;
+    other.device_used_bytes = device_used_bytes;
     return other == *this;
   }
 };

@@ -39,9 +39,11 @@
 
 #include <algorithm>
 #include <QRegularExpression>
+#include <cctype>
 #include <cmath>
 
 #include "bridge/engine_bridge.h"
+#include "common/fold_section.h"
 #include "common/model_picker.h"
 #include "common/seed_box.h"
 #include "paint/infotext.h"
@@ -244,7 +246,7 @@ QWidget* PaintTab::buildPanel() {
   auto* panel = new QWidget(scroll);
   auto* v = new QVBoxLayout(panel);
   v->setContentsMargins(8, 8, 8, 8);
-  v->setSpacing(10);
+  v->setSpacing(8);
   auto form = [](QGroupBox* box) {
     auto* f = new QFormLayout(box);
     f->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
@@ -276,7 +278,7 @@ QWidget* PaintTab::buildPanel() {
   v->addWidget(promptBox);
 
   // Model and sampling
-  auto* sampling = new QGroupBox(tr("Model and sampling"), panel);
+  auto* sampling = new QGroupBox(tr("Model, sampling and size"), panel);
   auto* sf = form(sampling);
   model_ = new ModelPicker(bridge_, QStringLiteral("image"), sampling);
   model_->setObjectName(QStringLiteral("imageModel"));
@@ -296,20 +298,34 @@ QWidget* PaintTab::buildPanel() {
   for (const auto& [name, label] : kSamplerLabels) sampler_->addItem(tr(label), QString::fromLatin1(name));
   sampler_->setToolTip(tr("How each denoising step moves: Euler a (ancestral, varied), Euler and Heun (deterministic), "
                           "DPM++ 2M (sharp in few steps), DDIM, LCM (for LCM-distilled models, 4-8 steps)"));
-  sf->addRow(tr("S&ampler"), sampler_);
   scheduler_ = new QComboBox(sampling);
   scheduler_->setObjectName(QStringLiteral("scheduler"));
   scheduler_->addItem(tr("Discrete"), QStringLiteral("discrete"));
   scheduler_->addItem(tr("Karras"), QStringLiteral("karras"));
   scheduler_->setToolTip(tr("The noise levels of the steps: Discrete (the model's training schedule) or Karras "
                             "(denser at low noise; often better in few steps). DDIM and LCM use their own"));
-  sf->addRow(tr("Sc&hedule"), scheduler_);
+  // Two settings a row (the panel fits the default window without scrolling).
+  auto pair = [sampling](QWidget* a, const QString& label, QWidget* b) {
+    auto* row = new QHBoxLayout;
+    row->setSpacing(6);
+    row->addWidget(a, 1);
+    auto* l = new QLabel(label, sampling);
+    l->setBuddy(b);
+    row->addWidget(l);
+    row->addWidget(b, 1);
+    return row;
+  };
+  auto buddy = [sampling](const QString& label, QWidget* field) {
+    auto* l = new QLabel(label, sampling);
+    l->setBuddy(field);
+    return l;
+  };
+  sf->addRow(buddy(tr("S&ampler"), sampler_), pair(sampler_, tr("Sc&hedule"), scheduler_));
   steps_ = new QSpinBox(sampling);
   steps_->setObjectName(QStringLiteral("steps"));
   steps_->setRange(1, 1000);
   steps_->setValue(20);
   steps_->setToolTip(tr("Denoising steps: more is slower and usually finer (20-30 is typical)"));
-  sf->addRow(tr("S&teps"), steps_);
   cfg_ = new QDoubleSpinBox(sampling);
   cfg_->setObjectName(QStringLiteral("cfg"));
   cfg_->setRange(0, 100);
@@ -318,12 +334,12 @@ QWidget* PaintTab::buildPanel() {
   cfg_->setValue(7.0);
   cfg_->setToolTip(tr("Classifier-free guidance: how closely the picture follows the prompt (5-9 is typical; "
                       "1 turns the negative prompt off and runs twice as fast)"));
-  sf->addRow(tr("&CFG scale"), cfg_);
+  sf->addRow(buddy(tr("S&teps"), steps_), pair(steps_, tr("&CFG"), cfg_));
   v->addWidget(sampling);
 
-  // Size, seed, batch
-  auto* sizeBox = new QGroupBox(tr("Size, seed and batch"), panel);
-  auto* zf = form(sizeBox);
+  // Size and seed, in the same box (one title less: the panel fits the default window).
+  QGroupBox* sizeBox = sampling;
+  QFormLayout* zf = sf;
   sizePreset_ = new QComboBox(sizeBox);
   sizePreset_->setObjectName(QStringLiteral("sizePreset"));
   for (const SizePreset& p : kPresets)
@@ -363,7 +379,6 @@ QWidget* PaintTab::buildPanel() {
   rng_->addItem(tr("CPU (torch mt19937)"), QStringLiteral("cpu"));
   rng_->setToolTip(tr("Which generator makes the starting noise: GPU matches A1111's default on any machine, "
                       "CPU matches A1111's \"RNG: CPU\" setting"));
-  zf->addRow(tr("&Noise"), rng_);
   batchCount_ = new QSpinBox(sizeBox);
   batchCount_->setObjectName(QStringLiteral("batchCount"));
   batchCount_->setRange(1, 100);
@@ -379,12 +394,37 @@ QWidget* PaintTab::buildPanel() {
   batch->addWidget(batchSize_, 1);
   auto* batchLabel = new QLabel(tr("&Batch (count \u00d7 size)"), sizeBox);
   batchLabel->setBuddy(batchCount_);
-  zf->addRow(batchLabel, batch);
-  v->addWidget(sizeBox);
+  // Less used: folded under "More" (opened by itself when a restored value differs from the default).
+  moreFold_ = new FoldSection(tr("More: batch and noise"), sizeBox);
+  moreFold_->setObjectName(QStringLiteral("paintMore"));
+  moreFold_->header()->setToolTip(tr("Batch count and size, and which generator makes the starting noise"));
+  auto* mf = new QFormLayout(moreFold_->body());
+  mf->setContentsMargins(0, 0, 0, 0);
+  mf->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+  mf->setLabelAlignment(Qt::AlignRight | Qt::AlignVCenter);
+  mf->setHorizontalSpacing(10);
+  mf->addRow(batchLabel, batch);
+  mf->addRow(tr("&Noise"), rng_);
+  zf->addRow(moreFold_);
+  // A restored or reused value that is not the default is shown, not hidden behind "More".
+  const auto showIfSet = [this] {
+    if (batchCount_->value() != 1 || batchSize_->value() != 1 || rng_->currentIndex() > 0) moreFold_->setOpen(true);
+  };
+  connect(batchCount_, &QSpinBox::valueChanged, this, showIfSet);
+  connect(batchSize_, &QSpinBox::valueChanged, this, showIfSet);
+  connect(rng_, &QComboBox::currentIndexChanged, this, showIfSet);
 
   // img2img and inpainting
-  auto* initBox = new QGroupBox(tr("img2img and inpainting"), panel);
-  auto* ifl = form(initBox);
+  // Folded until an init image is set (dropped on the canvas, or Open... here).
+  initFold_ = new FoldSection(tr("img2img and inpainting"), panel);
+  initFold_->setObjectName(QStringLiteral("initFold"));
+  initFold_->header()->setToolTip(tr("Start from a picture (img2img) and paint a mask over what to repaint (inpainting)"));
+  QWidget* initBox = initFold_->body();
+  auto* ifl = new QFormLayout(initBox);
+  ifl->setContentsMargins(8, 0, 0, 0);
+  ifl->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+  ifl->setLabelAlignment(Qt::AlignRight | Qt::AlignVCenter);
+  ifl->setHorizontalSpacing(10);
   initLabel_ = new QLabel(tr("none"), initBox);
   initLabel_->setObjectName(QStringLiteral("initImage"));
   initLabel_->setToolTip(tr("The starting picture for img2img: drop an image on the canvas or pick one; "
@@ -424,12 +464,22 @@ QWidget* PaintTab::buildPanel() {
   maskInfo_ = hintLabel(QString(), initBox);
   maskInfo_->setObjectName(QStringLiteral("maskInfo"));
   ifl->addRow(tr("Mask"), maskInfo_);
-  v->addWidget(initBox);
+  v->addWidget(initFold_);
   v->addStretch(1);
   scroll->setWidget(panel);
   outerLayout->addWidget(scroll, 1);
   // Wide enough for the form without a horizontal scroll bar (it is off).
   outer->setMinimumWidth(std::max(330, panel->minimumSizeHint().width() + scroll->verticalScrollBar()->sizeHint().width() + 4));
+
+  // The submitted job's warning (the engine's estimate: unusually long), in view beside Generate.
+  notice_ = new QLabel(outer);
+  notice_->setObjectName(QStringLiteral("paintNotice"));
+  notice_->setWordWrap(true);
+  notice_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  notice_->setStyleSheet(QStringLiteral("QLabel { color: #c77c00; }"));  // amber, readable on the dark and the light theme
+  notice_->setContentsMargins(8, 4, 8, 0);
+  notice_->hide();
+  outerLayout->addWidget(notice_);
 
   // Generate / Stop, always in view.
   auto* buttons = new QHBoxLayout;
@@ -611,6 +661,7 @@ void PaintTab::updateStrengthLabel() { strengthValue_->setText(QString::number(s
 
 void PaintTab::updateInitControls() {
   const bool has = !initPath_.isEmpty();
+  if (has) initFold_->setOpen(true);
   clearInit_->setEnabled(has);
   initSize_->setEnabled(has);
   strength_->setEnabled(has);
@@ -929,6 +980,7 @@ void PaintTab::setPhase(Phase phase) {
   if (stopKey_) stopKey_->setEnabled(phase != Phase::Idle);  // idle, Esc is left to whatever has focus
   switch (phase) {
     case Phase::Idle:
+      notice_->hide();  // it was about the job that ended
       break;
     case Phase::Submitting:
       progress_->setRange(0, 1);
@@ -1010,7 +1062,25 @@ void PaintTab::generate() {
   strip_->setVisible(images_.size() > 1);
   pages_->setCurrentIndex(0);
   setPhase(Phase::Submitting);
+  notice_->clear();
+  notice_->hide();
   QPointer<PaintTab> self(this);
+  // Asked before the submission (the bridge's worker runs calls in order, and
+  // submit reuses the estimate): an unusually long job is said as it queues.
+  const quint64 submission = ++submission_;
+  bridge_->run<std::string>(
+      [r](Engine* e) -> std::string {
+        if (!e) return {};
+        auto est = e->estimate(r);
+        return est.ok() ? est->warning : std::string();
+      },
+      [self, submission](std::string warning) {
+        if (!self || self->submission_ != submission || self->phase_ == Phase::Idle || warning.empty()) return;
+        warning[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(warning[0])));
+        self->notice_->setText(QString::fromStdString(warning));
+        self->notice_->show();
+        emit self->statusMessage(tr("Paint: %1").arg(self->notice_->text()));
+      });
   bridge_->submitImage(r, [self](Result<JobId> result) {
     if (self) self->submitted(std::move(result));
   });

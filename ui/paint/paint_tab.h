@@ -37,6 +37,8 @@ class EngineBridge;
 
 namespace atelier::ui {
 
+class FoldSection;
+
 class MaskEditor;
 class ModelPicker;
 class PaintCanvas;
@@ -153,6 +155,9 @@ class PaintTab : public QWidget {
   QSlider* strength_;
   QLabel* strengthValue_;
   QLabel* maskInfo_;
+  FoldSection* moreFold_;  // batch and noise
+  FoldSection* initFold_;  // img2img and inpainting
+  QLabel* notice_;   // above Generate: the engine's warning about the submitted job (unusually long)
   QPushButton* generate_;
   QPushButton* stop_;
   // canvas
@@ -176,6 +181,7 @@ class PaintTab : public QWidget {
   QString initPath_;
   QStringList lastFiles_;
   quint64 loadGeneration_ = 0;      // drops a stale result load
+  quint64 submission_ = 0;          // drops a stale estimate answer
 };
 
 }  // namespace atelier::ui

@@ -31,6 +31,7 @@
 
 #include <map>
 
+#include "common/fold_section.h"
 #include "common/model_picker.h"
 #include "common/seed_box.h"
 #include "settings/studio_settings.h"
@@ -115,7 +116,7 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   conversationList_ = new QListWidget(panel);
   conversationList_->setObjectName(QStringLiteral("conversations"));
   conversationList_->setToolTip(tr("Saved conversations and documents (kept in the data dir)"));
-  conversationList_->setMaximumHeight(140);
+  conversationList_->setMaximumHeight(104);  // five rows; it scrolls beyond (the panel fits the default window)
   auto* newButton = new QPushButton(tr("New"), panel);
   newButton->setObjectName(QStringLiteral("newConversation"));
   newButton->setToolTip(tr("Start a new conversation or document"));
@@ -134,40 +135,54 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   templateNote_ = new QLabel(panel);
   templateNote_->setObjectName(QStringLiteral("templateNote"));
   templateNote_->setWordWrap(true);
-  // A wrapped label in a form under a scroll area gets one line's height; the notes take up to three.
-  templateNote_->setMinimumHeight(templateNote_->fontMetrics().lineSpacing() * 3 + 4);
+  // A wrapped label in a form under a scroll area gets one line's height; the notes take two at this width.
+  templateNote_->setMinimumHeight(templateNote_->fontMetrics().lineSpacing() * 2 + 4);
   templateNote_->setAlignment(Qt::AlignLeft | Qt::AlignTop);
   form->addRow(templateNote_);
   system_ = new QPlainTextEdit(panel);
   system_->setObjectName(QStringLiteral("systemPrompt"));
   system_->setPlaceholderText(tr("optional"));
   system_->setToolTip(tr("System prompt: instructions the chat model sees before the conversation"));
-  system_->setMaximumHeight(80);
+  system_->setMaximumHeight(64);
   form->addRow(tr("System"), system_);
   temperature_ = spin<QDoubleSpinBox>(panel, "temperature", tr("Temperature: 0 always picks the likeliest token; higher is more varied"));
   temperature_->setRange(0, 5);
   temperature_->setSingleStep(0.05);
   temperature_->setValue(0.8);
-  form->addRow(tr("Temperature"), temperature_);
   topK_ = spin<QSpinBox>(panel, "topK", tr("Top-k: sample among the k likeliest tokens (0: off)"));
   topK_->setRange(0, 1000);
   topK_->setValue(40);
-  form->addRow(tr("Top-k"), topK_);
+  // Two settings a row (the panel fits the default window without scrolling).
+  auto pair = [panel](QWidget* a, const QString& label, QWidget* b) {
+    auto* row = new QHBoxLayout;
+    row->setSpacing(6);
+    row->addWidget(a, 1);
+    auto* l = new QLabel(label, panel);
+    l->setBuddy(b);
+    row->addWidget(l);
+    row->addWidget(b, 1);
+    return row;
+  };
+  auto buddy = [panel](const QString& label, QWidget* field) {
+    auto* l = new QLabel(label, panel);
+    l->setBuddy(field);
+    l->setMinimumWidth(l->sizeHint().width() + 2);  // its hint alone clipped the last letter
+    return l;
+  };
+  form->addRow(buddy(tr("T&emperature"), temperature_), pair(temperature_, tr("Top-&k"), topK_));
   topP_ = spin<QDoubleSpinBox>(panel, "topP", tr("Top-p: sample among the likeliest tokens that add up to p (1: off)"));
   topP_->setRange(0, 1);
   topP_->setSingleStep(0.01);
   topP_->setValue(0.95);
-  form->addRow(tr("Top-p"), topP_);
   minP_ = spin<QDoubleSpinBox>(panel, "minP", tr("Min-p: drop tokens less likely than p times the likeliest (0: off)"));
   minP_->setRange(0, 1);
   minP_->setSingleStep(0.01);
   minP_->setValue(0.05);
-  form->addRow(tr("Min-p"), minP_);
+  form->addRow(buddy(tr("Top-&p"), topP_), pair(topP_, tr("M&in-p"), minP_));
   repeatPenalty_ = spin<QDoubleSpinBox>(panel, "repeatPenalty", tr("Repeat penalty: above 1 discourages repeating recent tokens (1: off)"));
   repeatPenalty_->setRange(0.5, 2);
   repeatPenalty_->setSingleStep(0.05);
   repeatPenalty_->setValue(1.0);
-  form->addRow(tr("Repeat penalty"), repeatPenalty_);
   maxTokens_ = spin<QSpinBox>(panel, "maxTokens", tr("The most tokens one answer may have"));
   maxTokens_->setRange(1, 32768);
   maxTokens_->setValue(256);
@@ -197,10 +212,20 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   stops_->setObjectName(QStringLiteral("stopStrings"));
   stops_->setToolTip(tr("Stop strings, one per line: generation ends before the first one"));
   stops_->setMaximumHeight(60);
-  form->addRow(tr("Stop strings"), stops_);
   seed_ = new SeedBox(panel);
-  form->addRow(tr("Seed"), seed_);
+  seed_->setObjectName(QStringLiteral("writeSeed"));
+  // Less used: folded under "More" (opened by itself when a restored value is not the default).
+  moreFold_ = new FoldSection(tr("More: repeat penalty, stop strings, seed"), panel);
+  moreFold_->setObjectName(QStringLiteral("writeMore"));
+  auto* mf = new QFormLayout(moreFold_->body());
+  mf->setContentsMargins(0, 0, 0, 0);
+  mf->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+  mf->addRow(tr("Repeat penalty"), repeatPenalty_);
+  mf->addRow(tr("Stop strings"), stops_);
+  mf->addRow(tr("Seed"), seed_);
+  form->addRow(moreFold_);
   auto* scroll = new QScrollArea;
+  scroll->setObjectName(QStringLiteral("writeScroll"));
   scroll->setWidget(panel);
   scroll->setWidgetResizable(true);
   scroll->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
@@ -648,6 +673,7 @@ bool WriteTab::openRequest(const TextRequest& r, uint64_t seed) {
   for (const auto& s : r.stop) stops << QString::fromStdString(s);
   stops_->setPlainText(stops.join('\n'));
   seed_->setSeed(seed);
+  openMoreIfSet();
   persist();
   render();
   return true;
@@ -997,6 +1023,11 @@ void WriteTab::saveSettings(QSettings& s) const {
   s.endGroup();
 }
 
+// A folded setting that is not the default is shown, not hidden behind "More".
+void WriteTab::openMoreIfSet() {
+  if (repeatPenalty_->value() != 1.0 || !stops_->toPlainText().trimmed().isEmpty() || seed_->locked()) moreFold_->setOpen(true);
+}
+
 void WriteTab::loadSettings(QSettings& s) {
   s.beginGroup(QStringLiteral("write"));
   if (s.contains(QStringLiteral("model"))) model_->setPreferred(s.value(QStringLiteral("model")).toString());
@@ -1011,6 +1042,7 @@ void WriteTab::loadSettings(QSettings& s) {
     seed_->setSeed(s.value(QStringLiteral("seed")).toString().toULongLong());
     seed_->setLocked(s.value(QStringLiteral("seedLocked")).toBool());
   }
+  openMoreIfSet();
   prompt_->setHistory(s.value(QStringLiteral("history")).toStringList());
   const qint64 id = s.value(QStringLiteral("conversation")).toLongLong();
   for (int i = 0; i < conversations_.size(); ++i)

@@ -28,6 +28,8 @@ class QTextBrowser;
 
 namespace atelier::ui {
 
+class FoldSection;
+
 class ModelPicker;
 class SeedBox;
 
@@ -108,6 +110,7 @@ class WriteTab : public QWidget {
   void selectConversation(int row);
   void refreshConversationList();
   void persist();
+  void openMoreIfSet();
   void updateStats();
   void updateTemplateNote();
   atelier::TextRequest baseRequest(bool interactive);
@@ -134,6 +137,7 @@ class WriteTab : public QWidget {
   QLabel* contextNote_;
   QPlainTextEdit* stops_;
   SeedBox* seed_;
+  FoldSection* moreFold_;  // repeat penalty, stop strings, seed
   QLabel* templateNote_;
   QStackedWidget* views_;
   QTextBrowser* chatView_;

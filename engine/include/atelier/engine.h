@@ -128,7 +128,10 @@ struct EngineMetrics {
   int64_t preemptions = 0;              // sequences whose KV memory was taken back (recomputed later)
   int kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   double prefix_cache_hit_rate = 0;     // prompt tokens served from shared blocks / prompt tokens
-  double busy_fraction = 0;             // executor time spent in model steps over the last 10 s
+  double busy_fraction = 0;             // time spent in model calls over the last 10 s: the busier lane's (text steps, or the image
+                                        // lane's calls, the one in progress included: a single UNet call may take minutes)
+  // The device that runs the jobs (the CPU: the machine's RAM from /proc/meminfo, MemTotal and MemAvailable).
+  int64_t device_memory_total_bytes = 0, device_memory_free_bytes = 0;
   int64_t image_steps = 0;              // image-lane steps (one network evaluation of every image it advanced)
   Percentiles image_step_ms;            // their durations
   std::vector<std::string> active_alerts;

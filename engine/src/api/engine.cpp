@@ -3,6 +3,7 @@
 #include <atelier/engine.h>
 #include <atelier/json_input.h>
 #include <atelier/models.h>
+#include <atelier/backend.h>
 
 #include <chrono>
 #include <filesystem>
@@ -424,6 +425,10 @@ EngineMetrics Engine::metrics() const {
     }
   }
   impl_->metrics->fill(m, epoch_ms());
+  // The jobs run on the CPU (serve/cpu_runner): its memory is the machine's.
+  const kernels::DeviceMemory device = kernels::cpu_device().memory();
+  m.device_memory_total_bytes = device.total_bytes;
+  m.device_memory_free_bytes = device.free_bytes;
   return m;
 }
 

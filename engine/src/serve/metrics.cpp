@@ -31,6 +31,8 @@ void MetricsRecorder::reset() {
   prompt_tokens_ = cached_tokens_ = completed_ = failed_ = cancelled_ = preemptions_ = 0;
   recent_failures_.clear();
   first_step_ms_ = 0;
+  image_busy_.clear();
+  image_busy_since_us_ = 0;
   active_.clear();
 }
 
@@ -50,6 +52,19 @@ void MetricsRecorder::on_image_step(int images, double step_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ++image_steps_;
   push_sample(image_step_ms_, step_ms);
+}
+
+void MetricsRecorder::on_image_lane(bool busy, int64_t now_us) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_step_ms_ == 0) first_step_ms_ = now_us / 1000;
+  if (busy) {
+    if (image_busy_since_us_ == 0) image_busy_since_us_ = now_us;
+    return;
+  }
+  if (image_busy_since_us_ == 0) return;
+  image_busy_.emplace_back(image_busy_since_us_, now_us);
+  image_busy_since_us_ = 0;
+  while (!image_busy_.empty() && image_busy_.front().second < now_us - kShortMs * 1000) image_busy_.pop_front();
 }
 
 void MetricsRecorder::on_first_token(double ttft_ms) {
@@ -128,7 +143,15 @@ void MetricsRecorder::fill(EngineMetrics& m, int64_t now_ms) const {
   double busy_ms = 0;
   for (const auto& [t, ms] : busy_) busy_ms += ms;
   const int64_t span = std::min<int64_t>(kShortMs, std::max<int64_t>(1, now_ms - first_step_ms_));
-  m.busy_fraction = first_step_ms_ ? std::min(1.0, busy_ms / static_cast<double>(span)) : 0.0;
+  // The image lane's calls, clipped to the window (the open one up to now).
+  const int64_t now_us = now_ms * 1000, since_us = now_us - span * 1000;
+  double image_ms = 0;
+  const auto overlap = [&](int64_t a, int64_t b) {
+    image_ms += static_cast<double>(std::max<int64_t>(0, std::min(b, now_us) - std::max(a, since_us))) / 1000.0;
+  };
+  for (const auto& [a, b] : image_busy_) overlap(a, b);
+  if (image_busy_since_us_) overlap(image_busy_since_us_, now_us);
+  m.busy_fraction = first_step_ms_ ? std::min(1.0, std::max(busy_ms, image_ms) / static_cast<double>(span)) : 0.0;
   m.active_alerts.assign(active_.begin(), active_.end());
 }
 

@@ -23,8 +23,12 @@ class MetricsRecorder {
   void on_prompt(int prompt_tokens, int cached_tokens);
   void on_finish(JobState state, int64_t now_ms);
   void on_preempt();
-  // One image-lane step (a UNet call over `images` images); busy_fraction stays the text steps'.
+  // One image-lane step (a UNet call over `images` images): its duration's percentiles.
   void on_image_step(int images, double step_ms);
+  // The image lane entered (BUSY) or left a model call (prompt encoding, a UNet step, a preview, the decode,
+  // a one-pass model) at NOW_US (microseconds since the epoch: a QuickDraw image takes about a millisecond);
+  // busy_fraction counts the lane's calls, the open one up to now.
+  void on_image_lane(bool busy, int64_t now_us);
   double interactive_p99_inter_token_ms() const;
 
   // Fills the recorder's part of m (queue and KV figures are the caller's).
@@ -47,6 +51,8 @@ class MetricsRecorder {
   int64_t completed_ = 0, failed_ = 0, cancelled_ = 0, preemptions_ = 0;
   std::deque<bool> recent_failures_;                // last 100 finished jobs
   int64_t first_step_ms_ = 0;
+  std::deque<std::pair<int64_t, int64_t>> image_busy_;  // (start, end) in us of the image lane's recent calls, last 10 s
+  int64_t image_busy_since_us_ = 0;                     // the call in progress began (0: none)
   std::set<std::string> active_;
 };
 

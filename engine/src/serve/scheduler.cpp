@@ -30,6 +30,9 @@ constexpr int64_t kStorageRetryMs = 1000;
 int64_t epoch_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+int64_t epoch_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -175,6 +178,7 @@ void Scheduler::cancel_in_lane(JobId id) {
 void Scheduler::set_lane_busy(std::vector<JobId> ids) {
   std::lock_guard<std::mutex> lock(lane_mu_);
   lane_busy_ = std::set<JobId>(ids.begin(), ids.end());
+  metrics_.on_image_lane(!ids.empty(), epoch_us());
   // A cancel that came while the lane was between calls stops the next one at its first cancellation point.
   for (JobId id : ids)
     if (image_cancels_.count(id)) lane_interrupt_ = true;
@@ -1216,7 +1220,9 @@ void Scheduler::admit_images(int64_t now) {
           if (j.done) continue;
           break;  // the database takes no writes: it waits
         }
+        metrics_.on_image_lane(true, epoch_us());
         auto made = runner_->generate_one_pass(j.req);
+        metrics_.on_image_lane(false, epoch_us());
         if (!made.ok()) {
           finish_image(j, JobState::Failed, made.status());
           continue;
