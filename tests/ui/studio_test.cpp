@@ -266,7 +266,7 @@ class StudioTest : public QObject {
     };
     QTRY_VERIFY_WITH_TIMEOUT(output().contains("running the queue"), 30000);
     auto w = openWindow();
-    QTRY_VERIFY2_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("another process runs the queue")), qPrintable(w->engineStatus()), 10000);
+    QTRY_VERIFY2_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("another process runs the queue")), qPrintable(w->engineStatus()), 30000);
     QVERIFY(!w->bridge()->executes());
     w->bridge()->scanModels();
     auto* tab = w->writeTab();
