@@ -131,14 +131,22 @@ class QueueTest : public QObject {
   }
 
   void clearFinishedRemovesRows() {
-    const JobId running = submit(QStringLiteral("stays"), 250);
-    QTRY_VERIFY_WITH_TIMEOUT(model()->rowOf(running) >= 0, 5000);
+    // The job that stays is held queued (a paused queue): running, its 250
+    // tokens took well under a second and it sometimes completed before the
+    // cancel below, failing the test by a race.
+    action("queuePause")->trigger();
+    QTRY_VERIFY(bridge_->paused());
+    const JobId stays = submit(QStringLiteral("stays"), 250);
+    QTRY_VERIFY_WITH_TIMEOUT(model()->rowOf(stays) >= 0, 5000);
     view_->clearFinished(/*confirm=*/false);
     QTRY_COMPARE_WITH_TIMEOUT(model()->rowCount(), 1, 5000);
-    QCOMPARE(model()->job(0)->id, running);
-    select(running);
+    QCOMPARE(model()->job(0)->id, stays);
+    QCOMPARE(stateOf(stays), QStringLiteral("queued"));
+    select(stays);
     action("queueCancel")->trigger();
-    QTRY_COMPARE_WITH_TIMEOUT(stateOf(running), QStringLiteral("cancelled"), 10000);
+    QTRY_COMPARE_WITH_TIMEOUT(stateOf(stays), QStringLiteral("cancelled"), 10000);
+    action("queuePause")->trigger();  // resume, for the tests after this one
+    QTRY_VERIFY(!bridge_->paused());
   }
 
   // A second process (a headless runner) owns the queue: a bridge on the same
