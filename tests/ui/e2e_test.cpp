@@ -29,15 +29,14 @@ class EndToEndTest : public QObject {
   Q_OBJECT
 
   std::unique_ptr<uitest::TestHome> home_;
-  QProcess xvfb_;
-  QString display_;
+  uitest::XServer x_;
   QString shots_;
   QString sd_;
   QString homeDir_, configDir_;  // "" = home_'s
 
   QProcessEnvironment env() const {
     QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
-    e.insert(QStringLiteral("DISPLAY"), display_);
+    e.insert(QStringLiteral("DISPLAY"), x_.display());
     e.insert(QStringLiteral("QT_QPA_PLATFORM"), QStringLiteral("xcb"));
     e.insert(QStringLiteral("ATELIER_HOME"), homeDir_.isEmpty() ? home_->home() : homeDir_);
     e.insert(QStringLiteral("XDG_CONFIG_HOME"), configDir_.isEmpty() ? home_->path(QStringLiteral("config")) : configDir_);
@@ -135,18 +134,8 @@ class EndToEndTest : public QObject {
     QDir().mkpath(home_->path(QStringLiteral("models")));
     sd_ = home_->synthSd(QStringLiteral("models/sd-narrow.safetensors"));
     QVERIFY(!sd_.isEmpty());
-    // The X server picks a free display itself and writes its number once it
-    // accepts connections (-displayfd): no guessing around stale sockets or locks.
-    // -noreset: by default Xvfb resets when its last client leaves (here, each
-    // xdotool call and each studio that quits), and a client that connects
-    // during the reset is dropped (xorg/xserver#1102); CI saw a studio fail so.
-    xvfb_.start(QStringLiteral("Xvfb"), {QStringLiteral("-displayfd"), QStringLiteral("1"), QStringLiteral("-noreset"), QStringLiteral("-screen"),
-                                         QStringLiteral("0"), QStringLiteral("1600x1000x24"), QStringLiteral("-nolisten"), QStringLiteral("tcp")});
-    QVERIFY(xvfb_.waitForStarted(10000));
-    QByteArray number;
-    QTRY_VERIFY_WITH_TIMEOUT((number += xvfb_.readAllStandardOutput()).contains('\n'), 20000);
-    display_ = QStringLiteral(":") + QString::fromLatin1(number.trimmed());
-    QVERIFY2(number.trimmed().toInt() >= 0 && !number.trimmed().isEmpty(), number.constData());
+    QString why;
+    QVERIFY2(x_.start(&why), qPrintable(why));
   }
 
   void chatThenDoodle() {
@@ -359,10 +348,7 @@ class EndToEndTest : public QObject {
     configDir_.clear();
   }
 
-  void cleanupTestCase() {
-    xvfb_.terminate();
-    xvfb_.waitForFinished(5000);
-  }
+  void cleanupTestCase() { x_.stop(); }
 };
 
 QTEST_GUILESS_MAIN(EndToEndTest)

@@ -76,11 +76,10 @@ class LongWorkTest : public QObject {
   }
 
   // The real studio on an X server (the e2e test's way): Xvfb picks its display.
-  QProcess xvfb_;
-  QString display_;
+  uitest::XServer x_;
   QProcessEnvironment env() const {
     QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
-    e.insert(QStringLiteral("DISPLAY"), display_);
+    e.insert(QStringLiteral("DISPLAY"), x_.display());
     e.insert(QStringLiteral("QT_QPA_PLATFORM"), QStringLiteral("xcb"));
     e.insert(QStringLiteral("ATELIER_HOME"), home_->path(QStringLiteral("studio-home")));
     e.insert(QStringLiteral("XDG_CONFIG_HOME"), home_->path(QStringLiteral("studio-config")));
@@ -142,10 +141,7 @@ class LongWorkTest : public QObject {
 
   void cleanupTestCase() {
     bridge_.reset();
-    if (xvfb_.state() == QProcess::Running) {
-      xvfb_.terminate();
-      xvfb_.waitForFinished(5000);
-    }
+    x_.stop();
   }
 
   void hugeRequestIsRefusedWithTheEstimate() {
@@ -182,12 +178,8 @@ class LongWorkTest : public QObject {
     if (QStandardPaths::findExecutable(QStringLiteral("Xvfb")).isEmpty() ||
         QStandardPaths::findExecutable(QStringLiteral("xdotool")).isEmpty())
       QFAIL("Xvfb and xdotool are needed (installer/setup.sh installs them)");
-    xvfb_.start(QStringLiteral("Xvfb"), {QStringLiteral("-displayfd"), QStringLiteral("1"), QStringLiteral("-noreset"), QStringLiteral("-screen"),
-                                         QStringLiteral("0"), QStringLiteral("1600x1000x24"), QStringLiteral("-nolisten"), QStringLiteral("tcp")});
-    QVERIFY(xvfb_.waitForStarted(10000));
-    QByteArray number;
-    QTRY_VERIFY_WITH_TIMEOUT((number += xvfb_.readAllStandardOutput()).contains('\n'), 20000);
-    display_ = QStringLiteral(":") + QString::fromLatin1(number.trimmed());
+    QString why;
+    QVERIFY2(x_.start(&why), qPrintable(why));
     QDir().mkpath(home_->path(QStringLiteral("studio-home")));
     // A store with a model in it (an empty one opens the welcome page instead of the tabs).
     QCOMPARE(run(QStringLiteral(ATELIER_BINARY), {QStringLiteral("models"), QStringLiteral("import"), sd_,

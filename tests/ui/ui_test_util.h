@@ -2,6 +2,7 @@
 // folder per test run, the fixture models, and the CLI for setting them up.
 #pragma once
 
+#include <QDeadlineTimer>
 #include <QDir>
 #include <QFileInfo>
 #include <QProcess>
@@ -25,6 +26,50 @@ inline int runCli(const QStringList& args, QString* err = nullptr, int timeoutMs
   if (err) *err = QString::fromUtf8(p.readAllStandardError());
   return p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
 }
+
+// An X server (Xvfb) for the real studio, stopped with this object.
+// It picks a free display itself and writes its number once it accepts
+// connections (-displayfd): no guessing around stale sockets or locks.
+// -noreset: by default Xvfb resets when its last client leaves (each xdotool
+// call, each studio that quits), and a client that connects during the
+// reset is dropped (xorg/xserver#1102); CI saw a studio fail so.
+class XServer {
+ public:
+  ~XServer() { stop(); }
+  // True once the server accepts connections on display(); else false, why in *why.
+  bool start(QString* why) {
+    p_.start(QStringLiteral("Xvfb"), {QStringLiteral("-displayfd"), QStringLiteral("1"), QStringLiteral("-noreset"), QStringLiteral("-screen"),
+                                      QStringLiteral("0"), QStringLiteral("1600x1000x24"), QStringLiteral("-nolisten"), QStringLiteral("tcp")});
+    if (!p_.waitForStarted(10000)) {
+      *why = QStringLiteral("Xvfb did not start: ") + p_.errorString();
+      return false;
+    }
+    QByteArray number;
+    const QDeadlineTimer deadline(20000);
+    while (!number.contains('\n') && !deadline.hasExpired()) {
+      p_.waitForReadyRead(100);
+      number += p_.readAllStandardOutput();
+    }
+    bool numeric = false;
+    const int n = number.trimmed().toInt(&numeric);
+    if (!number.contains('\n') || !numeric || n < 0) {
+      *why = QStringLiteral("Xvfb wrote no display number in 20 s: '%1'").arg(QString::fromLatin1(number));
+      return false;
+    }
+    display_ = QStringLiteral(":") + QString::number(n);
+    return true;
+  }
+  void stop() {
+    if (p_.state() == QProcess::NotRunning) return;
+    p_.terminate();
+    p_.waitForFinished(5000);
+  }
+  const QString& display() const { return display_; }
+
+ private:
+  QProcess p_;
+  QString display_;
+};
 
 // A fresh ATELIER_HOME (queue + store) and XDG_CONFIG_HOME (QSettings) for
 // this process, set before anything reads them.
