@@ -313,6 +313,15 @@ struct DeviceMemory {
   int64_t reserved_bytes = 0;  // held back for the driver and libraries' workspaces, never admitted
 };
 
+// A device's sensors, where it has them (NVML on an NVIDIA GPU): what
+// `atelier metrics`, /metrics and the engine monitor show beside memory.
+struct DeviceTelemetry {
+  bool available = false;          // false: the device has no sensors (the CPU) or they cannot be read
+  double utilization_percent = 0;  // share of the last sample period a kernel ran
+  double temperature_c = 0;
+  int64_t memory_used_bytes = 0, memory_total_bytes = 0;
+};
+
 // One device apart from its streams (issue 32): its memory, and a backend
 // per lane (text, image), each on a stream of its own with its own priority.
 // Buffers and prepared weights of one backend of a device are usable by every
@@ -326,6 +335,7 @@ class Device {
   // splits ops over (their OS priority is the lane's there); `priority`:
   // higher runs first where the device orders streams (CUDA stream priorities).
   virtual std::unique_ptr<Backend> make_backend(Executor* ex = nullptr, int priority = 0) = 0;
+  virtual DeviceTelemetry telemetry() const { return {}; }
 };
 
 // The host as a device: its backends are make_cpu_backend's, its memory the
