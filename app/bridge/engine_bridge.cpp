@@ -46,11 +46,19 @@ EngineBridge::~EngineBridge() {
   pollTimer_.stop();
   // The engine closes on the worker (its destructor stops the runner, which
   // may take a step); the subscription goes first so no event outlives us.
-  post([this] {
-    stopApiServer();
-    if (engine_ && subscription_) engine_->unsubscribe(subscription_);
-    engine_.reset();
-  });
+  // Blocking, not posted: quit() ends the worker's loop without running what
+  // was posted after its current batch of events, so a posted teardown (and
+  // a Resume posted just before it) could be dropped: the queue stayed
+  // paused in jobs.db, and the engine was destroyed here on the GUI thread.
+  // Everything posted earlier runs first (the worker's queue is in order).
+  QMetaObject::invokeMethod(
+      workerContext_,
+      [this] {
+        stopApiServer();
+        if (engine_ && subscription_) engine_->unsubscribe(subscription_);
+        engine_.reset();
+      },
+      Qt::BlockingQueuedConnection);
   worker_.quit();
   worker_.wait();
 }
