@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -151,6 +152,115 @@ INSTANTIATE_TEST_SUITE_P(
                     VocabParam{"bert-bge", kVocabDir + "ggml-vocab-bert-bge.gguf", "bert"},
                     VocabParam{"llama-bpe", kVocabDir + "llama3-tokenizer.json", "gpt2"}),
     param_name);
+
+// ---- llama.cpp's vectors on compact vocabularies (tests/tokenizer/fixtures) ----
+//
+// qwen2 and gpt-4o: llama.cpp's expected ids (the .out files, which its
+// convert_hf_to_gguf_update.py wrote with the models' Hugging Face tokenizers)
+// for its test strings, on the part of the real vocabulary those strings can
+// reach (fixtures/README.md says where each comes from and how it was cut).
+// The vocabulary is written as a GGUF that names the pre-tokenizer, so the
+// strings go through tokenizer.ggml.pre as a real model file's would.
+
+const std::string kCompactDir = std::string(ATELIER_TESTS_DIR) + "/tokenizer/fixtures/";
+
+std::string unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+struct CompactGguf {
+  std::string path;
+  std::map<int32_t, int32_t> dense_id;  // original id -> id in the written file
+  std::vector<int32_t> original_id;     // the other way
+};
+
+// Writes fixtures/NAME.vocab as a GGUF vocabulary (ids renumbered densely, in order).
+CompactGguf write_compact_gguf(const std::string& name) {
+  std::ifstream in(kCompactDir + name + ".vocab");
+  if (!in) throw std::runtime_error("cannot open " + kCompactDir + name + ".vocab");
+  CompactGguf out;
+  std::string pre, line;
+  std::vector<std::string> tokens, merges;
+  std::vector<int32_t> types;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string kind;
+    f >> kind;
+    if (kind == "pre") {
+      f >> pre;
+    } else if (kind == "t") {
+      int32_t id = 0, type = 0;
+      std::string hex;
+      f >> id >> type >> hex;
+      out.dense_id[id] = static_cast<int32_t>(tokens.size());
+      out.original_id.push_back(id);
+      tokens.push_back(unhex(hex));
+      types.push_back(type);
+    } else if (kind == "m") {
+      std::string l, r;
+      f >> l >> r;
+      merges.push_back(unhex(l) + " " + unhex(r));
+    }
+  }
+  atelier::formats::GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", pre);
+  w.set_string_array("tokenizer.ggml.tokens", tokens);
+  w.set_i32_array("tokenizer.ggml.token_type", types);
+  w.set_string_array("tokenizer.ggml.merges", merges);
+  out.path = (std::filesystem::temp_directory_path() /
+              ("atelier-tok-compact-" + name + "-" + std::to_string(::getpid()) + ".gguf"))
+                 .string();
+  w.write(out.path);
+  return out;
+}
+
+class CompactVocabVectors : public testing::TestWithParam<const char*> {};
+
+TEST_P(CompactVocabVectors, EveryStringTokenizesAsLlamaCppsVectors) {
+  const std::string name = GetParam();
+  const CompactGguf vocab = write_compact_gguf(name);
+  auto tok = load_gguf_tokenizer(vocab.path);
+  std::filesystem::remove(vocab.path);
+  // Every ggml-vocab-*.gguf.inp in llama.cpp's models/ is the same file (sha256 ef7a25a2...).
+  auto cases = read_cases(kVocabDir + "ggml-vocab-gpt-2.gguf");
+  std::ifstream out(kCompactDir + name + ".out");
+  std::string line;
+  for (auto& c : cases) {
+    ASSERT_TRUE(std::getline(out, line)) << name << ".out has fewer lines than the .inp has strings";
+    c.ids.clear();
+    for (int32_t id : parse_ids(line)) {
+      const auto it = vocab.dense_id.find(id);
+      ASSERT_NE(it, vocab.dense_id.end()) << "expected id " << id << " is not in the compact vocabulary";
+      c.ids.push_back(it->second);
+    }
+  }
+  ASSERT_EQ(cases.size(), 46u);
+  size_t passed = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto got = tok->encode(cases[i].text, /*add_bos=*/false, /*parse_special=*/false);
+    if (got == cases[i].ids) {
+      ++passed;
+      EXPECT_EQ(tok->decode(got), cases[i].text) << name << " string " << i;
+    } else {
+      std::vector<int32_t> got_original;
+      for (int32_t id : got) got_original.push_back(vocab.original_id.at(static_cast<size_t>(id)));
+      std::vector<int32_t> want_original;
+      for (int32_t id : cases[i].ids) want_original.push_back(vocab.original_id.at(static_cast<size_t>(id)));
+      ADD_FAILURE() << name << " string " << i << " " << escaped(cases[i].text) << "\n  expected "
+                    << ids_str(want_original) << "\n  got      " << ids_str(got_original);
+    }
+  }
+  std::printf("[   INFO   ] %s: %zu/%zu strings pass\n", name.c_str(), passed, cases.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, CompactVocabVectors, testing::Values("qwen2", "gpt-4o"),
+                         [](const testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "gpt-4o" ? std::string("gpt_4o") : std::string(info.param);
+                         });
 
 // ---- stories260K: GGUF vocabulary, llama2.c tok512.bin, golden ids ----
 
@@ -405,7 +515,9 @@ struct PreTokenizerSplits {
 // llm_tokenizer_bpe's regex_exprs) applied with Python's `regex` module
 // (2026.5.9) as llama.cpp's unicode_regex_split chains them: each regex splits
 // every piece the previous one left into its matches and the stretches
-// between them. Names that share a line share llama.cpp's regexes.
+// between them. Names that share a line share llama.cpp's regexes. gpt-4o:
+// tiktoken's own o200k pattern (as in gpt-oss's tokenizer.json), which the
+// tokenizer runs instead of llama.cpp's approximation of it (bpe.cpp says why).
 const std::vector<PreTokenizerSplits>& pre_tokenizer_splits() {
   static const std::vector<PreTokenizerSplits> table = {
     {{"default"},
@@ -520,13 +632,41 @@ const std::vector<PreTokenizerSplits>& pre_tokenizer_splits() {
       {"line", "1", "\r", "\n", "line", "2", "\n ", "\xC2\x85", "x"},
       {" ", " a", "/", "b", "/", "c", "\n"},
      }},
-    {{"qwen2", "stablelm2", "megrez"},
+    {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"},
      {
       {"I", "'ll", " pay", " ", "1", "2", "3", "4", "5", " dollars", ",", " they", "'re", " DON", "'T", " we", "'ve"},
       {"1", "2", "3", "4", "5", "6", "7", " ", "8", "9", " ", "0", ".", "5", " ", "3", ",", "0", "0", "0"},
       {"Hello", ",", " world", "!!!", " (", "ok", "?)", " $", "5", "+", "3", "<=", "8", " ^~|", " `", "code", "`"},
       {"a", " ", " b", "\t", "\tc", " \n\n", " ", " d", "   "},
       {"caf\xC3\xA9", " na\xC3\xAFve", " \xC3\x91\x61nd\xC3\xBA", " \xCE\x95\xCE\xBB\xCE\xBB\xCE\xB7\xCE\xBD\xCE\xB9\xCE\xBA\xCE\xAC", " \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82"},
+      {"\xE4\xB8\xAD\xE6\x96\x87\xE3\x83\x86\xE3\x82\xB9\xE3\x83\x88\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4", " \xF0\x9F\xA6\x99\xF0\x9F\x98\x80", " \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xA7\xE3\x81\x99"},
+      {"HelloWorld", " CamelCASE", " ABCdef"},
+      {"<sentinel", ":", "1", "2", ">", " IMGIMGABZ", " x"},
+      {"Hi", "\xE2\x80\xA6", " done", "\xE3\x80\x82\xE4\xBD\xA0\xE5\xA5\xBD", "\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C", "\xE3\x80\x81ok", "\xE0\xA5\xA4", " end", "\xDB\x94", " \xD8\x8C"},
+      {"line", "1", "\r\n", "line", "2", "\n", " ", "\xC2\x85x"},
+      {" ", " a", "/b", "/c", "\n"},
+     }},
+    {{"gpt-4o", "llama4"},
+     {
+      {"I'll", " pay", " ", "123", "45", " dollars", ",", " they're", " DON'T", " we've"},
+      {"123", "456", "7", " ", "89", " ", "0", ".", "5", " ", "3", ",", "000"},
+      {"Hello", ",", " world", "!!!", " (", "ok", "?)", " $", "5", "+", "3", "<=", "8", " ^~|", " `", "code", "`"},
+      {"a", " ", " b", "\t", "\tc", " \n\n", " ", " d", "   "},
+      {"caf\xC3\xA9", " na\xC3\xAFve", " \xC3\x91" "and\xC3\xBA", " \xCE\x95\xCE\xBB\xCE\xBB\xCE\xB7\xCE\xBD\xCE\xB9\xCE\xBA\xCE\xAC", " \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82"},
+      {"\xE4\xB8\xAD\xE6\x96\x87\xE3\x83\x86\xE3\x82\xB9\xE3\x83\x88\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4", " \xF0\x9F\xA6\x99\xF0\x9F\x98\x80", " \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xA7\xE3\x81\x99"},
+      {"Hello", "World", " Camel", "CASE", " ABCdef"},
+      {"<sentinel", ":", "12", ">", " IMGIMGABZ", " x"},
+      {"Hi", "\xE2\x80\xA6", " done", "\xE3\x80\x82\xE4\xBD\xA0\xE5\xA5\xBD", "\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C", "\xE3\x80\x81ok", "\xE0\xA5\xA4", " end", "\xDB\x94", " \xD8\x8C"},
+      {"line", "1", "\r\n", "line", "2", "\n", " ", "\xC2\x85x"},
+      {" ", " a", "/b", "/c", "\n"},
+     }},
+    {{"qwen35"},
+     {
+      {"I", "'ll", " pay", " ", "1", "2", "3", "4", "5", " dollars", ",", " they", "'re", " DON", "'T", " we", "'ve"},
+      {"1", "2", "3", "4", "5", "6", "7", " ", "8", "9", " ", "0", ".", "5", " ", "3", ",", "0", "0", "0"},
+      {"Hello", ",", " world", "!!!", " (", "ok", "?)", " $", "5", "+", "3", "<=", "8", " ^~|", " `", "code", "`"},
+      {"a", " ", " b", "\t", "\tc", " \n\n", " ", " d", "   "},
+      {"caf\xC3\xA9", " na\xC3\xAFve", " \xC3\x91" "and\xC3\xBA", " \xCE\x95\xCE\xBB\xCE\xBB\xCE\xB7\xCE\xBD\xCE\xB9\xCE\xBA\xCE\xAC", " \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82"},
       {"\xE4\xB8\xAD\xE6\x96\x87\xE3\x83\x86\xE3\x82\xB9\xE3\x83\x88\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4", " \xF0\x9F\xA6\x99\xF0\x9F\x98\x80", " \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xA7\xE3\x81\x99"},
       {"HelloWorld", " CamelCASE", " ABCdef"},
       {"<sentinel", ":", "1", "2", ">", " IMGIMGABZ", " x"},
@@ -618,7 +758,74 @@ TEST(PreTokenizers, EveryNamedPreTokenizerSplitsAsLlamaCppsRegexes) {
       std::filesystem::remove(path);
     }
   }
-  EXPECT_EQ(names, 41u);  // every name the table of llama.cpp's above lists
+  EXPECT_EQ(names, 45u);  // every name the table of llama.cpp's above lists
+}
+
+// Where the new pre-tokenizers differ from their neighbours: combining marks
+// (qwen35 and o200k keep them in the word, qwen2 does not), non-ASCII
+// capitals and contractions inside camel case (o200k), digit groups. Expected
+// splits made as the table above (qwen2, qwen35: llama.cpp's regexes; gpt-4o:
+// tiktoken's pattern), with Python's `regex`.
+const char* const kMarkAndCaseTexts[] = {
+    "cafe\xCC\x81 nai\xCC\x88ve \xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87 \xE0\xA4\xA6\xE0\xA5\x81\xE0\xA4\xA8\xE0\xA4\xBF\xE0\xA4\xAF\xE0\xA4\xBE",
+    "foo\xC3\x84" "bar na\xC3\xAFveTest HelloWorld's DON'T I'M \xC3\x89" "COLE \xC3\xA9" "cole's",
+    "x=12345678;\n\ty/=3 // AI\r\n\r\n",
+};
+
+const std::vector<PreTokenizerSplits>& mark_and_case_splits() {
+  static const std::vector<PreTokenizerSplits> table = {
+    {{"qwen2"},
+     {
+      {"cafe", "\xCC\x81", " nai", "\xCC\x88ve", " \xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8", "\xE0\xA5\x8D\xE0\xA4\xA4", "\xE0\xA5\x87", " \xE0\xA4\xA6", "\xE0\xA5\x81\xE0\xA4\xA8", "\xE0\xA4\xBF\xE0\xA4\xAF", "\xE0\xA4\xBE"},
+      {"foo\xC3\x84" "bar", " na\xC3\xAFveTest", " HelloWorld", "'s", " DON", "'T", " I", "'M", " \xC3\x89" "COLE", " \xC3\xA9" "cole", "'s"},
+      {"x", "=", "1", "2", "3", "4", "5", "6", "7", "8", ";\n", "\ty", "/=", "3", " //", " AI", "\r\n\r\n"},
+     }},
+    {{"qwen35"},
+     {
+      {"cafe\xCC\x81", " nai\xCC\x88ve", " \xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87", " \xE0\xA4\xA6\xE0\xA5\x81\xE0\xA4\xA8\xE0\xA4\xBF\xE0\xA4\xAF\xE0\xA4\xBE"},
+      {"foo\xC3\x84" "bar", " na\xC3\xAFveTest", " HelloWorld", "'s", " DON", "'T", " I", "'M", " \xC3\x89" "COLE", " \xC3\xA9" "cole", "'s"},
+      {"x", "=", "1", "2", "3", "4", "5", "6", "7", "8", ";\n", "\ty", "/=", "3", " //", " AI", "\r\n\r\n"},
+     }},
+    {{"gpt-4o"},
+     {
+      {"cafe\xCC\x81", " nai\xCC\x88ve", " \xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87", " \xE0\xA4\xA6\xE0\xA5\x81\xE0\xA4\xA8\xE0\xA4\xBF\xE0\xA4\xAF\xE0\xA4\xBE"},
+      {"foo", "\xC3\x84" "bar", " na\xC3\xAFve", "Test", " Hello", "World's", " DON'T", " I'M", " \xC3\x89" "COLE", " \xC3\xA9" "cole's"},
+      {"x", "=", "123", "456", "78", ";\n", "\ty", "/=", "3", " //", " AI", "\r\n\r\n"},
+     }},
+  };
+  return table;
+}
+
+TEST(PreTokenizers, Qwen35AndO200kKeepMarksAndSplitCamelCase) {
+  for (const auto& group : mark_and_case_splits()) {
+    ASSERT_EQ(group.words.size(), std::size(kMarkAndCaseTexts));
+    const auto path = write_vocab_gguf("gpt2", group.names[0]);
+    auto tok = load_gguf_tokenizer(path);
+    std::filesystem::remove(path);
+    const auto* bpe = dynamic_cast<const atelier::tok::BpeTokenizer*>(tok.get());
+    ASSERT_NE(bpe, nullptr);
+    for (size_t i = 0; i < group.words.size(); ++i) {
+      std::vector<std::string> want;
+      for (const auto& w : group.words[i]) want.push_back(gpt2_symbols(w));
+      EXPECT_EQ(bpe->pre_tokenize(kMarkAndCaseTexts[i]), want) << group.names[0] << " on " << escaped(kMarkAndCaseTexts[i]);
+    }
+  }
+}
+
+TEST(PreTokenizers, O200kOnLongRunsIsLinear) {
+  // A regex that backtracks per letter, or keeps a JIT frame per letter, fails
+  // or takes seconds here; 200k characters in one fragment must not.
+  const auto path = write_vocab_gguf("gpt2", "gpt-4o");
+  auto tok = load_gguf_tokenizer(path);
+  std::filesystem::remove(path);
+  const auto* bpe = dynamic_cast<const atelier::tok::BpeTokenizer*>(tok.get());
+  ASSERT_NE(bpe, nullptr);
+  std::string khmer;
+  for (int i = 0; i < 20000; ++i) khmer += "\xE1\x9E\x80\xE1\x9F\x8B";  // KA + a combining mark
+  EXPECT_EQ(bpe->pre_tokenize(std::string(200000, 'A')).size(), 1u);
+  EXPECT_EQ(bpe->pre_tokenize(std::string(200000, 'a')).size(), 1u);
+  EXPECT_EQ(bpe->pre_tokenize("x" + std::string(200000, 'A')).size(), 2u);  // "x", then the capitals
+  EXPECT_EQ(bpe->pre_tokenize(khmer).size(), 1u);
 }
 
 TEST(Errors, UnsupportedModelAndBadJson) {

@@ -28,6 +28,19 @@ const char* const kLlama3 =
 const char* const kQwen2 =
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// Qwen 3.5: as kQwen2, with combining marks (\p{M}) kept in words.
+const char* const kQwen35 =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// o200k (GPT-4o, gpt-oss, Phi-4-mini, Llama 4): tiktoken's own pattern, which
+// PCRE2 runs as it is. llama.cpp runs an approximation ("(?=[\p{L}])([^a-z])"
+// for the upper-case classes) that splits combining marks off their letters
+// and a non-ASCII capital off a word: on Khmer text it gives other tokens
+// than tiktoken and the model's tokenizer.json (see tests/tokenizer).
+const char* const kGpt4o =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const char* const kGpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
 const char* const kBloom = " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{964}\\x{6D4}\\x{60C})]+";
 const char* const kTekken =
@@ -58,7 +71,9 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
       {{"gpt-2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
         "jina-v2-de", "jina-v2-code", "roberta-bpe"},
        {kGpt2}},
-      {{"qwen2", "stablelm2", "megrez"}, {kQwen2}},
+      {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {kQwen2}},
+      {{"qwen35"}, {kQwen35}},
+      {{"gpt-4o", "llama4"}, {kGpt4o}},
       {{"poro-chat", "bloom", "gpt3-finnish"}, {kBloom}},
       {{"viking"}, {kBloom, "\\p{N}"}},
       {{"tekken"}, {kTekken}},
