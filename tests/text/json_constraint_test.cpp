@@ -229,3 +229,18 @@ TEST(JsonInput, NestingUpToTheLimitParsesAndOneLevelMoreIsRefused) {
 
 }  // namespace
 }  // namespace atelier::text
+
+// A tool-call constraint: one alternative per tool, the name fixing which arguments follow.
+TEST(JsonConstraint, TopLevelAnyOfFollowsTheAlternativeTheBytesChoose) {
+  auto m = atelier::text::JsonMatcher::compile(
+      R"({"anyOf":[{"type":"object","properties":{"name":{"const":"a"},"arguments":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}},"required":["name","arguments"]},
+                   {"type":"object","properties":{"name":{"const":"b"},"arguments":{"type":"object","properties":{"y":{"type":"string"}},"required":["y"]}},"required":["name","arguments"]}]})");
+  ASSERT_TRUE(m.ok()) << m.status().message;
+  auto take = [](atelier::text::JsonMatcher x, const std::string& s) { return x.feed(s) && x.complete(); };
+  EXPECT_TRUE(take(m.value(), R"({"name":"a","arguments":{"x":1}})"));
+  EXPECT_TRUE(take(m.value(), R"({"name":"b","arguments":{"y":"z"}})"));
+  EXPECT_FALSE(m.value().accepts(R"({"name":"a","arguments":{"y")"));  // b's arguments under a's name
+  EXPECT_FALSE(m.value().accepts(R"({"name":"c")"));
+  EXPECT_FALSE(atelier::text::JsonMatcher::compile(R"({"anyOf":[{"anyOf":[{}]}]})").ok());  // nested: refused by name
+  EXPECT_FALSE(atelier::text::JsonMatcher::compile(R"({"type":"object","properties":{"p":{"anyOf":[{}]}}})").ok());
+}

@@ -44,14 +44,21 @@ struct ModelInfo {
 // ---------------------------------------------------------------- chat templates
 
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", ...
+  std::string role;       // "system", "user", "assistant", ...
   std::string content;
+  std::string reasoning;  // an assistant's reasoning, kept apart (the template sees it as reasoning_content when not empty)
 };
 
 struct ChatTemplateOptions {
   bool add_generation_prompt = true;
   std::string bos_token, eos_token;  // variables the template sees
   std::vector<std::pair<std::string, std::string>> variables;  // further string variables (NAME=VALUE)
+  // The tools offered (a JSON list of {"type": "function", "function": {name,
+  // description, parameters}}, as transformers and llama.cpp pass `tools`);
+  // "" = the template sees no tools variable.
+  std::string tools_json;
+  // Further variables of any JSON type (a JSON object, e.g. {"enable_thinking": false}); "" = none.
+  std::string variables_json;
 };
 
 // Renders a Jinja chat template as Hugging Face's apply_chat_template does
@@ -72,6 +79,10 @@ Result<std::string> render_chat_template(const std::string& template_text, const
 //   add_generation_prompt (stop generation at "\nUser:").
 Result<std::string> format_chat_prompt(const ModelInfo& model, const std::vector<ChatMessage>& messages,
                                        bool add_generation_prompt = true);
+// The same for messages as JSON (MESSAGES_JSON as render_chat_template takes
+// it: tool_calls, tool_call_id, reasoning_content pass through) with OPTIONS'
+// tools and variables (its BOS/EOS texts are the model's).
+Result<std::string> format_chat_prompt(const ModelInfo& model, const std::string& messages_json, ChatTemplateOptions options);
 
 namespace text {
 struct LoadedTextModel;  // engine-internal

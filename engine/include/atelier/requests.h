@@ -55,6 +55,11 @@ struct TextRequest {
   // the text stays a prefix of one JSON value valid for it, and generation
   // ends ("stop") when the value is complete. "" = free text.
   std::string json_schema;
+  // With json_schema: free text until the new text holds this trigger, then
+  // one value valid for the schema, then free text again (the trigger may
+  // come again) -- a tool call's arguments constrained once the call has
+  // started. "" = the whole answer is the one value.
+  std::string json_trigger;
   // Log-probabilities of the model's distribution (before penalties and
   // sampling filters) for each new token, and the top_logprobs (0..20) most
   // likely tokens at each position: TextResult::logprobs.
@@ -69,7 +74,7 @@ struct TextRequest {
 
 // The JSON form of a request: the job database stores it, `atelier batch`
 // reads one per line. Keys: model, prompt, max_new_tokens, stop, add_bos,
-// parse_special, ignore_eos, json_schema, logprobs, top_logprobs, priority, interactive, and sampling{temperature, top_k,
+// parse_special, ignore_eos, json_schema, json_trigger, logprobs, top_logprobs, priority, interactive, and sampling{temperature, top_k,
 // top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
 // presence_penalty, seed}; all but model and prompt optional. Unknown keys are
 // refused (a typo should not silently fall back to a default).

@@ -36,6 +36,7 @@ std::string request_to_json(const TextRequest& r) {
               {"presence_penalty", s.presence_penalty}}}};
   if (s.seed != SamplingParams::kRandomSeed) j["sampling"]["seed"] = s.seed;
   if (!r.json_schema.empty()) j["json_schema"] = r.json_schema;  // written only when set: older readers keep working
+  if (!r.json_trigger.empty()) j["json_trigger"] = r.json_trigger;
   if (r.logprobs) j["logprobs"] = true;
   if (r.top_logprobs) j["top_logprobs"] = r.top_logprobs;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -114,7 +115,7 @@ Result<TextRequest> request_from_json(std::string_view text) {
     const json j = parse_request(text);
     if (!j.is_object()) throw std::invalid_argument("a request must be a JSON object");
     check_kind(j, "text");
-    check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "json_schema", "logprobs", "top_logprobs", "priority", "interactive", "sampling"}, "");
+    check_keys(j, {"kind", "model", "prompt", "max_new_tokens", "stop", "add_bos", "parse_special", "ignore_eos", "json_schema", "json_trigger", "logprobs", "top_logprobs", "priority", "interactive", "sampling"}, "");
     if (!j.contains("model") || !j.contains("prompt")) throw std::invalid_argument("a request needs 'model' and 'prompt'");
     TextRequest r;
     read(j, "model", r.model);
@@ -125,6 +126,7 @@ Result<TextRequest> request_from_json(std::string_view text) {
     read(j, "parse_special", r.parse_special);
     read(j, "ignore_eos", r.ignore_eos);
     read(j, "json_schema", r.json_schema);
+    read(j, "json_trigger", r.json_trigger);
     read(j, "logprobs", r.logprobs);
     read(j, "top_logprobs", r.top_logprobs);
     read(j, "priority", r.priority);

@@ -113,6 +113,8 @@ Status validate_request(const TextRequest& r, int n_ctx) {
       return bad("json_schema: its shortest valid value takes " + std::to_string(m->close_bytes()) +
                  " tokens, more than max new tokens " + std::to_string(r.max_new_tokens) + "; allow more tokens");
   }
+  if (!r.json_trigger.empty() && r.json_schema.empty())
+    return bad("json_trigger needs a json_schema (the value that follows the trigger)");
   return {};
 }
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 namespace atelier::text {
@@ -20,10 +23,29 @@ Generation::Generation(const tok::Tokenizer& tokenizer, const TextRequest& reque
   if (!request.json_schema.empty()) {
     auto m = JsonMatcher::compile(request.json_schema);  // validated at submission
     if (m.ok()) {
-      json_ = std::move(m.value());
+      if (request.json_trigger.empty()) json_ = std::move(m.value());
+      else json_fresh_ = std::move(m.value());
       pieces_.resize(logits_.size());
       for (size_t i = 0; i < pieces_.size(); ++i)
         if (!tokenizer.is_eog(static_cast<int32_t>(i))) pieces_[i] = tokenizer.token_to_piece(static_cast<int32_t>(i));
+    }
+  }
+  // Tests only (see generation.h): deterministic answers from a synthetic
+  // model, read per generation so one server can be given several in turn.
+  if (const char* path = std::getenv("ATELIER_TEST_FORCED_OUTPUT"); path && *path) {
+    std::ifstream f(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!text.empty()) forced_ = tokenizer.encode(text, false, true);
+    // SentencePiece vocabularies put a word marker before the first word: not part of the text.
+    std::string decoded;
+    for (int32_t t : forced_) decoded += tokenizer.token_to_piece(t);
+    size_t extra = decoded.size() > text.size() && decoded.compare(decoded.size() - text.size(), text.size(), text) == 0
+                       ? decoded.size() - text.size() : 0;
+    while (extra > 0 && !forced_.empty()) {
+      const size_t n = tokenizer.token_to_piece(forced_.front()).size();
+      if (n > extra) break;
+      extra -= n;
+      forced_.erase(forced_.begin());
     }
   }
 }
@@ -57,6 +79,19 @@ int32_t Generation::sample() {
         top_.push_back({idx[static_cast<size_t>(i)], static_cast<float>(raw_[static_cast<size_t>(idx[static_cast<size_t>(i)])] - log_sum_exp_)});
     }
   }
+  if (!forced_.empty()) {
+    // The forced token (or, past the text, end of sequence) well above every other.
+    const size_t at = new_ids_.size();
+    int32_t want = at < forced_.size() ? forced_[at] : -1;
+    if (want < 0)
+      for (int32_t t = 0; t < n; ++t)
+        if (tokenizer_.is_eog(t)) { want = t; break; }
+    if (want >= 0 && want < n) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (float l : logits_) mx = std::max(mx, l);
+      logits_[static_cast<size_t>(want)] = mx + 1000.0f;
+    }
+  }
   if (!json_) return sampler_.sample(logits_.data(), n);
   std::vector<float> original = logits_;
   const int32_t id = sampler_.sample(logits_.data(), n);
@@ -69,7 +104,24 @@ int32_t Generation::sample() {
 
 TokenEvent Generation::accept(int32_t id) {
   sampler_.accept(id);
-  if (json_) json_->feed(pieces_[static_cast<size_t>(id)]);
+  if (json_) {
+    json_->feed(pieces_[static_cast<size_t>(id)]);
+    if (json_fresh_ && json_->complete()) {  // the value is whole: free text again until the next trigger
+      json_.reset();
+      since_value_.clear();
+    }
+  } else if (json_fresh_) {
+    since_value_ += pieces_[static_cast<size_t>(id)];
+    if (const size_t at = since_value_.find(request_.json_trigger); at != std::string::npos) {
+      json_ = *json_fresh_;
+      // The token may carry the value's first bytes after the trigger.
+      const std::string rest = since_value_.substr(at + request_.json_trigger.size());
+      if (!rest.empty()) json_->feed(rest);  // unchanged when they are not (whitespace runs, say)
+      since_value_.clear();
+    } else if (since_value_.size() > 4 * request_.json_trigger.size() + 64) {
+      since_value_.erase(0, since_value_.size() - request_.json_trigger.size());
+    }
+  }
   if (request_.logprobs || request_.top_logprobs > 0)
     logprobs_.push_back({id, raw_.empty() ? 0.0f : static_cast<float>(raw_[static_cast<size_t>(id)] - log_sum_exp_), top_});
   tokens_.push_back(id);
@@ -83,7 +135,7 @@ TokenEvent Generation::accept(int32_t id) {
 }
 
 const char* Generation::end_reason(bool cancelled) const {
-  if (stream_.stopped() || (json_ && json_->complete())) return "stop";
+  if (stream_.stopped() || (json_ && !json_fresh_ && json_->complete())) return "stop";
   if (cancelled) return "cancelled";
   if (static_cast<int>(new_ids_.size()) >= request_.max_new_tokens) return "length";
   if (n_tokens() >= max_tokens_) return "context";

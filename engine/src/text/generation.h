@@ -39,8 +39,14 @@ class Generation {
   float* logits() { return logits_.data(); }
   // Draws the next token from logits() (modified in place): with a
   // json_schema, only a token the schema's matcher accepts (the sampler's
-  // pick when it fits, else a draw from the tokens that do); with logprobs,
-  // the model's distribution is read first.
+  // pick when it fits, else a draw from the tokens that do) -- with a
+  // json_trigger, only after the trigger and until the value is whole; with
+  // logprobs, the model's distribution is read first.
+  // Tests only: when the environment names a file in
+  // ATELIER_TEST_FORCED_OUTPUT, its text (tokenized) is what the model
+  // "prefers": each step's logits favour the next of its tokens, then end of
+  // sequence. The schema's mask still applies on top, so a test sees the
+  // constraint overrule a forced text that breaks it.
   int32_t sample();
   // ID ends the generation as end of generation ("eos"); it is then not accepted.
   bool ends_with_eos(int32_t id) const { return tokenizer_.is_eog(id) && !request_.ignore_eos; }
@@ -63,7 +69,10 @@ class Generation {
   Sampler sampler_;
   TextStream stream_;
   std::vector<float> logits_;
-  std::optional<JsonMatcher> json_;
+  std::optional<JsonMatcher> json_;     // the value being matched (active when set)
+  std::optional<JsonMatcher> json_fresh_;  // with a json_trigger: a new matcher for each trigger
+  std::string since_value_;              // with a json_trigger: new text since the last value (to find the trigger)
+  std::vector<int32_t> forced_;          // ATELIER_TEST_FORCED_OUTPUT's tokens (tests only)
   std::vector<std::string> pieces_;  // every token's bytes (with json_)
   std::vector<float> raw_;           // logits before sampling (logprobs, or the masked redraw)
   double log_sum_exp_ = 0;

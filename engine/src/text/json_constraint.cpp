@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 
 namespace atelier::text {
@@ -105,7 +106,23 @@ Result<JsonMatcher> JsonMatcher::compile(std::string_view schema_json) {
   if (!s.ok()) return s.status();
   try {
     JsonMatcher m;
-    m.root_ = compile_node(s.value(), "schema", 0);
+    const auto& v = s.value();
+    if (v.is_object() && v.contains("anyOf")) {
+      const auto& alts = v["anyOf"];
+      if (!alts.is_array() || alts.empty()) throw std::invalid_argument("schema.anyOf must be a non-empty list of schemas");
+      for (const auto& [key, value] : v.items())
+        if (key != "anyOf" && key != "title" && key != "description")
+          throw std::invalid_argument("a schema with anyOf may hold only anyOf (and title, description), not '" + key + "'");
+      for (size_t i = 0; i < alts.size(); ++i) {
+        if (alts[i].is_object() && alts[i].contains("anyOf"))
+          throw std::invalid_argument("schema.anyOf[" + std::to_string(i) + "]: anyOf is supported at the top level only");
+        JsonMatcher alt;
+        alt.root_ = compile_node(alts[i], "schema.anyOf[" + std::to_string(i) + "]", 1);
+        m.alternatives_.push_back(std::move(alt));
+      }
+      return m;
+    }
+    m.root_ = compile_node(v, "schema", 0);
     return m;
   } catch (const std::invalid_argument& e) {
     return Status::error(StatusCode::InvalidArgument, e.what());
@@ -113,11 +130,23 @@ Result<JsonMatcher> JsonMatcher::compile(std::string_view schema_json) {
 }
 
 bool JsonMatcher::accepts(std::string_view bytes, int budget) const {
+  if (!alternatives_.empty())
+    return std::any_of(alternatives_.begin(), alternatives_.end(), [&](const JsonMatcher& a) { return a.accepts(bytes, budget); });
   JsonMatcher copy = *this;
   return copy.feed(bytes) && (budget < 0 || copy.close_bytes() <= budget);
 }
 
 bool JsonMatcher::feed(std::string_view bytes) {
+  if (!alternatives_.empty()) {
+    std::vector<JsonMatcher> alive;
+    for (const JsonMatcher& a : alternatives_) {
+      JsonMatcher copy = a;
+      if (copy.feed(bytes)) alive.push_back(std::move(copy));
+    }
+    if (alive.empty()) return false;
+    alternatives_ = std::move(alive);
+    return true;
+  }
   JsonMatcher copy = *this;
   for (char c : bytes)
     if (!copy.feed_byte(static_cast<unsigned char>(c))) return false;
@@ -223,6 +252,11 @@ const SchemaNode* value_node(const JsonFrame& f) {
 }  // namespace
 
 int JsonMatcher::close_bytes() const {
+  if (!alternatives_.empty()) {
+    int best = INT32_MAX;
+    for (const JsonMatcher& a : alternatives_) best = std::min(best, a.close_bytes());
+    return best;
+  }
   if (done_) return 0;
   if (stack_.empty()) return min_value_bytes(root_.get());
   int total = 0;
@@ -280,6 +314,8 @@ int JsonMatcher::close_bytes() const {
 }
 
 bool JsonMatcher::complete() const {
+  if (!alternatives_.empty())
+    return std::any_of(alternatives_.begin(), alternatives_.end(), [](const JsonMatcher& a) { return a.complete(); });
   if (done_) return true;
   if (stack_.size() != 1) return false;
   const Frame& f = stack_[0];

@@ -1,6 +1,7 @@
 // Constrained decoding for structured output: a JSON Schema (a subset: type
 // object/array/string/number/integer/boolean/null, properties, required,
-// additionalProperties, items, enum, const) compiled into an incremental
+// additionalProperties, items, enum, const; anyOf at the top level only, as
+// the tool-call constraint's one alternative per tool) compiled into an incremental
 // matcher over bytes. Generation keeps one matcher per sequence and draws
 // only tokens whose bytes it accepts, so the text is always a prefix of a
 // JSON value valid for the schema, and ends as soon as the value is complete.
@@ -69,6 +70,9 @@ class JsonMatcher {
   bool feed_byte(unsigned char c);
   bool feed_value_start(const SchemaNode* node, unsigned char c);
   std::shared_ptr<const SchemaNode> root_;     // shared: copies of a matcher are cheap
+  // A top-level anyOf: the alternatives still alive (root_ unused). A byte is
+  // accepted when one of them accepts it; those that refuse it drop out.
+  std::vector<JsonMatcher> alternatives_;
   std::vector<Frame> stack_;
   bool done_ = false;
   int whitespace_ = 0;                         // consecutive whitespace bytes
