@@ -208,6 +208,13 @@ class FakeDevice final : public kernels::Backend {
     Emu e(*this);
     cpu_->swiglu(e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim);
   }
+  void glu(kernels::Activation a, kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows,
+           int64_t dim) override {
+    act(gate, "glu gate"), act(up, "glu up"), act(out, "glu out");
+    row_counts_.push_back(rows);
+    Emu e(*this);
+    cpu_->glu(a, e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim);
+  }
   void geglu(kernels::Act x, kernels::Act y, int64_t rows, int64_t dim) override {
     act(x, "geglu x"), act(y, "geglu y");
     Emu e(*this);
@@ -229,7 +236,7 @@ class FakeDevice final : public kernels::Backend {
     cpu_->relu(e.in(x, n), e.out(y, n), n);
   }
   void tanh_clamp(kernels::Act x, kernels::Act y, int64_t n, float limit) override {
-    act(x, "tanh_clamp x"), act(y, "tanh_clamp y");
+    any(x, "tanh_clamp x"), any(y, "tanh_clamp y");  // F32 logits too (final soft-capping)
     Emu e(*this);
     cpu_->tanh_clamp(e.in(x, n), e.out(y, n), n, limit);
   }

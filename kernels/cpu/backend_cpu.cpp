@@ -279,6 +279,11 @@ class CpuBackend final : public Backend {
     // differently if rows were run as one long array.
     for_rows(rows, [&](int64_t r) { kernels::swiglu(gf + r * dim, uf + r * dim, of + r * dim, dim); });
   }
+  void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
+    const float *gf = gate.f32(), *uf = up.f32();
+    float* of = out.f32();
+    for_rows(rows, [&](int64_t r) { kernels::glu(a, gf + r * dim, uf + r * dim, of + r * dim, dim); });
+  }
   void geglu(Act x, Act y, int64_t rows, int64_t dim) override { kernels::geglu(x.f32(), y.f32(), rows, dim, ex_); }
   void softmax(Act x, int64_t rows, int64_t n) override {
     float* xf = x.f32();

@@ -495,6 +495,22 @@ TEST_P(BackendOps, AddsAndActivations) {
         },
         what);
   }
+  for (Activation act : {Activation::gelu_tanh, Activation::silu, Activation::gelu}) {
+    const std::string what = "glu " + std::to_string(static_cast<int>(act));
+    std::vector<float> want(static_cast<size_t>(n));
+    for (int64_t r = 0; r < rows; ++r) glu_ref(act, a.data() + r * dim, b.data() + r * dim, want.data() + r * dim, dim);
+    dev.be().glu(act, da, db, dy, rows, dim);
+    const auto y = dev.get(dy, want.size());
+    EXPECT_REL(y, want, 1e-5);
+    expect_batch_invariant(
+        y, rows, dim,
+        [&](int64_t r0, int64_t k) {
+          auto p = dev.zeros<float>(static_cast<size_t>(k * dim));
+          dev.be().glu(act, da + r0 * dim, db + r0 * dim, p, k, dim);
+          return dev.get(p, static_cast<size_t>(k * dim));
+        },
+        what);
+  }
   {
     const std::string what = "geglu";
     const int64_t half = 23, grows = 4;

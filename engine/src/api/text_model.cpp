@@ -178,6 +178,7 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
     // The model's own training length: the KV budget (the queue) or the
     // cache this request needs (generate) decide what fits, not a cap.
     impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : default_context_tokens(w.hp.n_ctx_train);
+    text::select_rope_factors(impl->weights, impl->n_ctx);  // phi3 LongRoPE: short or long factors for this context
     impl->pool = std::make_unique<ThreadPool>(options.threads);
     return impl;
   });

@@ -248,6 +248,9 @@ class Backend {
   virtual void activation(Activation a, Act x, Act y, int64_t n) = 0;
   // out = silu(gate) * up, rows of dim elements (out may be gate).
   virtual void swiglu(Act gate, Act up, Act out, int64_t rows, int64_t dim) = 0;
+  // out = act(gate) * up, rows of dim elements (out may be gate): Gemma's
+  // gelu_tanh-gated feed-forward (see kernels::glu).
+  virtual void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) = 0;
   // x rows of 2*dim = [value | gate] -> y rows of dim = value * gelu(gate).
   virtual void geglu(Act x, Act y, int64_t rows, int64_t dim) = 0;
   // In-place softmax of rows of n elements.
@@ -257,7 +260,8 @@ class Backend {
   // so x passes bit for bit (-0 stays -0). y may be x.
   virtual void affine(Act x, Act y, int64_t n, const Affine& a) = 0;
   // y = max(x, 0) (nn.ReLU) and y = tanh(x / limit) * limit (TAESD's soft
-  // clamp), n elements; y may be x.
+  // clamp; Gemma's final logit soft-capping, so tanh_clamp also takes F32
+  // activations, the logits, on any device), n elements; y may be x.
   virtual void relu(Act x, Act y, int64_t n) = 0;
   virtual void tanh_clamp(Act x, Act y, int64_t n, float limit) = 0;
   // y = x, n elements, converted between x's and y's types (F32, F16,

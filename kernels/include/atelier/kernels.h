@@ -324,6 +324,12 @@ void activation_ref(Activation a, const float* x, float* y, int64_t n);
 void geglu(const float* x, float* y, int64_t rows, int64_t dim, Executor* ex = nullptr);
 void geglu_ref(const float* x, float* y, int64_t rows, int64_t dim);
 
+// A gated linear unit over one row of n floats: out = act(gate) * up, the
+// activation as `activation` computes it (Gemma's feed-forward is
+// gelu_tanh(gate) * up; silu gives swiglu). out may be gate or up.
+void glu(Activation a, const float* gate, const float* up, float* out, int64_t n);
+void glu_ref(Activation a, const float* gate, const float* up, float* out, int64_t n);
+
 // Nearest-neighbour 2x upsampling (nn.Upsample(scale_factor=2)):
 // x: [planes][h][w] -> y: [planes][2h][2w].
 void upsample_nearest2x(const float* x, float* y, int64_t planes, int64_t h, int64_t w, Executor* ex = nullptr);
