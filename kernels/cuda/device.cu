@@ -269,6 +269,10 @@ class CudaBackend final : public Backend {
     enter();
     cuda::swiglu(stream_, gate, up, out, rows, dim);
   }
+  void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
+    enter();
+    cuda::glu(stream_, a, gate, up, out, rows, dim);
+  }
   void geglu(Act x, Act y, int64_t rows, int64_t dim) override {
     enter();
     cuda::geglu(stream_, x, y, rows, dim);

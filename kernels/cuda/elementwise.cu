@@ -33,6 +33,10 @@ __global__ void swiglu_kernel(const void* g, int gt, const void* u, int ut, void
     st(y, yt, i, gv / (1.0f + expf(-gv)) * ld(u, ut, i));
   }
 }
+// act(gate) * up (gemma's GELU-tanh feed-forward; silu gives swiglu).
+__global__ void glu_kernel(int a, const void* g, int gt, const void* u, int ut, void* y, int yt, int64_t n) {
+  GRID_LOOP(i, n) st(y, yt, i, act_fn(a, ld(g, gt, i)) * ld(u, ut, i));
+}
 __global__ void geglu_kernel(const void* x, int xt, void* y, int yt, int64_t dim, int64_t n) {
   GRID_LOOP(i, n) {
     const int64_t r = i / dim, j = i % dim;
@@ -108,6 +112,10 @@ void activation(cudaStream_t s, Activation a, Act x, Act y, int64_t n) {
 void swiglu(cudaStream_t s, Act gate, Act up, Act out, int64_t rows, int64_t dim) {
   LAUNCH(swiglu_kernel, rows * dim, gate.data(), act_code(gate), up.data(), act_code(up), out.data(), act_code(out),
          rows * dim);
+}
+void glu(cudaStream_t s, Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) {
+  LAUNCH(glu_kernel, rows * dim, static_cast<int>(a), gate.data(), act_code(gate), up.data(), act_code(up), out.data(),
+         act_code(out), rows * dim);
 }
 void geglu(cudaStream_t s, Act x, Act y, int64_t rows, int64_t dim) {
   LAUNCH(geglu_kernel, rows * dim, x.data(), act_code(x), y.data(), act_code(y), dim, rows * dim);

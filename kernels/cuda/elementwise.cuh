@@ -10,6 +10,7 @@ void add(cudaStream_t s, Act a, Act b, Act y, int64_t n);
 void add_bias(cudaStream_t s, Act x, const float* bias, int64_t rows, int64_t dim);
 void activation(cudaStream_t s, Activation a, Act x, Act y, int64_t n);
 void swiglu(cudaStream_t s, Act gate, Act up, Act out, int64_t rows, int64_t dim);
+void glu(cudaStream_t s, Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim);
 void geglu(cudaStream_t s, Act x, Act y, int64_t rows, int64_t dim);
 void softmax(cudaStream_t s, Act x, int64_t rows, int64_t n);
 void affine(cudaStream_t s, Act x, Act y, int64_t n, const Affine& a);
