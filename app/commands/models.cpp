@@ -746,10 +746,12 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   auto s = std::make_shared<SynthOptions>();
   CLI::App* synth = models->add_subcommand(
       "synth", "Write a model with deterministic random weights (for benchmarks): a LLaMA-shaped GGUF, or an SD 1.5/2.1-shaped .safetensors");
-  synth->add_option("--arch", s->spec.arch, "Architecture (sd15, sd21: Stable Diffusion checkpoints)")
-      ->check(CLI::IsMember({"llama", "sd15", "sd21"}))
+  synth->add_option("--arch", s->spec.arch,
+                    "Architecture (llama; mixtral, qwen3moe, gpt-oss: mixtures of experts; sd15, sd21: Stable Diffusion checkpoints)")
+      ->check(CLI::IsMember({"llama", "mixtral", "qwen3moe", "gpt-oss", "sd15", "sd21"}))
       ->capture_default_str();
-  synth->add_option("--params", s->spec.params, "Size preset (llama)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
+  synth->add_option("--params", s->spec.params,
+                    "Size preset (llama: 260K..1B; mixtral, qwen3moe, gpt-oss: tiny; qwen3moe A3B-2L and gpt-oss 20B-2L: two layers of the real width)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
   CLI::Option* type = synth->add_option("--type", s->spec.type, "Weight type of the matrices (images: f32, f16, bf16; default f16)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"}))
       ->capture_default_str();
@@ -762,7 +764,7 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   synth->add_option("-o,--output", s->out, "Output file (.gguf or .safetensors)")->required();
   synth->callback([s, type, &exit_code] {
     Status st;
-    if (s->spec.arch == "llama") {
+    if (s->spec.arch != "sd15" && s->spec.arch != "sd21") {
       if (!s->chat_template_file.empty()) {
         std::ifstream in(s->chat_template_file, std::ios::binary);
         s->spec.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
