@@ -745,11 +745,13 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   };
   auto s = std::make_shared<SynthOptions>();
   CLI::App* synth = models->add_subcommand(
-      "synth", "Write a model with deterministic random weights (for benchmarks and tests): a llama/qwen3/gemma3/phi3 GGUF, or an SD 1.5/2.1-shaped .safetensors");
-  synth->add_option("--arch", s->spec.arch, "Architecture: llama, qwen3, gemma3, phi3 (text GGUF); sd15, sd21 (Stable Diffusion checkpoints)")
-      ->check(CLI::IsMember({"llama", "qwen3", "gemma3", "phi3", "sd15", "sd21"}))
+      "synth", "Write a model with deterministic random weights (for benchmarks and tests): a llama/qwen3/gemma3/phi3 or mixture-of-experts GGUF, or an SD 1.5/2.1-shaped .safetensors");
+  synth->add_option("--arch", s->spec.arch,
+                    "Architecture: llama, qwen3, gemma3, phi3 (text GGUF); mixtral, qwen3moe, gpt-oss (mixtures of experts); sd15, sd21 (Stable Diffusion checkpoints)")
+      ->check(CLI::IsMember({"llama", "qwen3", "gemma3", "phi3", "mixtral", "qwen3moe", "gpt-oss", "sd15", "sd21"}))
       ->capture_default_str();
-  synth->add_option("--params", s->spec.params, "Size preset (text models)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
+  synth->add_option("--params", s->spec.params,
+                    "Size preset (llama, qwen3, gemma3, phi3: 260K..1B; mixtral, qwen3moe, gpt-oss: tiny; qwen3moe A3B-2L and gpt-oss 20B-2L: two layers of the real width)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
   CLI::Option* type = synth->add_option("--type", s->spec.type, "Weight type of the matrices (images: f32, f16, bf16; default f16)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"}))
       ->capture_default_str();

@@ -985,6 +985,250 @@ TEST_P(BackendOps, ContiguousCacheIsOneBlock) {
   EXPECT_ACT_EQ(dev.get(y1, 2 * qd), dev.get(y2, 2 * qd));
 }
 
+// gpt-oss's attention sinks: a per-head logit in each softmax's
+// denominator, with and without a sliding window; rows alone as among others.
+TEST_P(BackendOps, PagedAttentionWithSinks) {
+  Dev dev(GetParam());
+  const int n_ctx = 40;
+  const int64_t hd = 16, n_head = 4, n_head_kv = 2, row = n_head_kv * hd, qd = n_head * hd;
+  const auto k = random_floats(n_ctx * row, 1), v = random_floats(n_ctx * row, 2);
+  const auto q = dev.rounded(random_floats(3 * qd, 3, 2.0f));
+  const std::vector<float> sinks = {0.5f, -1.0f, 3.0f, 0.0f};
+  KvLayout flat;
+  flat.type = DType::F32;
+  flat.row_elems = row;
+  flat.block_tokens = n_ctx;
+  flat.layer_stride_elems = n_ctx * row;
+  const DevArr dk = dev.put(k), dv = dev.put(v);
+  flat.k = dk.f;
+  flat.v = dv.f;
+  KvLayout host = flat;
+  host.k = const_cast<float*>(k.data());
+  host.v = const_cast<float*>(v.data());
+  const std::vector<int32_t> lens = {40, 9, 1}, tables = {0, 0, 0}, one_block = {0};
+  for (int window : {0, 8}) {
+    const std::string what = "sinks, window " + std::to_string(window);
+    PagedAttention a;
+    a.rows = 3;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = hd;
+    a.scale = 0.25f;
+    a.max_len = n_ctx;
+    a.window = window;
+    a.sinks = sinks.data();
+    a.row_len = lens.data();
+    a.row_table = tables.data();
+    a.block_tables = one_block.data();
+    std::vector<float> want(static_cast<size_t>(3 * qd));
+    paged_attention_ref(host, a, q.data(), want.data());
+    a.sinks = dev.put(sinks);
+    a.row_len = dev.put(lens);
+    a.row_table = dev.put(tables);
+    a.block_tables = dev.put(one_block);
+    auto dq = dev.put(q), dy = dev.zeros<float>(static_cast<size_t>(3 * qd));
+    dev.be().paged_attention(flat, a, dq, dy);
+    const auto y = dev.get(dy, want.size());
+    EXPECT_REL(y, want, 1e-5);
+    // The sink only ever lowers the weights: each output is smaller than without it.
+    double with = 0, without = 0;
+    a.sinks = nullptr;
+    auto dz = dev.zeros<float>(static_cast<size_t>(3 * qd));
+    dev.be().paged_attention(flat, a, dq, dz);
+    const auto z = dev.get(dz, want.size());
+    for (size_t i = 0; i < y.size(); ++i) with += std::fabs(y[i]), without += std::fabs(z[i]);
+    EXPECT_LT(with, without) << what;
+    a.sinks = dev.put(sinks);
+    expect_batch_invariant(
+        y, 3, qd,
+        [&](int64_t r0, int64_t n) {
+          PagedAttention b = a;
+          b.rows = n;
+          b.row_len = dev.put(std::vector<int32_t>(lens.begin() + r0, lens.begin() + r0 + n));
+          b.row_table = dev.put(std::vector<int32_t>(tables.begin() + r0, tables.begin() + r0 + n));
+          auto p = dev.zeros<float>(static_cast<size_t>(n * qd));
+          dev.be().paged_attention(flat, b, dq + r0 * qd, p);
+          return dev.get(p, static_cast<size_t>(n * qd));
+        },
+        what);
+  }
+}
+
+// ---------------------------------------------------------------- mixture of experts
+
+TEST_P(BackendOps, MoeRouteEveryGating) {
+  Dev dev(GetParam());
+  const int64_t rows = 7;
+  for (MoeGating g : {MoeGating::softmax, MoeGating::sigmoid, MoeGating::softmax_weights}) {
+    for (bool norm : {false, true}) {
+      for (auto [n_expert, k] : {std::pair{8, 2}, std::pair{32, 4}, std::pair{128, 8}}) {
+        const std::string what = "gating " + std::to_string(static_cast<int>(g)) + (norm ? " norm" : "") + " " +
+                                 std::to_string(k) + " of " + std::to_string(n_expert);
+        MoeRouting r;
+        r.n_expert = n_expert;
+        r.k = k;
+        r.gating = g;
+        r.norm = norm;
+        r.scale = norm ? 1.0f : 2.5f;
+        const auto logits = dev.rounded(random_floats(rows * n_expert, 40 + n_expert, 3.0f));
+        std::vector<int32_t> want_ids(static_cast<size_t>(rows * k));
+        std::vector<float> want_w(want_ids.size());
+        for (int64_t i = 0; i < rows; ++i)
+          moe_route_ref(logits.data() + i * n_expert, r, want_ids.data() + i * k, want_w.data() + i * k);
+        auto dl = dev.put(logits);
+        int32_t* ids = dev.zeros<int32_t>(want_ids.size());
+        float* w = dev.zeros<float>(want_w.size());
+        dev.be().moe_route(dl, rows, r, ids, w);
+        EXPECT_EQ(dev.get(ids, want_ids.size()), want_ids) << what;
+        const auto got_w = dev.get(w, want_w.size());
+        EXPECT_LE(rel_err(got_w, want_w), 1e-6) << what;
+        if (norm)
+          for (int64_t i = 0; i < rows; ++i) {
+            double sum = 0;
+            for (int j = 0; j < k; ++j) sum += got_w[static_cast<size_t>(i * k + j)];
+            EXPECT_NEAR(sum, 1.0, 1e-6) << what;
+          }
+        // A row alone routes as among others, bit for bit.
+        int32_t* ids1 = dev.zeros<int32_t>(static_cast<size_t>(k));
+        float* w1 = dev.zeros<float>(static_cast<size_t>(k));
+        dev.be().moe_route(dl + (rows - 1) * n_expert, 1, r, ids1, w1);
+        EXPECT_EQ(dev.get(ids1, static_cast<size_t>(k)),
+                  std::vector<int32_t>(want_ids.end() - k, want_ids.end())) << what;
+        EXPECT_EQ(dev.get(w1, static_cast<size_t>(k)), std::vector<float>(got_w.end() - k, got_w.end())) << what;
+      }
+    }
+  }
+}
+
+// The experts' products: each (token, slot) row against its expert, as one
+// one-row matmul of that expert gives it (bit for bit on an F32 device),
+// near matmul_id_ref, for every weight type, one or two sets (gate and up),
+// biases, inputs per token or per slot; a token alone as among others.
+TEST_P(BackendOps, MatmulIdIsOneMatmulPerRoutedRow) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::MXFP4}) {
+    const int64_t cols = dtype_block_elems(t) == 256 ? 256 : 96;
+    const int n_expert = 6, k = 2;
+    const int64_t out0 = 40, out1 = 24;
+    for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{17}}) {
+      for (int x_per_row : {1, k}) {
+        const std::string what = std::string(dtype_name(t)) + ", " + std::to_string(rows) + " rows, x per row " +
+                                 std::to_string(x_per_row);
+        Dev dev(GetParam());
+        std::vector<Weights> raw;
+        std::vector<std::unique_ptr<Buffer>> storage(2 * n_expert);
+        std::vector<WeightView> set0, set1, host0, host1;
+        for (int e = 0; e < n_expert; ++e) {
+          raw.push_back(make_weights(t, out0, cols, 100 + e));
+          raw.push_back(make_weights(t, out1, cols, 200 + e));
+        }
+        for (int e = 0; e < n_expert; ++e) {
+          host0.push_back(raw[2 * e].view);
+          host1.push_back(raw[2 * e + 1].view);
+          set0.push_back(dev.be().prepare_weights(raw[2 * e].view, storage[2 * e]));
+          set1.push_back(dev.be().prepare_weights(raw[2 * e + 1].view, storage[2 * e + 1]));
+        }
+        // Routing: distinct experts per token, spread so some expert gets none.
+        std::vector<int32_t> ids(static_cast<size_t>(rows * k));
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto first = static_cast<int32_t>((r * 7) % (n_expert - 1));
+          ids[static_cast<size_t>(r * k)] = first;
+          ids[static_cast<size_t>(r * k + 1)] = static_cast<int32_t>((first + 1 + r % 3) % (n_expert - 1));
+        }
+        const auto bias1 = random_floats(n_expert * out1, 7);
+        const auto x = dev.rounded(random_floats(rows * x_per_row * cols, 8));
+        std::vector<float> want0(static_cast<size_t>(rows * k * out0)), want1(static_cast<size_t>(rows * k * out1));
+        {
+          const WeightView* sets[] = {host0.data(), host1.data()};
+          float* ys[] = {want0.data(), want1.data()};
+          const float* biases[] = {nullptr, bias1.data()};
+          matmul_id_ref(sets, ys, biases, 2, n_expert, x.data(), x_per_row, ids.data(), rows, k);
+        }
+        auto dx = dev.put(x);
+        auto y0 = dev.zeros<float>(want0.size()), y1 = dev.zeros<float>(want1.size());
+        const int32_t* dids = dev.put(ids);
+        const WeightView* sets[] = {set0.data(), set1.data()};
+        const Act ys[] = {y0, y1};
+        const float* biases[] = {nullptr, dev.put(bias1)};
+        dev.be().matmul_id(sets, ys, biases, 2, n_expert, dx, x_per_row, dids, rows, k);
+        const auto got0 = dev.get(y0, want0.size()), got1 = dev.get(y1, want1.size());
+        const double tol = t == DType::F32 || t == DType::F16 ? 1e-5 : 3e-3;
+        EXPECT_REL(got0, want0, tol);
+        EXPECT_REL(got1, want1, tol);
+        // Each slot as its own one-row matmul (and bias add) of its expert.
+        std::vector<float> one0(want0.size()), one1(want1.size());
+        for (int64_t s = 0; s < rows * k; ++s) {
+          const int e = ids[static_cast<size_t>(s)];
+          const int64_t src = x_per_row == 1 ? s / k : s;
+          auto p0 = dev.zeros<float>(static_cast<size_t>(out0)), p1 = dev.zeros<float>(static_cast<size_t>(out1));
+          dev.be().matmul(set0[static_cast<size_t>(e)], dx + src * cols, p0, 1);
+          dev.be().matmul(set1[static_cast<size_t>(e)], dx + src * cols, p1, 1);
+          const auto a0 = dev.get(p0, static_cast<size_t>(out0)), a1 = dev.get(p1, static_cast<size_t>(out1));
+          std::copy(a0.begin(), a0.end(), one0.begin() + s * out0);
+          for (int64_t c = 0; c < out1; ++c) one1[static_cast<size_t>(s * out1 + c)] = a1[static_cast<size_t>(c)] + bias1[static_cast<size_t>(e * out1 + c)];
+        }
+        EXPECT_ACT_EQ(got0, one0);
+        EXPECT_ACT_EQ(got1, one1);
+        // The last token alone.
+        auto z0 = dev.zeros<float>(static_cast<size_t>(k * out0));
+        const Act zs[] = {z0};
+        dev.be().matmul_id(sets, zs, biases, 1, n_expert, dx + (rows - 1) * x_per_row * cols, x_per_row,
+                           dev.put(std::vector<int32_t>(ids.end() - k, ids.end())), 1, k);
+        EXPECT_EQ(dev.get(z0, static_cast<size_t>(k * out0)), std::vector<float>(got0.end() - k * out0, got0.end())) << what;
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, MoeCombineAndSwigluOai) {
+  Dev dev(GetParam());
+  const int64_t rows = 5, dim = 45;
+  const int k = 3;
+  {
+    const std::string what = "moe_combine";
+    const auto y = dev.rounded(random_floats(rows * k * dim, 1, 2.0f));
+    const auto w = random_floats(rows * k, 2);
+    std::vector<float> want(static_cast<size_t>(rows * dim));
+    moe_combine_ref(y.data(), w.data(), want.data(), rows, k, dim);
+    auto dy = dev.put(y), dout = dev.zeros<float>(want.size());
+    const float* dw = dev.put(w);
+    dev.be().moe_combine(dy, dw, dout, rows, k, dim);
+    const auto got = dev.get(dout, want.size());
+    EXPECT_REL(got, want, 1e-6);
+    expect_batch_invariant(
+        got, rows, dim,
+        [&](int64_t r0, int64_t n) {
+          auto p = dev.zeros<float>(static_cast<size_t>(n * dim));
+          dev.be().moe_combine(dy + r0 * k * dim, dw + r0 * k, p, n, k, dim);
+          return dev.get(p, static_cast<size_t>(n * dim));
+        },
+        what);
+  }
+  {
+    const std::string what = "swiglu_oai";
+    auto g = random_floats(rows * dim, 3, 10.0f), u = random_floats(rows * dim, 4, 10.0f);  // beyond the limit too
+    g = dev.rounded(g), u = dev.rounded(u);
+    std::vector<float> want(g.size());
+    swiglu_oai_ref(g.data(), u.data(), want.data(), rows * dim, 1.702f, 7.0f);
+    auto dg = dev.put(g), du = dev.put(u), dout = dev.zeros<float>(want.size());
+    dev.be().swiglu_oai(dg, du, dout, rows, dim, 1.702f, 7.0f);
+    const auto got = dev.get(dout, want.size());
+    EXPECT_REL(got, want, 1e-6);
+    // The clamps: a gate above the limit acts as the limit, an up beyond it as +-limit.
+    for (size_t i = 0; i < got.size(); ++i)
+      if (g[i] > 7.0f && u[i] > 7.0f) {
+        EXPECT_NEAR(got[i], 7.0 / (1 + std::exp(-1.702 * 7)) * 8, 0.1) << what;
+      }
+    expect_batch_invariant(
+        got, rows, dim,
+        [&](int64_t r0, int64_t n) {
+          auto p = dev.zeros<float>(static_cast<size_t>(n * dim));
+          dev.be().swiglu_oai(dg + r0 * dim, du + r0 * dim, p, n, dim, 1.702f, 7.0f);
+          return dev.get(p, static_cast<size_t>(n * dim));
+        },
+        what);
+  }
+}
+
 TEST_P(BackendOps, ImageAttention) {
   Dev dev(GetParam());
   for (int64_t lk : {int64_t{77}, int64_t{130}}) {

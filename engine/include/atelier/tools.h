@@ -160,7 +160,7 @@ Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const s
 // ---------------------------------------------------------------- synthetic models
 
 struct SynthTextSpec {
-  std::string arch = "llama";   // llama, qwen3, gemma3, phi3 (synth_text_archs)
+  std::string arch = "llama";   // llama, qwen3, gemma3, phi3, mixtral, qwen3moe, gpt-oss (synth_text_archs)
   std::string params = "110M";  // 260K, 15M, 42M, 110M, 1B (llama2.c / TinyLlama shapes)
   std::string type = "q8_0";    // f32, f16, bf16, q8_0, q4_0, q4_K, q6_K
   uint64_t seed = 1;
