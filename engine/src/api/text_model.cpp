@@ -123,7 +123,9 @@ TextModel::~TextModel() = default;
 const ModelInfo& TextModel::info() const { return model_->info; }
 
 Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::string& path,
-                                                                     const TextModelOptions& options) {
+                                                                     const TextModelOptions& options,
+                                                                     kernels::Backend* backend) {
+  kernels::Backend& be = backend ? *backend : kernels::default_cpu_backend();
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     return Status::error(StatusCode::NotFound, path + ": no such model file");
@@ -138,10 +140,10 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
       std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
       impl->tokenizer = tok::Tokenizer::from_gguf(*file);
       impl->info.chat_template = file->get_string("tokenizer.chat_template", "");
-      impl->weights = text::load_llama_gguf(file);
+      impl->weights = text::load_llama_gguf(file, be);
       file->drop_metadata();  // everything is read: the vocabulary lives on in the tokenizer
     } else {  // a llama2.c checkpoint: its header's dimensions match its size, whatever its name
-      impl->weights = text::load_llama2c(path);
+      impl->weights = text::load_llama2c(path, be);
       const std::string tok_path = find_llama2c_tokenizer(path, options.tokenizer_path);
       impl->tokenizer = tok::Tokenizer::from_llama2c(
           formats::load_llama2c_tokenizer(tok_path, impl->weights.hp.n_vocab));

@@ -29,7 +29,10 @@ struct LoadedTextModel {
 };
 
 // Loads a GGUF or llama2.c model (what TextModel::open does, and its errors).
-Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path, const TextModelOptions& options);
+// BACKEND: the device the weights are prepared for (nullptr: the CPU's);
+// a device that does not read host memory gets a copy of every parameter.
+Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path, const TextModelOptions& options,
+                                                         kernels::Backend* backend = nullptr);
 
 }  // namespace text
 

@@ -108,6 +108,9 @@ struct DeviceInfo {
   // false, and keeps it only when asked to be deterministic.
   bool batch_invariant = true;
   DType act_dtype = DType::F32;   // Backend::act_dtype()
+  // CUDA compute capability, major * 10 + minor (80 Ampere, 89 Ada, 90 Hopper):
+  // what the precision policy (engine/src/text/precision.h) may use; 0 elsewhere.
+  int compute_capability = 0;
   Layout layout = Layout::NCHW;   // Backend::layout()
 };
 
