@@ -82,11 +82,16 @@ struct DeviceSelection {
   std::string description;    // the device's own ("NVIDIA H200, 139 GiB", "x86-64, avx2, 2 threads")
   bool automatic = false;     // chosen by "auto"
   std::string why;            // "auto: no CUDA module (...); running on the CPU", "asked for with --device cuda:0"
+  std::string precision;      // the precision policy's label there: "weights:bf16 quant:kept act:bf16 kv:f16 acc:f32"
 };
-// "auto", "cpu", "cuda", "cuda:N". InvalidArgument for anything else;
+// "auto", "cpu", "cuda", "cuda:N", with --precision PRECISION and the KV
+// type KV checked against what the device can run. InvalidArgument for
+// anything else, or a precision the device cannot run (fp8 below sm_89;
+// bf16/fp16/fp8 on a CPU named outright: auto's CPU ignores it, saying so);
 // Unsupported for a named device that cannot be opened, saying what is
 // missing and how to get it (--device cpu runs without it).
-Result<DeviceSelection> select_device(const std::string& spec);
+Result<DeviceSelection> select_device(const std::string& spec, const std::string& precision = "auto",
+                                      KvType kv = KvType::F16);
 // "cpu" then the CUDA devices found ("cuda:0", ...): the studio's choices.
 // WHY: why there are none, when there are none.
 std::vector<std::string> available_devices(std::string* why = nullptr);

@@ -33,6 +33,7 @@ struct TextBenchOptions {
   int reps = 3;
   int threads = 0;
   KvType kv_type = KvType::F16;
+  std::string device = "cpu";  // a name select_device() returned: where the weights, KV and steps live
 };
 
 struct MeanSd {
@@ -71,6 +72,9 @@ struct ServeBenchOptions {
   int threads = 0;
   int max_batch = 32;
   KvType kv_type = KvType::F16;
+  std::string device = "auto";     // EngineConfig::devices
+  std::string precision = "auto";  // EngineConfig::precision
+  double gpu_memory_fraction = 0.9;
   // Each level is run this many times, its requests arriving together each
   // time; a level's figures are the medians over its rounds. One round of 64
   // tokens holds 63 inter-token gaps per stream, so its P99 is nearly its

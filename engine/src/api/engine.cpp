@@ -163,22 +163,11 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   DeviceSelection device;
   kernels::Device* dev = nullptr;
   if (c.execute) {
-    auto sel = select_device(c.devices.front());
+    auto sel = select_device(c.devices.front(), c.precision, c.kv_type);
     if (!sel.ok()) return sel.status();
     device = sel.value();
     dev = kernels::open_device(device.name).device;
     if (!dev) return Status::error(StatusCode::Unsupported, "--device " + device.name + ": the device could not be opened");
-    const bool gpu = !dev->info().host_memory;
-    // The policy refuses what the device cannot do (fp8 below sm_89, bf16 on the CPU).
-    if (gpu || !device.automatic) {
-      Status st = guarded([&]() -> Status {
-        text::precision_plan(text::device_caps(dev->info()), precision, c.kv_type);
-        return Status{};
-      });
-      if (!st.ok()) return st;
-    } else if (precision != text::PrecisionChoice::Auto) {
-      device.why += std::string(" (--precision ") + c.precision + " applies to a GPU only)";
-    }
   }
   return guarded([&]() -> Result<std::unique_ptr<Engine>> {
     std::error_code ec;

@@ -20,6 +20,9 @@ namespace text {
 
 // A text model loaded from a file: its weights, tokenizer and thread pool.
 struct LoadedTextModel {
+  // A device's backend (nullptr: the CPU's over pool). First: the weights'
+  // and caches' buffers are its own and go before it.
+  std::unique_ptr<kernels::Backend> backend;
   TextModelOptions options;
   ModelInfo info;
   LlamaWeights weights;

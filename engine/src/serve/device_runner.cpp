@@ -26,7 +26,12 @@ int64_t gpu_held_back_bytes(const kernels::DeviceMemory& m, double fraction) {
 
 namespace {
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+// The first line of a refusal, without the colon that introduced the rest.
+std::string first_line(const std::string& s) {
+  std::string l = s.substr(0, s.find('\n'));
+  while (!l.empty() && (l.back() == ':' || l.back() == ' ')) l.pop_back();
+  return l;
+}
 
 std::string gib(int64_t bytes) {
   char buf[32];
@@ -36,8 +41,9 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-Result<DeviceSelection> select_device_among(const std::string& spec, const std::vector<std::string>& candidates,
-                                            const std::string& no_gpu_why) {
+namespace {
+Result<DeviceSelection> pick_device(const std::string& spec, const std::vector<std::string>& candidates,
+                                    const std::string& no_gpu_why) {
   DeviceSelection s;
   if (spec.empty() || spec == "auto") {
     s.automatic = true;
@@ -70,14 +76,39 @@ Result<DeviceSelection> select_device_among(const std::string& spec, const std::
   s.why = "asked for with --device " + spec;
   return s;
 }
+}  // namespace
 
-Result<DeviceSelection> select_device(const std::string& spec) {
+Result<DeviceSelection> select_device_among(const std::string& spec, const std::vector<std::string>& candidates,
+                                            const std::string& no_gpu_why, const std::string& precision, KvType kv) {
+  text::PrecisionChoice choice;
+  if (!text::precision_choice_from_name(precision, &choice))
+    return Status::error(StatusCode::InvalidArgument, "--precision must be auto, bf16, fp16 or fp8 (got '" + precision + "')");
+  auto picked = pick_device(spec, candidates, no_gpu_why);
+  if (!picked.ok()) return picked;
+  DeviceSelection s = picked.value();
+  kernels::Device* dev = kernels::open_device(s.name).device;
+  if (!dev) return Status::error(StatusCode::Unsupported, "--device " + s.name + ": the device could not be opened");
+  const text::DeviceCaps caps = text::device_caps(dev->info());
+  if (!caps.gpu && s.automatic && choice != text::PrecisionChoice::Auto) {
+    s.why += std::string(" (--precision ") + precision + " applies to a GPU only)";
+    choice = text::PrecisionChoice::Auto;
+  }
+  // The policy refuses what the device cannot do, naming what it can.
+  Status st = guarded([&]() -> Status {
+    s.precision = text::precision_label(text::precision_plan(caps, choice, kv));
+    return Status{};
+  });
+  if (!st.ok()) return st;
+  return s;
+}
+
+Result<DeviceSelection> select_device(const std::string& spec, const std::string& precision, KvType kv) {
   if (spec.empty() || spec == "auto") {
     std::string why;
     const std::vector<std::string> gpus = kernels::cuda_devices(&why);
-    return select_device_among(spec, gpus, why);
+    return select_device_among(spec, gpus, why, precision, kv);
   }
-  return select_device_among(spec, {}, "");
+  return select_device_among(spec, {}, "", precision, kv);
 }
 
 std::vector<std::string> available_devices(std::string* why) {

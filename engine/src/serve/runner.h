@@ -149,7 +149,8 @@ std::unique_ptr<Runner> make_device_runner(const EngineConfig& config, kernels::
 // the public one; tests pass a registered fake device's name). NO_GPU_WHY:
 // why the candidates are empty, for auto's note.
 Result<DeviceSelection> select_device_among(const std::string& spec, const std::vector<std::string>& candidates,
-                                            const std::string& no_gpu_why);
+                                            const std::string& no_gpu_why, const std::string& precision = "auto",
+                                            KvType kv = KvType::F16);
 
 // The device bytes a GPU keeps free of this engine: total x (1 - fraction),
 // plus what the device holds back. What kv_pool_bytes sees as reserved.
