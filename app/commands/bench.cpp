@@ -39,9 +39,12 @@ struct BenchTextOptions {
 };
 
 int run_bench_text(const BenchTextOptions& o) {
+  if (o.model.empty() == o.bench.synth.empty())
+    return fail(Status::error(StatusCode::InvalidArgument, "bench text needs -m MODEL or --synth PARAMS (one of them)"));
   auto dev = select_device(o.device.device, o.device.precision, o.bench.kv_type);
   if (!dev.ok()) return fail(dev.status());
-  auto path = model_path(o.model, o.store);
+  Result<std::string> path = std::string();
+  if (o.bench.synth.empty()) path = model_path(o.model, o.store);
   if (!path.ok()) return fail(path.status());
   TextBenchOptions bo = o.bench;
   bo.device = dev->name;
@@ -278,7 +281,11 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchTextOptions>();
   CLI::App* text = bench->add_subcommand("text", "Prompt-processing and generation tokens/s of a text model");
-  text->add_option("-m,--model", o->model, "Model: a store reference or a file (GGUF or llama2.c .bin)")->required();
+  text->add_option("-m,--model", o->model, "Model: a store reference or a file (GGUF or llama2.c .bin)");
+  text->add_option("--synth", o->bench.synth,
+                   "Instead of -m: a random model of a synth preset's shapes made on the device, no file (8B: Llama 3.1 8B)");
+  text->add_option("--type", o->bench.synth_type, "With --synth: the weights' type (bf16, f16, q8_0, q4_k_m, q4_0, q4_K, q6_K)")
+      ->capture_default_str();
   text->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   text->add_option("-p,--prompt-tokens", o->bench.prompt_tokens, "Prompt tokens processed in one batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   text->add_option("-n,--gen-tokens", o->bench.gen_tokens, "Tokens generated one at a time")->check(CLI::Range(1, 1 << 16))->capture_default_str();

@@ -112,3 +112,18 @@ TEST_F(DeviceCli, JobsRecordTheirDeviceAndPrecisionAndTheMetricsNameTheDevice) {
   ASSERT_EQ(m.code, 0) << m.err;
   EXPECT_EQ(jsonl(m.out).at(0).value("device", ""), "cpu");
 }
+
+TEST_F(DeviceCli, BenchTextMakesASynthPresetWithoutAFile) {
+  CliSandbox sb("device_cli_synth");
+  const CliRun r = sb.run({"bench", "text", "--synth", "260K", "--type", "q4_k_m", "-p", "4", "-n", "2", "--reps", "1",
+                           "--threads", "1", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = jsonl(r.out).at(0);
+  EXPECT_EQ(j.value("model", ""), "synthetic:260K");
+  EXPECT_EQ(j.value("device", ""), "cpu");
+  EXPECT_GT(j.value("gen_tokens_per_s", 0.0), 0.0);
+  EXPECT_EQ(sb.run({"bench", "text", "-m", kGguf, "--synth", "260K"}).code, 2);  // one or the other
+  const CliRun bad = sb.run({"bench", "text", "--synth", "260K", "--type", "q3_K"});
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("q4_k_m"), std::string::npos) << bad.err;
+}

@@ -11,9 +11,13 @@
 #include <atelier/engine.h>
 
 #include <chrono>
+#include <cmath>
+#include <stdexcept>
 #include <filesystem>
 #include <thread>
 
+#include "api/text_model_impl.h"
+#include "core/splitmix.h"
 #include "engine/engine_test_util.h"
 #include "fake_gpu.h"
 #include "serve/runner.h"
@@ -331,4 +335,48 @@ TEST(DeviceEngine, TelemetryReachesTheMetricsWithAnAlertAt90PercentMemory) {
   EXPECT_TRUE(alerted);
   e.reset();
   fs::remove_all(dir);
+}
+
+// ---- `bench text --synth`: a model made on the device, no file
+
+TEST(DeviceSynth, FillRandomDrawsEachRowFromItsOwnSeed) {
+  auto be = kernels::make_cpu_backend();
+  auto buf = be->alloc(3 * 64 * 4);
+  be->fill_random(*buf, 0, kernels::DType::F32, 3, 64, 77, 0.5f);
+  std::vector<float> got(3 * 64);
+  be->download(*buf, 0, got.data(), 3 * 64 * 4);
+  for (int r = 0; r < 3; ++r) {
+    SplitMix64 rng{77 + static_cast<uint64_t>(r)};  // the documented stream: seed + row
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(got[static_cast<size_t>(r * 64 + i)], 0.5f * rng.uniform_pm1()) << r << "," << i;
+  }
+  EXPECT_THROW(be->fill_random(*buf, 0, kernels::DType::Q4_K, 1, 64, 1, 1.0f), std::invalid_argument);  // 64 is not a 256-block
+}
+
+TEST(DeviceSynth, APresetIsMadeOnTheDeviceAndRuns) {
+  test::FakeGpu gpu(256 * kMiB);
+  gpu.register_as("fake:0");
+  TextModelOptions o;
+  o.device = "fake:0";
+  o.threads = 1;
+  auto made = synth_text_model_on("260K", "q8_0", 5, o);
+  ASSERT_TRUE(made.ok()) << made.status().message;
+  const text::LoadedTextModel& m = *made.value();
+  // 260K: 64 wide, FFN 172, 5 layers, 8 heads (4 KV), vocabulary 512, tied output.
+  const int64_t per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 172 * 64 * 3;
+  EXPECT_EQ(m.info.n_params, 512 * 64 + 5 * per_layer);
+  EXPECT_EQ(m.weights.hp.n_head_kv, 4);
+  EXPECT_EQ(m.weights.layers[0].wq.type, kernels::DType::Q8_0);
+  EXPECT_EQ(m.weights.layers[0].w_down.type, kernels::DType::F16) << "172 columns are not Q8_0 blocks";
+  EXPECT_GT(gpu.held_bytes(), m.info.n_params) << "the matrices are on the device";
+  // A step over it on the device: device memory only, finite logits.
+  text::KvCache cache(m.weights.hp, 16, KvType::F16, *m.backend);
+  text::LlamaRunner runner(m.weights, *m.backend);
+  const int32_t ids[4] = {1, 40, 300, 7};
+  std::vector<float> logits(512);
+  runner.forward(ids, 4, 0, cache, logits.data());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_TRUE(gpu.violations().empty()) << gpu.violations().front();
+  auto bad = synth_text_model_on("9B", "bf16", 1, o);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message.find("8B"), std::string::npos) << bad.status().message;
 }

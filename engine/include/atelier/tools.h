@@ -34,6 +34,10 @@ struct TextBenchOptions {
   int threads = 0;
   KvType kv_type = KvType::F16;
   std::string device = "cpu";  // a name select_device() returned: where the weights, KV and steps live
+  // Non-empty: no file; a synth preset ("8B": Llama 3.1 8B's shapes) made on
+  // the device with random weights of synth_type (bf16, q8_0, q4_k_m, ...).
+  std::string synth, synth_type = "bf16";
+  uint64_t synth_seed = 1;
 };
 
 struct MeanSd {

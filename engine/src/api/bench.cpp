@@ -62,7 +62,8 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
   // bandwidth test's buffer is not the model's memory.
   const MachineLimits limits = measure_machine_limits(o.threads);
   reset_peak_rss();
-  auto opened = text::load_text_model(model_path, mo);
+  auto opened = o.synth.empty() ? text::load_text_model(model_path, mo)
+                                : synth_text_model_on(o.synth, o.synth_type, o.synth_seed, mo);
   if (!opened.ok()) return opened.status();
   text::LoadedTextModel& m = *opened.value();
   return guarded([&]() -> Result<TextBenchResult> {

@@ -39,6 +39,13 @@ Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path
 
 }  // namespace text
 
+// `bench text --synth PARAMS --type T` (api/synth.cpp): a synth preset's
+// LLaMA made on options.device with random weights drawn there
+// (Backend::fill_random), no file and no tokenizer. T: f32, f16, bf16, q8_0,
+// q4_0, q4_K, q6_K, q4_k_m.
+Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::string& params, const std::string& type,
+                                                                   uint64_t seed, const TextModelOptions& options);
+
 // InvalidArgument with a message naming the bad value, or Ok.
 Status validate_request(const TextRequest& request, int n_ctx);
 
