@@ -67,6 +67,7 @@ TEST_F(DeviceCli, BadDevicesAndPrecisionsAreRefusedWithExit2) {
   EXPECT_EQ(fp8.code, 2) << fp8.err;
   EXPECT_NE(fp8.err.find("--precision fp8 is for a GPU"), std::string::npos) << fp8.err;
   EXPECT_EQ(sb.run({"text", "-m", kGguf, "-p", "Once", "--precision", "fp4"}).code, 2);
+  EXPECT_EQ(sb.run({"text", "-m", kGguf, "-p", "Once", "--device", ""}).code, 2);
   EXPECT_EQ(sb.run({"--headless", "--data-dir", sb.data(), "--gpu-memory-fraction", "1.5"}).code, 2);
 }
 

@@ -83,6 +83,7 @@ Result<DeviceSelection> select_device_among(const std::string& spec, const std::
   text::PrecisionChoice choice;
   if (!text::precision_choice_from_name(precision, &choice))
     return Status::error(StatusCode::InvalidArgument, "--precision must be auto, bf16, fp16 or fp8 (got '" + precision + "')");
+  if (spec.empty()) return Status::error(StatusCode::InvalidArgument, "--device needs a value: auto, cpu, cuda or cuda:N");
   auto picked = pick_device(spec, candidates, no_gpu_why);
   if (!picked.ok()) return picked;
   DeviceSelection s = picked.value();
@@ -103,7 +104,7 @@ Result<DeviceSelection> select_device_among(const std::string& spec, const std::
 }
 
 Result<DeviceSelection> select_device(const std::string& spec, const std::string& precision, KvType kv) {
-  if (spec.empty() || spec == "auto") {
+  if (spec == "auto") {
     std::string why;
     const std::vector<std::string> gpus = kernels::cuda_devices(&why);
     return select_device_among(spec, gpus, why, precision, kv);
