@@ -30,8 +30,12 @@ int run_serve(const ServeOptions& o) {
   c.max_batch = o.max_batch;
   c.kv_memory_bytes = o.kv_mib << 20;
   c.kv_type = o.kv_type;
+  c.devices = {o.device.device};
+  c.precision = o.device.precision;
+  c.gpu_memory_fraction = o.device.gpu_memory_fraction;
   auto engine = Engine::open(c);
   if (!engine.ok()) return fail(engine.status());
+  std::fprintf(stderr, "atelier serve: %s\n", device_line(engine.value()->device()).c_str());
   server::ApiServerOptions so = o.server;
   // Where unnamed images go (the engine's DATA_DIR/images), and the only folder a client names files in.
   so.output_dir = (std::filesystem::path(o.data_dir) / "images").string();

@@ -21,6 +21,8 @@
 #include <set>
 #include <string>
 #include <algorithm>
+#include <atomic>
+#include <stdexcept>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -42,6 +44,17 @@ class FakeDevice final : public kernels::Backend {
  public:
   explicit FakeDevice(kernels::Executor* ex = nullptr, FakeFormat fmt = {})
       : cpu_(kernels::make_cpu_backend(ex)), fmt_(fmt) {}
+
+  // Shared with the kernels::Device a test wraps around its backends
+  // (fake_gpu.h): the bytes their buffers hold (what the device's free
+  // memory loses), and an error every matrix product throws once set (a
+  // device lost: the CUDA module's sticky error).
+  struct Shared {
+    std::atomic<int64_t> bytes{0};
+    std::mutex mu;
+    std::string fail;
+  };
+  void share(std::shared_ptr<Shared> s) { shared_ = std::move(s); }
 
   // ---- what the tests read
   std::vector<std::string> violations() const {
@@ -125,6 +138,7 @@ class FakeDevice final : public kernels::Backend {
   }
 
   void matmul(const kernels::WeightView& w, kernels::Act x, kernels::Act y, int64_t rows) override {
+    check_lost();
     dev(w.data, "matmul w"), act(x, "matmul x"), any(y, "matmul y");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -132,6 +146,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void matmul_many(const kernels::WeightView* const* w, const kernels::Act* y, int count, kernels::Act x,
                    int64_t rows) override {
+    check_lost();
     act(x, "matmul_many x");
     for (int i = 0; i < count; ++i) dev(w[i]->data, "matmul_many w"), act(y[i], "matmul_many y");
     row_counts_.push_back(rows);
@@ -386,11 +401,13 @@ class FakeDevice final : public kernels::Backend {
   // A buffer of this device: the CPU backend's buffer, its range registered while it lives.
   class FakeBuffer final : public kernels::Buffer {
    public:
-    FakeBuffer(FakeDevice& d, std::unique_ptr<kernels::Buffer> b) : d_(d), b_(std::move(b)) {
+    FakeBuffer(FakeDevice& d, std::unique_ptr<kernels::Buffer> b) : d_(d), b_(std::move(b)), shared_(d.shared_) {
       std::lock_guard<std::mutex> lock(d_.mu_);
       d_.live_[begin()] = begin() + static_cast<uintptr_t>(b_->bytes());
+      if (shared_) shared_->bytes += b_->bytes();
     }
     ~FakeBuffer() override {
+      if (shared_) shared_->bytes -= b_->bytes();
       std::lock_guard<std::mutex> lock(d_.mu_);
       d_.live_.erase(begin());
     }
@@ -403,7 +420,13 @@ class FakeDevice final : public kernels::Backend {
     uintptr_t begin() const { return reinterpret_cast<uintptr_t>(b_->data()); }
     FakeDevice& d_;
     std::unique_ptr<kernels::Buffer> b_;
+    std::shared_ptr<Shared> shared_;
   };
+  void check_lost() {
+    if (!shared_) return;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (!shared_->fail.empty()) throw std::runtime_error(shared_->fail);
+  }
 
   bool on_device(const void* p) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -504,6 +527,7 @@ class FakeDevice final : public kernels::Backend {
 
   std::unique_ptr<kernels::Backend> cpu_;
   FakeFormat fmt_;
+  std::shared_ptr<Shared> shared_;
   mutable std::mutex mu_;
   std::map<uintptr_t, uintptr_t> live_;  // buffer begin -> end
   std::vector<std::string> violations_;

@@ -98,6 +98,7 @@ void EngineBridge::start() {
     config.model_cache_bytes = o.modelCacheBytes;
     config.image_memory_bytes = o.imageMemoryBytes;
     config.kv_type = o.kvType;
+    config.devices = {o.device};
     auto result = Engine::open(config);
     bool executes = true;
     QString message;
@@ -130,12 +131,15 @@ void EngineBridge::start() {
           Qt::QueuedConnection);
     });
     const bool paused = engine_->paused();
+    const DeviceSelection dev = engine_->device();
+    const QString deviceName = QString::fromStdString(dev.name), deviceWhy = QString::fromStdString(dev.why);
     applyApiServer();  // the server, when on, serves the engine just opened
     open_ = true;
     executes_ = executes;
     paused_ = paused;
     QMetaObject::invokeMethod(
-        this, [this, executes, message, paused] {
+        this, [this, executes, message, paused, deviceName, deviceWhy] {
+          if (executes) emit deviceChosen(deviceName, deviceWhy);
           emit opened(true, executes, executes ? QString() : message);
           emit pausedChanged(paused);
           pollTimer_.start();

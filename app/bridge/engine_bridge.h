@@ -59,6 +59,7 @@ class EngineBridge : public QObject {
     int64_t modelCacheBytes = int64_t{8} << 30;
     int64_t imageMemoryBytes = 0;  // EngineConfig::image_memory_bytes: an image job's cap (0: the machine's memory)
     KvType kvType = KvType::F16;
+    std::string device = "auto";  // EngineConfig::devices (--device)
   };
   explicit EngineBridge(Options options, QObject* parent = nullptr);
   ~EngineBridge() override;  // closes the engine on the worker thread and waits for it
@@ -103,6 +104,8 @@ class EngineBridge : public QObject {
 
  signals:
   void opened(bool ok, bool executes, const QString& message);
+  // Before opened(true, true, ...): the device the engine chose, and why (Engine::device()).
+  void deviceChosen(const QString& name, const QString& why);
   void event(const atelier::Event& event);          // every engine event, in order per job
   void jobsChanged(const QVector<atelier::JobInfo>& changed, const QVector<atelier::JobId>& removed);
   void pausedChanged(bool paused);

@@ -35,12 +35,20 @@ struct BenchTextOptions {
   std::string model, store;
   TextBenchOptions bench;
   bool json = false;
+  DeviceOptions device;
 };
 
 int run_bench_text(const BenchTextOptions& o) {
-  auto path = model_path(o.model, o.store);
+  if (o.model.empty() == o.bench.synth.empty())
+    return fail(Status::error(StatusCode::InvalidArgument, "bench text needs -m MODEL or --synth PARAMS (one of them)"));
+  auto dev = select_device(o.device.device, o.device.precision, o.bench.kv_type);
+  if (!dev.ok()) return fail(dev.status());
+  Result<std::string> path = std::string();
+  if (o.bench.synth.empty()) path = model_path(o.model, o.store);
   if (!path.ok()) return fail(path.status());
-  auto res = bench_text(path.value(), o.bench);
+  TextBenchOptions bo = o.bench;
+  bo.device = dev->name;
+  auto res = bench_text(path.value(), bo);
   if (!res.ok()) return fail(res.status());
   const TextBenchResult& r = res.value();
   const double bw_frac = r.limits.mem_bandwidth_gb_per_s > 0 ? r.gen_bandwidth_gb_per_s / r.limits.mem_bandwidth_gb_per_s : 0;
@@ -69,9 +77,13 @@ int run_bench_text(const BenchTextOptions& o) {
                      {"integer_matmul", r.integer_matmul},
                      {"gen_bandwidth_fraction", bw_frac},
                      {"prompt_flop_fraction", fl_frac},
-                     {"peak_rss_bytes", r.peak_rss_bytes}});
+                     {"peak_rss_bytes", r.peak_rss_bytes},
+                     {"device", dev->name},
+                     {"device_why", dev->why},
+                     {"precision", dev->precision}});
     return 0;
   }
+  std::printf("%s\n", device_line(dev.value()).c_str());
   std::printf("model    %s\n         %s, %.1fM params, %s; %.1f MB of weights read per token\n", r.model.path.c_str(),
               r.model.architecture.c_str(), r.model.n_params / 1e6, r.model.weight_types.c_str(), r.model.active_weight_bytes / 1e6);
   std::printf("machine  %d threads, %s; memory bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s, int8 dot %.1f GOP/s (measured now)\n",
@@ -91,12 +103,20 @@ struct BenchServeOptions {
   std::string model, store;
   ServeBenchOptions bench;
   bool json = false;
+  DeviceOptions device;
 };
 
 int run_bench_serve(const BenchServeOptions& o) {
+  auto dev = select_device(o.device.device, o.device.precision, o.bench.kv_type);
+  if (!dev.ok()) return fail(dev.status());
+  if (!o.json) std::fprintf(stderr, "%s\n", device_line(dev.value()).c_str());
   auto path = model_path(o.model, o.store);
   if (!path.ok()) return fail(path.status());
-  auto res = bench_serve(path.value(), o.bench);
+  ServeBenchOptions bo = o.bench;
+  bo.device = o.device.device;
+  bo.precision = o.device.precision;
+  bo.gpu_memory_fraction = o.device.gpu_memory_fraction;
+  auto res = bench_serve(path.value(), bo);
   if (!res.ok()) return fail(res.status());
   const auto& levels = res.value();
   const double single = levels.front().tokens_per_s;
@@ -130,6 +150,9 @@ int run_bench_serve(const BenchServeOptions& o) {
                      {"prompt_tokens", o.bench.prompt_tokens},
                      {"gen_tokens", o.bench.gen_tokens},
                      {"rounds", o.bench.rounds},
+                     {"device", dev->name},
+                     {"device_why", dev->why},
+                     {"precision", dev->precision},
                      {"levels", arr}});
     return 0;
   }
@@ -258,7 +281,11 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchTextOptions>();
   CLI::App* text = bench->add_subcommand("text", "Prompt-processing and generation tokens/s of a text model");
-  text->add_option("-m,--model", o->model, "Model: a store reference or a file (GGUF or llama2.c .bin)")->required();
+  text->add_option("-m,--model", o->model, "Model: a store reference or a file (GGUF or llama2.c .bin)");
+  text->add_option("--synth", o->bench.synth,
+                   "Instead of -m: a random model of a synth preset's shapes made on the device, no file (8B: Llama 3.1 8B)");
+  text->add_option("--type", o->bench.synth_type, "With --synth: the weights' type (bf16, f16, q8_0, q4_k_m, q4_0, q4_K, q6_K)")
+      ->capture_default_str();
   text->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   text->add_option("-p,--prompt-tokens", o->bench.prompt_tokens, "Prompt tokens processed in one batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   text->add_option("-n,--gen-tokens", o->bench.gen_tokens, "Tokens generated one at a time")->check(CLI::Range(1, 1 << 16))->capture_default_str();
@@ -266,6 +293,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   text->add_option("--threads", o->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--reps", o->bench.reps, "Measured repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
   add_kv_type_option(*text, o->bench.kv_type);
+  add_device_options(*text, o->device);
   text->add_flag("--json", o->json, "Print one JSON object");
   text->callback([o, &exit_code] { exit_code = run_bench_text(*o); });
 
@@ -316,6 +344,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   serve->add_option("--prefill-tokens", so->bench.prefill_tokens_per_step, "Prompt tokens prefilled per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   add_kv_type_option(*serve, so->bench.kv_type);
+  add_device_options(*serve, so->device);
   serve->add_option("--rounds", so->bench.rounds, "Runs of each level; figures are the medians over them")->check(CLI::Range(1, 1000))->capture_default_str();
   serve->add_flag("--json", so->json, "Print one JSON object");
   serve->callback([so, &exit_code] { exit_code = run_bench_serve(*so); });

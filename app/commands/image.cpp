@@ -23,6 +23,7 @@ void add_image_commands(CLI::App& root, int& exit_code) {
     ImageRequest request;
     std::string out, store, preview_dir;
     bool json = false;
+    DeviceOptions device;
   };
   auto o = std::make_shared<Options>();
   CLI::App* image = root.add_subcommand("image", "Generate images from a prompt (PNG with its parameters embedded)");
@@ -58,7 +59,23 @@ void add_image_commands(CLI::App& root, int& exit_code) {
       ->required()
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("name the PNG file to write") : std::string(); }, "", ""));
   image->add_flag("--json", o->json, "One JSON line per image written");
+  add_device_options(*image, o->device);
   image->callback([o, &exit_code] {
+    // Images run on the CPU until the GPU's image path (issue 34): a GPU
+    // named outright is refused before any work; auto says where it runs.
+    auto dev = select_device(o->device.device, o->device.precision);
+    if (!dev.ok()) {
+      exit_code = fail(dev.status());
+      return;
+    }
+    if (dev->name != "cpu" && !dev->automatic) {
+      exit_code = fail(Status::error(StatusCode::Unsupported,
+                                     "image generation does not run on a GPU yet (--device " + o->device.device +
+                                         "): use --device cpu, or --device auto, which runs images on the CPU"));
+      return;
+    }
+    const std::string where = dev->name == "cpu" ? dev->why : "auto: images run on the CPU (" + dev->name + " runs text only so far)";
+    if (!o->json) std::fprintf(stderr, "device: cpu (%s)\n", where.c_str());
     // The output is checked before the render, not after it.
     o->request.output = o->out;
     if (!o->preview_dir.empty()) {
@@ -118,6 +135,8 @@ void add_image_commands(CLI::App& root, int& exit_code) {
                          {"height", img.height},
                          {"channels", img.channels},
                          {"seed", img.seed},
+                         {"device", "cpu"},
+                         {"device_why", where},
                          {"parameters", img.parameters}});
       else
         write_stdout(path + "\n");

@@ -49,6 +49,13 @@ inline nlohmann::json metrics_json(const EngineMetrics& m) {
           {"busy_fraction", m.busy_fraction},
           {"device_memory_total_bytes", m.device_memory_total_bytes},
           {"device_memory_free_bytes", m.device_memory_free_bytes},
+          {"device", m.device},
+          {"device_losses", m.device_losses},
+          {"gpu", m.telemetry_available ? nlohmann::json{{"utilization_percent", m.device_utilization_percent},
+                                                         {"temperature_c", m.device_temperature_c},
+                                                         {"memory_used_bytes", m.device_memory_used_bytes},
+                                                         {"memory_total_bytes", m.device_memory_total_bytes}}
+                                        : nlohmann::json(nullptr)},
           {"alerts", m.active_alerts}};
 }
 

@@ -57,6 +57,7 @@ struct RunnerOptions {
   int64_t kv_mib = 1024;
   KvType kv_type = KvType::F16;
   bool metrics = false;
+  DeviceOptions device;
 };
 
 void add_data_dir_option(CLI::App& cmd, RunnerOptions& o) {
@@ -71,7 +72,17 @@ void add_runner_options(CLI::App& cmd, RunnerOptions& o) {
   cmd.add_option("--max-wait-ms", o.max_wait_ms, "Dynamic batching window from idle")->check(CLI::Range(0, 60000))->capture_default_str();
   cmd.add_option("--kv-mib", o.kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   add_kv_type_option(cmd, o.kv_type);
+  add_device_options(cmd, o.device);
   cmd.add_flag("--metrics", o.metrics, "Print the engine metrics as JSON on stdout at the end");
+}
+
+// --device checked before any work: a GPU named outright but missing is an
+// error (what is missing, how to get it); auto says where it runs.
+Status check_device(const RunnerOptions& o) {
+  auto d = select_device(o.device.device, o.device.precision, o.kv_type);
+  if (!d.ok()) return d.status();
+  std::fprintf(stderr, "%s\n", device_line(d.value()).c_str());
+  return Status{};
 }
 
 EngineConfig engine_config(const RunnerOptions& o, bool execute) {
@@ -83,6 +94,9 @@ EngineConfig engine_config(const RunnerOptions& o, bool execute) {
   c.max_wait_ms = o.max_wait_ms;
   c.kv_memory_bytes = o.kv_mib << 20;
   c.kv_type = o.kv_type;
+  c.devices = {o.device.device};
+  c.precision = o.device.precision;
+  c.gpu_memory_fraction = o.device.gpu_memory_fraction;
   c.execute = execute;
   return c;
 }
@@ -137,6 +151,7 @@ int run_headless(const RunnerOptions& o, bool watch) {
   auto opened = Engine::open(engine_config(o, true));
   if (!opened.ok()) return fail(opened.status());
   Engine& e = *opened.value();
+  std::fprintf(stderr, "%s\n", device_line(e.device()).c_str());
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   subscribe_log(e);
@@ -259,6 +274,7 @@ int run_batch(const BatchOptions& o) {
     if (!slash || e2 != std::errc() || p2 != end || shard_n < 1 || shard_i < 0 || shard_i >= shard_n)
       return fail(Status::error(StatusCode::InvalidArgument, "--shard wants I/N with 0 <= I < N, e.g. 0/4; got '" + o.shard + "'"));
   }
+  if (Status d = check_device(o.runner); !d.ok()) return fail(d);
   {
     std::error_code ec;
     const auto st = fs::status(o.file, ec);
@@ -512,7 +528,10 @@ int run_batch(const BatchOptions& o) {
               {"state", job_state_name(j.state)},
               {"seed", j.seed},
               {"model_version", j.model_version},
-              {"model_name", j.model_name}};
+              {"model_name", j.model_name},
+              {"device", j.device},
+              {"precision", j.precision},
+              {"engine_build", j.engine_build}};
     if (o.shard_given) r["shard"] = o.shard;  // for `atelier batch merge`: which shards it has
     if (l.image) {
       r["kind"] = "image";
@@ -580,7 +599,8 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
   CLI::Option* headless_flag = root.add_flag("--headless", h->headless, "Run the persistent queue until it is empty (no window)");
   root.add_flag("--watch", h->watch, "With --headless: keep running and wait for new jobs until stopped")->needs(headless_flag);
   add_runner_options(root, h->runner);
-  for (const char* name : {"--data-dir", "--store", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--kv-type", "--metrics"})
+  for (const char* name : {"--data-dir", "--store", "--threads", "--max-batch", "--max-wait-ms", "--kv-mib", "--kv-type", "--metrics",
+                           "--device", "--precision", "--gpu-memory-fraction"})
     root.get_option(name)->needs(headless_flag);
   root.callback([&root, h, &exit_code] {
     if (h->headless && root.get_subcommands().empty()) exit_code = run_headless(h->runner, h->watch);
@@ -661,7 +681,8 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
         print_json_line({{"id", j.id}, {"kind", j.kind}, {"state", job_state_name(j.state)}, {"priority", j.priority},
                          {"interactive", image ? j.image_request.interactive : j.request.interactive},
                          {"model", image ? j.image_request.model : j.request.model}, {"model_version", j.model_version},
-                         {"model_name", j.model_name}, {"prompt", image ? j.image_request.prompt : j.request.prompt},
+                         {"model_name", j.model_name}, {"device", j.device}, {"precision", j.precision},
+                         {"engine_build", j.engine_build}, {"prompt", image ? j.image_request.prompt : j.request.prompt},
                          {"created_ms", j.created_ms}, {"started_ms", j.started_ms}, {"finished_ms", j.finished_ms}, {"seed", j.seed},
                          {"attempts", j.attempts}, {"new_tokens", j.stats.new_tokens}, {"text", j.text}, {"files", j.files},
                          {"error", j.error}});
@@ -766,6 +787,16 @@ void add_queue_commands(CLI::App& root, int& exit_code) {
       std::printf("KV blocks       %d used, %d free (%d cached); prefix hit rate %.1f %%\n", j.value("kv_blocks_used", 0),
                   j.value("kv_blocks_free", 0), j.value("kv_blocks_cached", 0), 100 * j.value("prefix_cache_hit_rate", 0.0));
       std::printf("busy            %.1f %%\n", 100 * j.value("busy_fraction", 0.0));
+      std::printf("device          %s, %.1f of %.1f GiB free%s\n", j.value("device", std::string("cpu")).c_str(),
+                  j.value("device_memory_free_bytes", int64_t{0}) / 1073741824.0,
+                  j.value("device_memory_total_bytes", int64_t{0}) / 1073741824.0,
+                  j.value("device_losses", int64_t{0}) > 0 ? " (a GPU was lost: running on the CPU)" : "");
+      if (j.contains("gpu") && j["gpu"].is_object()) {
+        const json& g = j["gpu"];
+        std::printf("GPU             %.0f %% busy, %.0f C, memory %.1f of %.1f GiB used\n", g.value("utilization_percent", 0.0),
+                    g.value("temperature_c", 0.0), g.value("memory_used_bytes", int64_t{0}) / 1073741824.0,
+                    g.value("memory_total_bytes", int64_t{0}) / 1073741824.0);
+      }
       for (const auto& a : j.value("alerts", std::vector<std::string>{})) std::printf("ALERT           %s\n", a.c_str());
     }
     exit_code = 0;

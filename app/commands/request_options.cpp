@@ -55,4 +55,25 @@ void add_kv_type_option(CLI::App& cmd, KvType& type) {
       ->type_name("TYPE");
 }
 
+void add_device_options(CLI::App& cmd, DeviceOptions& o) {
+  cmd.add_option("--device", o.device,
+                 "Where models run: auto (the first CUDA GPU when its driver and the CUDA module are present and the "
+                 "model fits, else the CPU), cpu, cuda, cuda:N")
+      ->type_name("DEVICE")
+      ->capture_default_str();
+  cmd.add_option("--precision", o.precision,
+                 "Matrix products on a GPU: auto (bf16; fp16 before sm_80), bf16, fp16, fp8 (E4M3, sm_89+); quantized "
+                 "files stay quantized; the CPU uses each file's own types")
+      ->check(CLI::IsMember({"auto", "bf16", "fp16", "fp8"}))
+      ->capture_default_str();
+  cmd.add_option("--gpu-memory-fraction", o.gpu_memory_fraction,
+                 "Share of a GPU's memory the engine may take (weights, workspace, and the KV pool, which gets the rest)")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
+}
+
+std::string device_line(const DeviceSelection& d) {
+  return "device: " + d.name + " (" + d.why + ")" + (d.precision.empty() ? "" : "; precision: " + d.precision);
+}
+
 }  // namespace atelier::app

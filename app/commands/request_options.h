@@ -1,9 +1,11 @@
 // Flag sets shared by several commands.
 #pragma once
 
+#include <atelier/engine.h>
 #include <atelier/requests.h>
 
 #include <cstdint>
+#include <string>
 
 namespace CLI {
 class App;
@@ -21,5 +23,15 @@ void add_seed_option(CLI::App& cmd, uint64_t& seed, const char* help);
 
 // --kv-type f16|f32|q8_0: the KV cache precision (default: what `type` holds).
 void add_kv_type_option(CLI::App& cmd, KvType& type);
+
+// --device, --precision, --gpu-memory-fraction (issue 33), on every command that runs models.
+struct DeviceOptions {
+  std::string device = "auto";
+  std::string precision = "auto";
+  double gpu_memory_fraction = 0.9;
+};
+void add_device_options(CLI::App& cmd, DeviceOptions& o);
+// The one line commands print on stderr: "device: cpu (auto: no usable GPU (...); running on the CPU)".
+std::string device_line(const DeviceSelection& d);
 
 }  // namespace atelier::app

@@ -75,6 +75,7 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("--max-batch", o->max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--kv-mib", o->kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   add_kv_type_option(*cmd, o->kv_type);
+  add_device_options(*cmd, o->device);
   cmd->callback([o, cmd, &exit_code, argv, run_here] {
     // An empty key would turn the key check off without a word.
     const char* env = std::getenv("ATELIER_API_KEY");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands/output.h"
+#include "commands/request_options.h"
 #include "server/api_server.h"  // ApiServerOptions only: a plain struct, nothing to link
 
 namespace atelier::app {
@@ -19,6 +20,7 @@ struct ServeOptions {
   int max_batch = 32;
   int64_t kv_mib = 1024;
   KvType kv_type = KvType::F16;
+  DeviceOptions device;
 };
 
 }  // namespace atelier::app

@@ -23,6 +23,7 @@ struct TextOptions {
   bool json = false;
   bool no_bos = false;
   std::string store;
+  DeviceOptions device;
 };
 
 void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer, std::string& store) {
@@ -35,12 +36,23 @@ void add_model_options(CLI::App& cmd, std::string& model, std::string& tokenizer
 
 int run_text(const TextOptions& o) {
   TextModelOptions mo = o.model;
+  // The device before any work: a GPU named outright but missing is an error.
+  auto dev = select_device(o.device.device, o.device.precision, mo.kv_type);
+  if (!dev.ok()) return fail(dev.status());
+  DeviceSelection where = dev.value();
+  mo.device = where.name;
   ResolveOptions ro;
   ro.check_digest = true;  // refuse a damaged store blob before loading it
   auto resolved = resolve_model(o.req.model, o.store, ro);
   if (!resolved.ok()) return fail(resolved.status());
   if (mo.tokenizer_path.empty()) mo.tokenizer_path = resolved->file("tokenizer");
   auto model = TextModel::open(resolved->path, mo);
+  if (!model.ok() && where.automatic && where.name != "cpu") {
+    // auto: a model that does not fit the GPU runs on the CPU.
+    where.why = "auto: " + where.name + " could not hold the model (" + model.status().message + "); running on the CPU";
+    where.name = mo.device = "cpu";
+    model = TextModel::open(resolved->path, mo);
+  }
   if (!model.ok()) return fail(model.status());
   TextRequest req = o.req;
   req.add_bos = !o.no_bos;
@@ -76,7 +88,10 @@ int run_text(const TextOptions& o) {
                      {"new_tokens", st.new_tokens},
                      {"new_tokens_per_s", st.new_tokens_per_s},
                      {"stop_reason", st.stop_reason},
-                     {"seed", st.seed}});
+                     {"seed", st.seed},
+                     {"device", where.name},
+                     {"device_why", where.why},
+                     {"precision", where.precision}});
   } else {
     // Whatever was still held back (a partial stop string or UTF-8 sequence) at the end.
     if (printed < r.text.size()) write_stdout(r.text.substr(printed));
@@ -84,6 +99,7 @@ int run_text(const TextOptions& o) {
     std::fprintf(stderr, "prompt: %d tokens, %.1f tokens/s | new: %d tokens, %.1f tokens/s | stop: %s | seed: %llu\n",
                  st.prompt_tokens, st.prompt_tokens_per_s, st.new_tokens, st.new_tokens_per_s, st.stop_reason.c_str(),
                  static_cast<unsigned long long>(st.seed));
+    std::fprintf(stderr, "%s\n", device_line(where).c_str());
   }
   return 0;
 }
@@ -132,6 +148,7 @@ void add_text_commands(CLI::App& root, int& exit_code) {
   text->add_option("--threads", o->model.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
   text->add_option("--ctx", o->model.context_tokens, "Context size in tokens (default: the model's training context)")->check(CLI::Range(1, 1 << 20));
   add_kv_type_option(*text, o->model.kv_type);
+  add_device_options(*text, o->device);
   text->add_flag("--echo", o->echo, "Print the prompt before the new text");
   text->add_flag("--json", o->json, "Print JSON Lines events (one per token, then the result) instead of text");
   text->add_flag("--no-bos", o->no_bos, "Do not prepend the BOS token");

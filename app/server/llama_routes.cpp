@@ -82,6 +82,24 @@ std::string metrics_text(Context& ctx) {
   p.family("atelier_image_step_seconds", "summary", "Durations of image-lane steps.");
   p.sample("atelier_image_step_seconds", m.image_step_ms.p50 / 1000, "quantile=\"0.5\"");
   p.sample("atelier_image_step_seconds", m.image_step_ms.p99 / 1000, "quantile=\"0.99\"");
+  // The device (issue 33): its memory, and NVML's sensors where it has them.
+  const std::string dev = "device=\"" + m.device + "\"";
+  p.family("atelier_device_info", "gauge", "The device text jobs run on (1), by name.");
+  p.sample("atelier_device_info", 1, dev);
+  p.family("atelier_device_memory_total_bytes", "gauge", "The device's memory (the machine's RAM for the CPU).");
+  p.sample("atelier_device_memory_total_bytes", static_cast<double>(m.device_memory_total_bytes), dev);
+  p.family("atelier_device_memory_free_bytes", "gauge", "The device's free memory.");
+  p.sample("atelier_device_memory_free_bytes", static_cast<double>(m.device_memory_free_bytes), dev);
+  if (m.telemetry_available) {
+    p.family("atelier_gpu_memory_used_bytes", "gauge", "GPU memory in use by every process (NVML).");
+    p.sample("atelier_gpu_memory_used_bytes", static_cast<double>(m.device_memory_used_bytes), dev);
+    p.family("atelier_gpu_utilization_ratio", "gauge", "Share of the last sample period a kernel ran on the GPU (NVML).");
+    p.sample("atelier_gpu_utilization_ratio", m.device_utilization_percent / 100, dev);
+    p.family("atelier_gpu_temperature_celsius", "gauge", "GPU temperature (NVML).");
+    p.sample("atelier_gpu_temperature_celsius", m.device_temperature_c, dev);
+  }
+  p.family("atelier_device_losses_total", "counter", "GPUs lost while running (their jobs requeued, the CPU took over).");
+  p.sample("atelier_device_losses_total", static_cast<double>(m.device_losses));
   p.family("atelier_alerts_active", "gauge", "Engine alerts now active.");
   p.sample("atelier_alerts_active", static_cast<double>(m.active_alerts.size()));
   p.family("atelier_http_requests_total", "counter", "HTTP requests this server answered.");
@@ -153,7 +171,11 @@ void add_llama_routes(httplib::Server& http, Context& ctx) {
             }));
 
   http.Get("/props", guarded(ctx, [&ctx](const httplib::Request&, httplib::Response& res) {
-             json props = {{"build_info", "atelier 0.1.0"}, {"total_slots", ctx.options.max_connections}};
+             const DeviceSelection d = ctx.engine.device();
+             json props = {{"build_info", engine_build()},
+                           {"total_slots", ctx.options.max_connections},
+                           {"device", {{"name", d.name}, {"description", d.description}, {"automatic", d.automatic},
+                                       {"why", d.why}, {"precision", d.precision}}}};
              if (!ctx.options.default_model.empty()) {
                ModelEntry m = ctx.model("");
                props["model_path"] = m.resolved.path;

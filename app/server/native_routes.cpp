@@ -16,7 +16,8 @@ json job_json(const JobInfo& j) {
   json out = {{"id", j.id}, {"state", job_state_name(j.state)}, {"kind", j.kind}, {"request", request},
               {"priority", j.priority}, {"created_ms", j.created_ms}, {"started_ms", j.started_ms},
               {"finished_ms", j.finished_ms}, {"seed", j.seed}, {"model_version", j.model_version},
-              {"model_name", j.model_name}, {"attempts", j.attempts}, {"text", j.text}, {"stop_reason", j.stop_reason},
+              {"model_name", j.model_name}, {"device", j.device}, {"precision", j.precision},
+              {"engine_build", j.engine_build}, {"attempts", j.attempts}, {"text", j.text}, {"stop_reason", j.stop_reason},
               {"files", j.files}, {"error", j.error}, {"error_code", j.error_code}};
   out["stats"] = {{"queue_wait_ms", j.stats.queue_wait_ms}, {"time_to_first_token_ms", j.stats.time_to_first_token_ms},
                   {"total_ms", j.stats.total_ms}, {"tokens_per_s", j.stats.tokens_per_s},

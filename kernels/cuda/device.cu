@@ -392,6 +392,7 @@ class CudaDevice final : public Device {
                     ", " + mem + (deterministic_ ? ", deterministic" : "");
     if (g_lost[index_].load()) d.description += " (lost: " + lost_why() + ")";
     d.host_memory = false;
+    d.compute_capability = cc_major_ * 10 + cc_minor_;
     // Batch invariance (kernels/README.md, CUDA): every op but matmul keeps
     // it; matmul keeps it up to kMatvecRows rows (kMatvecRowsQuantized for
     // quantized weights), beyond them cuBLASLt picks its kernel (and split)

@@ -27,6 +27,7 @@
 using atelier::runtime::JobDb;
 using atelier::runtime::JobRow;
 using atelier::runtime::NewJob;
+using atelier::runtime::RunRecord;
 using atelier::runtime::RunnerLock;
 namespace fs = std::filesystem;
 
@@ -649,6 +650,32 @@ TEST(JobDbMigrations, VersionOneDatabaseKeepsItsJobsAndGainsNewColumns) {
   EXPECT_EQ(db->schema_version(), JobDb::kSchemaVersion);
   EXPECT_EQ(db->count(""), 3);
   EXPECT_TRUE(db->get(2)->cancel_requested);
+}
+
+// Issue 33: where and how a job ran is recorded beside its model digest; an
+// older database gains the columns (its jobs keep "" there) and requeue clears them.
+TEST(JobDbMigrations, AnOlderDatabaseGainsTheDeviceThePrecisionAndTheBuildOfEachJob) {
+  TempDir t;
+  make_db(t.db(), kV1Schema);
+  make_db(t.db(),
+          "INSERT INTO jobs (state, request_json, created_ms, result_json, model_version, finished_ms) "
+          "VALUES ('completed', '{}', 100, '{\"text\":\"r\"}', 'sha256:old', 170), ('queued', '{}', 101, '', '', 0);");
+  auto db = JobDb::open(t.db());
+  EXPECT_EQ(db->schema_version(), JobDb::kSchemaVersion);
+  const JobRow old = *db->get(1);
+  EXPECT_EQ(old.model_version, "sha256:old");
+  EXPECT_EQ(old.device, "");
+  EXPECT_EQ(old.precision, "");
+  ASSERT_TRUE(db->mark_running(2, 200));
+  ASSERT_TRUE(db->requeue(2));
+  ASSERT_TRUE(db->mark_running(2, 210));
+  const RunRecord run{"cuda:0", "weights:bf16 quant:kept act:bf16 kv:f16 acc:f32", "atelier 0.1.0 (git x)"};
+  ASSERT_TRUE(db->complete(2, "{}", "sha256:new", 220, "m@1", run));
+  JobRow r = *db->get(2);
+  EXPECT_EQ(r.device, "cuda:0");
+  EXPECT_EQ(r.precision, run.precision);
+  EXPECT_EQ(r.engine_build, run.engine_build);
+  EXPECT_EQ(r.model_version, "sha256:new");
 }
 
 TEST(JobDbMigrations, RefusesADatabaseFromANewerAtelier) {

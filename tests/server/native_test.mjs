@@ -7,6 +7,9 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { FIXTURES, JSON_TYPE, makeHome, startServer, removeHome } from './server_util.mjs';
 
+// No CUDA module, whatever this machine has: --device auto then runs on the CPU.
+process.env.ATELIER_CUDA_MODULE = '/nonexistent/libatelier_cuda.so';
+
 let home, server;
 before(async () => {
   home = makeHome();
@@ -42,6 +45,18 @@ test('/health, /props', async () => {
   const props = await (await fetch(server.url + '/props')).json();
   assert.equal(props.model_alias, 'stories260k@1');
   assert.ok(props.default_generation_settings.n_ctx > 0);
+  // Issue 33: which device runs the jobs, and why (here: --device auto with no GPU).
+  assert.equal(props.device.name, 'cpu');
+  assert.equal(props.device.automatic, true);
+  assert.match(props.device.why, /^auto: .*running on the CPU$/);
+  assert.match(props.device.precision, /^weights:file act:f32 kv:/);
+  assert.match(props.build_info, /^atelier \d+\.\d+\.\d+ \(git /);
+  // ... and the device's figures in Prometheus' names.
+  const metrics = await (await fetch(server.url + '/metrics')).text();
+  assert.match(metrics, /^atelier_device_info\{device="cpu"\} 1$/m);
+  assert.match(metrics, /^atelier_device_memory_total_bytes\{device="cpu"\} \d/m);
+  assert.match(metrics, /^atelier_device_losses_total 0$/m);
+  assert.doesNotMatch(metrics, /atelier_gpu_utilization_ratio/);  // the CPU has no sensors
 });
 
 test('POST /v1/jobs queues an engine request; its events stream as SSE and end with the result', async () => {
@@ -57,6 +72,10 @@ test('POST /v1/jobs queues an engine request; its events stream as SSE and end w
   const info = await (await fetch(`${server.url}/v1/jobs/${job.id}`)).json();
   assert.equal(info.state, 'completed');
   assert.equal('Once upon a time' + info.text, goldenText);
+  // Where and how it ran, beside the model digest.
+  assert.equal(info.device, 'cpu');
+  assert.match(info.precision, /^weights:file act:f32/);
+  assert.match(info.engine_build, /^atelier /);
   if (done) {  // subscribed before it finished: the tokens and the result came as events
     assert.equal(done.text, info.text);
     assert.deepEqual(done.ids, goldenIds.slice(5));

@@ -81,6 +81,28 @@ class MonitorTest : public QObject {
     QCOMPARE(d.series(&MonitorSample::queued_image), (std::vector<float>{1, 4, 4, 0}));
   }
 
+  // Issue 33: a GPU's sensors reach the samples (the panel's GPU section and
+  // its 90 % memory line); the CPU has none.
+  void gpuSensorsReachTheSamples() {
+    MonitorData d;
+    EngineMetrics cpu;
+    d.add(cpu, 1.0, 0, 0);
+    QVERIFY(!d.samples().back().gpu);
+    EngineMetrics g;
+    g.telemetry_available = true;
+    g.device_utilization_percent = 85;
+    g.device_temperature_c = 71;
+    g.device_memory_total_bytes = int64_t{80} << 30;
+    g.device_memory_used_bytes = int64_t{76} << 30;
+    d.add(g, 2.0, 0, 0);
+    const MonitorSample& s = d.samples().back();
+    QVERIFY(s.gpu);
+    QCOMPARE(s.gpu_utilization, 0.85);
+    QCOMPARE(s.gpu_temperature_c, 71.0);
+    QCOMPARE(s.gpu_memory_fraction, 0.95);
+    QVERIFY(!s.same_figures(d.samples()[0]));
+  }
+
   // Issue 35: the device's memory (it read 0: the metrics had none) and a busy
   // engine while only image jobs ran (busy counted text steps only).
   void deviceMemoryAndBusyDuringImageJobs() {

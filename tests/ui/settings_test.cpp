@@ -71,6 +71,11 @@ class SettingsTest : public QObject {
       child<QLineEdit>(&d, "namingEdit")->setText(QStringLiteral("{model}-{seed}"));
       auto* theme = child<QComboBox>(&d, "themeBox");
       theme->setCurrentIndex(theme->findData(QStringLiteral("light")));
+      // Issue 33: the device list holds auto and the CPU (and the CUDA devices found).
+      auto* device = child<QComboBox>(&d, "deviceBox");
+      QCOMPARE(device->currentData().toString(), QStringLiteral("auto"));
+      QVERIFY(device->findData(QStringLiteral("cpu")) >= 0);
+      device->setCurrentIndex(device->findData(QStringLiteral("cpu")));
       d.settings().save();
     }
     QSettings().sync();
@@ -89,6 +94,8 @@ class SettingsTest : public QObject {
     SettingsDialog again(s, false);
     QCOMPARE(child<QSpinBox>(&again, "maxBatchSpin")->value(), 12);
     QCOMPARE(child<QComboBox>(&again, "kvTypeBox")->currentData().toString(), QStringLiteral("f32"));
+    QCOMPARE(s.device, QStringLiteral("cpu"));
+    QCOMPARE(child<QComboBox>(&again, "deviceBox")->currentData().toString(), QStringLiteral("cpu"));
     QCOMPARE(again.settings(), s);
     StudioSettings defaults;
     defaults.save();  // for the tests below

@@ -54,6 +54,7 @@ class StudioTest : public QObject {
 
  private slots:
   void initTestCase() {
+    qputenv("ATELIER_CUDA_MODULE", "/nonexistent/libatelier_cuda.so");  // --device auto: the CPU on any machine
     home_ = std::make_unique<uitest::TestHome>();
     QVERIFY(home_->pull({QStringLiteral("stories260k"), QStringLiteral("quickdraw")}));
     QDir().mkpath(home_->path(QStringLiteral("models")));
@@ -68,6 +69,10 @@ class StudioTest : public QObject {
     QVERIFY(w->findChild<QDockWidget*>(QStringLiteral("galleryDock")));
     QCOMPARE(w->tabs()->count(), 2);
     QTRY_VERIFY_WITH_TIMEOUT(w->engineStatus().contains(QStringLiteral("running the queue")), 10000);
+    // Issue 33: where it runs, and why in the tooltip (no CUDA module here: auto's CPU).
+    QVERIFY2(w->engineStatus().endsWith(QStringLiteral(" on cpu")), qPrintable(w->engineStatus()));
+    const QString why = w->findChild<QLabel*>(QStringLiteral("engineStatus"))->toolTip();
+    QVERIFY2(why.startsWith(QStringLiteral("auto: ")) && why.endsWith(QStringLiteral("running on the CPU")), qPrintable(why));
     auto* gallery = w->findChild<QDockWidget*>(QStringLiteral("galleryDock"));
     QVERIFY(gallery->isVisible());
     gallery->toggleViewAction()->trigger();

@@ -188,6 +188,12 @@ void EngineMonitor::buildFrame() {
     plot("ITL P50", data_.series(&MonitorSample::itl_p50_ms), "ms");
     plot("ITL P99", data_.series(&MonitorSample::itl_p99_ms), "ms");
   }
+  if (last.gpu && ImGui::CollapsingHeader("GPU", ImGuiTreeNodeFlags_DefaultOpen)) {
+    // NVML's figures; the memory alert's threshold is drawn.
+    plot("GPU busy", data_.series(&MonitorSample::gpu_utilization), "", -1, 1.0f);
+    plot("GPU temperature", data_.series(&MonitorSample::gpu_temperature_c), "C");
+    plot("GPU memory", data_.series(&MonitorSample::gpu_memory_fraction), "", static_cast<float>(rules.memory_fraction), 1.0f);
+  }
   if (ImGui::CollapsingHeader("Memory", ImGuiTreeNodeFlags_DefaultOpen)) {
     plot("KV used", data_.series(&MonitorSample::kv_used), "blocks");
     plot("KV cached", data_.series(&MonitorSample::kv_cached), "blocks");

@@ -27,6 +27,14 @@ void MonitorData::add(const EngineMetrics& m, double t_s, int queued_text, int q
   const int kv_all = m.kv_blocks_used + m.kv_blocks_free;
   s.memory_fraction = kv_all > 0 ? static_cast<double>(m.kv_blocks_used) / kv_all : 0;
   s.busy_fraction = m.busy_fraction;
+  s.gpu = m.telemetry_available;
+  if (s.gpu) {
+    s.gpu_utilization = m.device_utilization_percent / 100;
+    s.gpu_temperature_c = m.device_temperature_c;
+    s.gpu_memory_fraction = m.device_memory_total_bytes > 0
+                                ? static_cast<double>(m.device_memory_used_bytes) / static_cast<double>(m.device_memory_total_bytes)
+                                : 0;
+  }
   if (have_previous_ && t_s > previous_t_s_) {
     const double dt = t_s - previous_t_s_;
     // Counters restart when the engine does (or reset_metrics): no negative rates.

@@ -33,6 +33,11 @@ struct MonitorSample {
   // The engine's device (EngineMetrics::device_memory_*): in use (total - free) and total, in whole
   // kDeviceQuantumBytes, so the free figure's constant small drift does not redraw an idle panel.
   double device_used_bytes = 0, device_total_bytes = 0;
+  // A GPU's sensors (EngineMetrics' NVML figures; issue 33), when it has them.
+  bool gpu = false;
+  double gpu_utilization = 0;     // 0..1 of the last sample period a kernel ran
+  double gpu_temperature_c = 0;
+  double gpu_memory_fraction = 0; // memory used (every process's) / total: the 90 % alert's figure
   bool operator==(const MonitorSample&) const = default;
   // The same figures, whenever they were taken (the panel redraws only when they differ).
   // The device's memory in use is not one of them: it is the machine's, moved by every

@@ -1,5 +1,7 @@
 #include "settings/settings_dialog.h"
 
+#include <atelier/engine.h>
+
 #include <algorithm>
 #include <QCheckBox>
 #include <QComboBox>
@@ -70,6 +72,17 @@ SettingsDialog::SettingsDialog(const StudioSettings& c, bool apiServerAvailable,
   kvType_->addItem(tr("Q8_0 (a quarter of the memory)"), QStringLiteral("q8_0"));
   kvType_->setCurrentIndex(std::max(0, kvType_->findData(c.kvType)));
   kvType_->setToolTip(tr("The precision the KV cache is kept in"));
+  // Where models run: auto, the CPU, and the CUDA devices this machine has.
+  device_ = new QComboBox(engine);
+  device_->setObjectName(QStringLiteral("deviceBox"));
+  device_->addItem(tr("Automatic (a GPU when one is found and the model fits, else the CPU)"), QStringLiteral("auto"));
+  std::string why;
+  for (const std::string& name : available_devices(&why))
+    device_->addItem(name == "cpu" ? tr("CPU") : QString::fromStdString(name), QString::fromStdString(name));
+  if (device_->findData(c.device) < 0) device_->addItem(tr("%1 (not found now)").arg(c.device), c.device);  // kept, not lost
+  device_->setCurrentIndex(std::max(0, device_->findData(c.device)));
+  device_->setToolTip(why.empty() ? tr("Where text models run (images run on the CPU so far)")
+                                  : tr("No GPU listed: %1").arg(QString::fromStdString(why)));
   QWidget* storeRow = nullptr;
   store_ = fileField(QStringLiteral("storeEdit"), c.storeDir, tr("The model store folder (empty: the data folder)"), true, &storeRow);
   ef->addRow(tr("&Threads"), threads_);
@@ -78,6 +91,7 @@ SettingsDialog::SettingsDialog(const StudioSettings& c, bool apiServerAvailable,
   ef->addRow(tr("&KV budget"), kvMiB_);
   ef->addRow(tr("&Model memory"), modelMiB_);
   ef->addRow(tr("KV &precision"), kvType_);
+  ef->addRow(tr("&Device"), device_);
   ef->addRow(tr("&Store location"), storeRow);
   layout->addWidget(engine);
 
@@ -137,6 +151,7 @@ SettingsDialog::SettingsDialog(const StudioSettings& c, bool apiServerAvailable,
   for (QSpinBox* s : {threads_, maxBatch_, maxWait_, kvMiB_, modelMiB_})
     connect(s, &QSpinBox::valueChanged, this, &SettingsDialog::updateRestartNote);
   connect(kvType_, &QComboBox::currentIndexChanged, this, &SettingsDialog::updateRestartNote);
+  connect(device_, &QComboBox::currentIndexChanged, this, &SettingsDialog::updateRestartNote);
   connect(store_, &QLineEdit::textChanged, this, &SettingsDialog::updateRestartNote);
   updateRestartNote();
 }
@@ -155,6 +170,7 @@ StudioSettings SettingsDialog::settings() const {
   s.kvMemoryMiB = kvMiB_->value();
   s.modelMemoryMiB = modelMiB_->value();
   s.kvType = kvType_->currentData().toString();
+  s.device = device_->currentData().toString();
   s.storeDir = store_->text().trimmed();
   s.previewEverySteps = previewEvery_->value();
   s.previewDecoder = decoder_->text().trimmed();

@@ -35,7 +35,7 @@ class SettingsDialog : public QDialog {
   StudioSettings current_;
   bool restart_ = false;
   QSpinBox *threads_, *maxBatch_, *maxWait_, *kvMiB_, *modelMiB_, *previewEvery_;
-  QComboBox *kvType_, *theme_;
+  QComboBox *kvType_, *device_, *theme_;
   QLineEdit *store_, *output_, *decoder_, *naming_, *apiAddress_, *apiKey_;
   QCheckBox* apiEnabled_;
   QGroupBox* api_;

@@ -13,6 +13,7 @@ StudioSettings StudioSettings::load() {
   s.kvMemoryMiB = q.value(QStringLiteral("engine/kvMemoryMiB"), d.kvMemoryMiB).toInt();
   s.modelMemoryMiB = q.value(QStringLiteral("engine/modelMemoryMiB"), d.modelMemoryMiB).toInt();
   s.kvType = q.value(QStringLiteral("engine/kvType"), d.kvType).toString();
+  s.device = q.value(QStringLiteral("engine/device"), d.device).toString();
   s.storeDir = q.value(QStringLiteral("engine/storeDir"), d.storeDir).toString();
   s.previewEverySteps = q.value(QStringLiteral("paint/previewEverySteps"), d.previewEverySteps).toInt();
   s.previewDecoder = q.value(QStringLiteral("paint/previewDecoder"), d.previewDecoder).toString();
@@ -33,6 +34,7 @@ void StudioSettings::save() const {
   q.setValue(QStringLiteral("engine/kvMemoryMiB"), kvMemoryMiB);
   q.setValue(QStringLiteral("engine/modelMemoryMiB"), modelMemoryMiB);
   q.setValue(QStringLiteral("engine/kvType"), kvType);
+  q.setValue(QStringLiteral("engine/device"), device);
   q.setValue(QStringLiteral("engine/storeDir"), storeDir);
   q.setValue(QStringLiteral("paint/previewEverySteps"), previewEverySteps);
   q.setValue(QStringLiteral("paint/previewDecoder"), previewDecoder);
@@ -47,7 +49,8 @@ void StudioSettings::save() const {
 
 bool StudioSettings::needsRestart(const StudioSettings& n) const {
   return threads != n.threads || maxBatch != n.maxBatch || maxWaitMs != n.maxWaitMs || kvMemoryMiB != n.kvMemoryMiB ||
-         modelMemoryMiB != n.modelMemoryMiB || kvType != n.kvType || storeDir != n.storeDir;
+         modelMemoryMiB != n.modelMemoryMiB || kvType != n.kvType || storeDir != n.storeDir ||
+         device != n.device;
 }
 
 }  // namespace atelier::ui

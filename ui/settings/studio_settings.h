@@ -16,6 +16,7 @@ struct StudioSettings {
   int kvMemoryMiB = 1024;      // KV cache budget per loaded model
   int modelMemoryMiB = 8192;   // loaded models kept until their bytes pass this
   QString kvType = QStringLiteral("f16");  // "f16", "f32" or "q8_0" (kv_type_name)
+  QString device = QStringLiteral("auto");  // --device: "auto", "cpu", "cuda:N" (EngineConfig::devices)
   QString storeDir;            // "" = the data folder
   // Paint, at once.
   int previewEverySteps = 1;   // show a preview every N denoising steps

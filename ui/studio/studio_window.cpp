@@ -184,11 +184,15 @@ StudioWindow::StudioWindow(StudioOptions options, QWidget* parent) : QMainWindow
   });
   connect(bridge_, &bridge::EngineBridge::opened, this, [this](bool ok, bool executes, const QString& message) {
     if (!ok) engineText_ = tr("engine not available: %1").arg(message);
-    else if (executes) engineText_ = tr("running the queue in %1").arg(options_.dataDir);
+    else if (executes) engineText_ = tr("running the queue in %1 on %2").arg(options_.dataDir, deviceName_);
     else engineText_ = tr("another process runs the queue in %1; this window adds, follows and cancels its jobs").arg(options_.dataDir);
     showEngineState();
-    engineLabel_->setToolTip(message);
+    engineLabel_->setToolTip(executes && ok ? deviceWhy_ : message);
     bridge_->scanModels();
+  });
+  connect(bridge_, &bridge::EngineBridge::deviceChosen, this, [this](const QString& name, const QString& why) {
+    deviceName_ = name;
+    deviceWhy_ = why;
   });
   connect(bridge_, &bridge::EngineBridge::errorOccurred, this, [this](const QString& m) { statusBar()->showMessage(m, 10000); });
   // The local API (Settings > API server): its address in the status bar while it listens.
@@ -259,6 +263,7 @@ bridge::EngineBridge::Options StudioWindow::bridgeOptions() const {
   bo.kvMemoryBytes = int64_t{settings_.kvMemoryMiB} << 20;
   bo.modelCacheBytes = int64_t{settings_.modelMemoryMiB} << 20;
   kv_type_from_name(settings_.kvType.toStdString(), &bo.kvType);  // an unknown name keeps F16
+  bo.device = settings_.device.toStdString();
   return bo;
 }
 

@@ -115,6 +115,7 @@ class StudioWindow : public QMainWindow {
   StudioSettings settings_;
   QLabel* engineLabel_;
   QString engineText_;  // what the engine is doing, shown when the queue is not paused
+  QString deviceName_ = QStringLiteral("cpu"), deviceWhy_;  // where it runs, and why (EngineBridge::deviceChosen)
   QLabel* apiLabel_;
   QString apiAddress_;
   QLabel* statsLabel_;

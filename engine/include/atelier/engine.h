@@ -26,7 +26,21 @@ std::string_view job_state_name(JobState state);  // "queued", "running", ...
 struct EngineConfig {
   std::string data_dir;               // holds jobs.db (SQLite, WAL); created if missing
   std::string store_dir;              // the model store requests' model references resolve in ("" = default_store_dir())
-  std::vector<std::string> devices = {"cpu"};  // one executor per device; "cpu" until the CUDA backend lands
+  // The device that runs the jobs (one today): "auto" (the first CUDA
+  // device when the CUDA module, a driver and a device are present, else the
+  // CPU; a text model that does not fit the GPU, and every image job (issue
+  // 34), runs on the CPU instead, and says so), "cpu", "cuda", "cuda:N".
+  // A device named outright that cannot be opened makes open() fail with
+  // what is missing and how to get it.
+  std::vector<std::string> devices = {"auto"};
+  // On a GPU: the share of the device's memory this engine may take
+  // (weights, workspaces and the KV pool, which gets what the weights leave;
+  // vLLM's gpu_memory_utilization). Between 0.05 and 1.
+  double gpu_memory_fraction = 0.9;
+  // Matrix products' precision on a GPU (engine/src/text/precision.h):
+  // "auto" (BF16, FP16 below sm_80), "bf16", "fp16", "fp8" (E4M3, sm_89+).
+  // The CPU computes in each file's own types and accepts only "auto".
+  std::string precision = "auto";
   int threads = 0;                    // 0: one per core
   int max_batch = 32;                 // sequences decoded together per step
   int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
@@ -62,6 +76,28 @@ struct EngineConfig {
   int poll_ms = 200;                  // how often the runner looks for jobs other processes queued
 };
 
+// Which device a --device value names, and why it was chosen.
+struct DeviceSelection {
+  std::string name = "cpu";   // "cpu", "cuda:0"
+  std::string description;    // the device's own ("NVIDIA H200, 139 GiB", "x86-64, avx2, 2 threads")
+  bool automatic = false;     // chosen by "auto"
+  std::string why;            // "auto: no CUDA module (...); running on the CPU", "asked for with --device cuda:0"
+  std::string precision;      // the precision policy's label there: "weights:bf16 quant:kept act:bf16 kv:f16 acc:f32"
+};
+// "auto", "cpu", "cuda", "cuda:N", with --precision PRECISION and the KV
+// type KV checked against what the device can run. InvalidArgument for
+// anything else, or a precision the device cannot run (fp8 below sm_89;
+// bf16/fp16/fp8 on a CPU named outright: auto's CPU ignores it, saying so);
+// Unsupported for a named device that cannot be opened, saying what is
+// missing and how to get it (--device cpu runs without it).
+Result<DeviceSelection> select_device(const std::string& spec, const std::string& precision = "auto",
+                                      KvType kv = KvType::F16);
+// "cpu" then the CUDA devices found ("cuda:0", ...): the studio's choices.
+// WHY: why there are none, when there are none.
+std::vector<std::string> available_devices(std::string* why = nullptr);
+// This engine's build: "atelier 0.1.0 (git v0.1-123-gabcdef)", recorded with every job.
+std::string engine_build();
+
 struct JobStats {
   double queue_wait_ms = 0, time_to_first_token_ms = 0, total_ms = 0, tokens_per_s = 0;
   int prompt_tokens = 0, new_tokens = 0, cached_prompt_tokens = 0;
@@ -79,6 +115,10 @@ struct JobInfo {
   uint64_t seed = 0;
   std::string model_version;  // what produced the result: "sha256:<64 hex>" of the model file
   std::string model_name;     // the same, for people: "stories260k@1", or the file path for a plain file
+  // Where and how it ran (completed jobs; "" for jobs of older databases):
+  std::string device;         // "cpu", "cuda:0"
+  std::string precision;      // text/precision.h's label: "weights:bf16 quant:kept act:bf16 kv:f16 acc:f32"
+  std::string engine_build;   // engine_build() of the process that ran it
   int attempts = 0;
   std::string text;           // the result (completed jobs)
   std::string stop_reason;
@@ -132,6 +172,12 @@ struct EngineMetrics {
                                         // lane's calls, the one in progress included: a single UNet call may take minutes)
   // The device that runs the jobs (the CPU: the machine's RAM from /proc/meminfo, MemTotal and MemAvailable).
   int64_t device_memory_total_bytes = 0, device_memory_free_bytes = 0;
+  std::string device = "cpu";           // the device text jobs run on ("cpu" once a GPU is lost)
+  // Its sensors (NVML on an NVIDIA GPU); telemetry_available false on the CPU.
+  bool telemetry_available = false;
+  double device_utilization_percent = 0, device_temperature_c = 0;
+  int64_t device_memory_used_bytes = 0;  // the GPU's memory in use (all processes), of device_memory_total_bytes
+  int64_t device_losses = 0;            // GPUs lost while running (their jobs requeued, the CPU took over)
   int64_t image_steps = 0;              // image-lane steps (one network evaluation of every image it advanced)
   Percentiles image_step_ms;            // their durations
   std::vector<std::string> active_alerts;
@@ -139,7 +185,7 @@ struct EngineMetrics {
 
 struct AlertRules {
   double throughput_drop_fraction = 0.20;  // tokens/s below (1 - x) x its recent average
-  double memory_fraction = 0.90;           // KV blocks used / total
+  double memory_fraction = 0.90;           // KV blocks used / total; a GPU's memory used / total too
   double error_rate = 0.05;                // failed / finished over the last 100 jobs
 };
 
@@ -217,6 +263,8 @@ class Engine {
   uint64_t subscribe(JobId id, EventSink sink);
   void unsubscribe(uint64_t subscription);
 
+  // The device the engine chose (EngineConfig::devices) and why.
+  DeviceSelection device() const;
   EngineMetrics metrics() const;
   void reset_metrics();  // start the windows, percentiles and counters afresh (benchmarks)
   void set_alert_rules(const AlertRules& rules);

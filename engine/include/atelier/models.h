@@ -25,6 +25,9 @@ struct TextModelOptions {
   KvType kv_type = KvType::F16;
   int context_tokens = 0;           // 0: the model's training context (4096 when the file does not say)
   std::string tokenizer_path;       // llama2.c .bin models: tokenizer.bin (default: tokenizer.bin / tok512.bin beside the model)
+  // Where the weights and the KV cache live: "cpu", or a device name that
+  // select_device() returned ("cuda:0"). Unsupported when it cannot be opened.
+  std::string device = "cpu";
 };
 
 struct ModelInfo {

@@ -33,6 +33,11 @@ struct TextBenchOptions {
   int reps = 3;
   int threads = 0;
   KvType kv_type = KvType::F16;
+  std::string device = "cpu";  // a name select_device() returned: where the weights, KV and steps live
+  // Non-empty: no file; a synth preset ("8B": Llama 3.1 8B's shapes) made on
+  // the device with random weights of synth_type (bf16, q8_0, q4_k_m, ...).
+  std::string synth, synth_type = "bf16";
+  uint64_t synth_seed = 1;
 };
 
 struct MeanSd {
@@ -71,6 +76,9 @@ struct ServeBenchOptions {
   int threads = 0;
   int max_batch = 32;
   KvType kv_type = KvType::F16;
+  std::string device = "auto";     // EngineConfig::devices
+  std::string precision = "auto";  // EngineConfig::precision
+  double gpu_memory_fraction = 0.9;
   // Each level is run this many times, its requests arriving together each
   // time; a level's figures are the medians over its rounds. One round of 64
   // tokens holds 63 inter-token gaps per stream, so its P99 is nearly its

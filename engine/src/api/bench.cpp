@@ -10,6 +10,8 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <unistd.h>
 
@@ -54,12 +56,14 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
   TextModelOptions mo;
   mo.threads = o.threads;
   mo.kv_type = o.kv_type;
+  mo.device = o.device;
   mo.context_tokens = o.depth + o.prompt_tokens + o.gen_tokens;
   // The machine first, then the peak counted from the load on: the
   // bandwidth test's buffer is not the model's memory.
   const MachineLimits limits = measure_machine_limits(o.threads);
   reset_peak_rss();
-  auto opened = text::load_text_model(model_path, mo);
+  auto opened = o.synth.empty() ? text::load_text_model(model_path, mo)
+                                : synth_text_model_on(o.synth, o.synth_type, o.synth_seed, mo);
   if (!opened.ok()) return opened.status();
   text::LoadedTextModel& m = *opened.value();
   return guarded([&]() -> Result<TextBenchResult> {
@@ -79,7 +83,15 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
       t = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(hp.n_vocab));
     }
     std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
-    text::LlamaRunner runner(m.weights, m.pool.get());
+    // On a device (m.backend) the steps and caches are its own.
+    std::optional<text::LlamaRunner> on;
+    if (m.backend) on.emplace(m.weights, *m.backend);
+    else on.emplace(m.weights, m.pool.get());
+    text::LlamaRunner& runner = *on;
+    const auto make_cache = [&](int n_ctx) {
+      return m.backend ? std::make_unique<text::KvCache>(hp, n_ctx, m.options.kv_type, *m.backend)
+                       : std::make_unique<text::KvCache>(hp, n_ctx, m.options.kv_type);
+    };
     std::vector<double> pp, tg;
     using Clock = std::chrono::steady_clock;
     for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms caches and page-ins, not counted
@@ -89,12 +101,14 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
         for (int p = 0; p < o.depth; p += 512)
           runner.forward(prompt.data() + p, std::min(512, o.depth - p), p, c, nullptr);
       };
-      text::KvCache cache(hp, o.depth + o.prompt_tokens, m.options.kv_type);
+      auto cache_owner = make_cache(o.depth + o.prompt_tokens);
+      text::KvCache& cache = *cache_owner;
       fill_depth(cache);
       auto t0 = Clock::now();
       runner.forward(prompt.data(), o.prompt_tokens, o.depth, cache, logits.data());
       double s_pp = std::chrono::duration<double>(Clock::now() - t0).count();
-      text::KvCache gen_cache(hp, o.depth + o.gen_tokens, m.options.kv_type);
+      auto gen_owner = make_cache(o.depth + o.gen_tokens);
+      text::KvCache& gen_cache = *gen_owner;
       fill_depth(gen_cache);
       auto t1 = Clock::now();
       int32_t tok = prompt[0];
@@ -188,6 +202,9 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   cfg.max_batch = o.max_batch;
   cfg.kv_type = o.kv_type;
   cfg.prefill_tokens_per_step = o.prefill_tokens_per_step;
+  cfg.devices = {o.device};
+  cfg.precision = o.precision;
+  cfg.gpu_memory_fraction = o.gpu_memory_fraction;
   auto opened = Engine::open(cfg);
   if (!opened.ok()) return opened.status();
   Engine& e = *opened.value();

@@ -19,6 +19,8 @@
 #include "serve/job_db.h"
 #include "serve/scheduler.h"
 #include "api/text_model_impl.h"
+#include "text/precision.h"
+#include <atelier/devices.h>
 
 namespace atelier {
 
@@ -95,6 +97,9 @@ JobInfo to_info(const runtime::JobRow& row) {
   j.seed = row.seed;
   j.model_version = row.model_version;
   j.model_name = row.model_name;
+  j.device = row.device;
+  j.precision = row.precision;
+  j.engine_build = row.engine_build;
   j.attempts = row.attempts;
   if (!row.error_message.empty()) j.error = row.error_message;
   j.error_code = row.error_code;
@@ -129,6 +134,7 @@ struct Engine::Impl {
   std::unique_ptr<runtime::RunnerLock> lock;
   EventHub hub;
   std::unique_ptr<MetricsRecorder> metrics;
+  DeviceSelection device;  // what EngineConfig::devices chose (a runner only)
   std::unique_ptr<Scheduler> scheduler;  // last: stopped first, while the rest still exists
 };
 
@@ -147,8 +153,22 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   if (c.threads < 0) return bad("threads must be >= 0 (0: one per core)");
   if (c.poll_ms < 1) return bad("poll_ms must be at least 1");
   if (c.nice < 0 || c.nice > 19 || c.image_nice < 0 || c.image_nice > 19) return bad("nice and image_nice must be between 0 and 19");
-  if (c.devices.size() != 1 || c.devices.front() != "cpu")
-    return Status::error(StatusCode::Unsupported, "devices: only \"cpu\" is available in this build (the CUDA backend is not built)");
+  if (c.devices.size() != 1) return bad("devices: name one device (auto, cpu, cuda or cuda:N); several are not supported yet");
+  if (!(c.gpu_memory_fraction >= 0.05 && c.gpu_memory_fraction <= 1.0))
+    return bad("gpu_memory_fraction must be between 0.05 and 1 (the share of the GPU's memory the engine may take)");
+  text::PrecisionChoice precision;
+  if (!text::precision_choice_from_name(c.precision, &precision))
+    return bad("precision must be auto, bf16, fp16 or fp8 (got '" + c.precision + "')");
+  // The device first, so that a GPU named outright but missing fails before any work.
+  DeviceSelection device;
+  kernels::Device* dev = nullptr;
+  if (c.execute) {
+    auto sel = select_device(c.devices.front(), c.precision, c.kv_type);
+    if (!sel.ok()) return sel.status();
+    device = sel.value();
+    dev = kernels::open_device(device.name).device;
+    if (!dev) return Status::error(StatusCode::Unsupported, "--device " + device.name + ": the device could not be opened");
+  }
   return guarded([&]() -> Result<std::unique_ptr<Engine>> {
     std::error_code ec;
     fs::create_directories(c.data_dir, ec);
@@ -164,7 +184,10 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
                              "another Atelier process is running the queue in " + c.data_dir +
                                  "; add jobs with `atelier queue add` instead, or stop it first");
       impl->db->recover();
-      impl->scheduler = std::make_unique<Scheduler>(c, *impl->db, impl->hub, *impl->metrics, make_cpu_runner(c));
+      impl->device = device;
+      std::unique_ptr<Runner> runner = dev->info().host_memory ? make_cpu_runner(c)
+                                                               : make_device_runner(c, *dev, device.name, device.automatic);
+      impl->scheduler = std::make_unique<Scheduler>(c, *impl->db, impl->hub, *impl->metrics, std::move(runner));
     }
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
   });
@@ -425,11 +448,26 @@ EngineMetrics Engine::metrics() const {
     }
   }
   impl_->metrics->fill(m, epoch_ms());
-  // The jobs run on the CPU (serve/cpu_runner): its memory is the machine's.
-  const kernels::DeviceMemory device = kernels::cpu_device().memory();
-  m.device_memory_total_bytes = device.total_bytes;
-  m.device_memory_free_bytes = device.free_bytes;
+  if (!impl_->scheduler) {
+    // Nothing runs here: the machine's memory, as the CPU runner would say.
+    const kernels::DeviceMemory device = kernels::cpu_device().memory();
+    m.device_memory_total_bytes = device.total_bytes;
+    m.device_memory_free_bytes = device.free_bytes;
+  }
   return m;
+}
+
+DeviceSelection Engine::device() const {
+  DeviceSelection d = impl_->device;
+  if (impl_->scheduler) {
+    const std::string now = impl_->scheduler->device();
+    if (now != d.name) {  // the GPU was lost: the CPU took over
+      d.why = d.name + " was lost while running; its jobs were requeued and run on the CPU";
+      d.name = now;
+      d.description = kernels::cpu_device().info().description;
+    }
+  }
+  return d;
 }
 
 void Engine::reset_metrics() { impl_->metrics->reset(); }

@@ -280,9 +280,12 @@ std::string float_versions_hint(const std::string& store_dir, const ResolvedMode
   return refs.empty() ? "" : "; e.g. " + refs;
 }
 
-std::string tool_id() { return std::string("atelier ") + ATELIER_VERSION + " (git " + ATELIER_GIT_DESCRIBE + ")"; }
+std::string tool_id() { return engine_build(); }
 
 }  // namespace
+
+// Here because this file is compiled with the version and the git describe.
+std::string engine_build() { return std::string("atelier ") + ATELIER_VERSION + " (git " + ATELIER_GIT_DESCRIBE + ")"; }
 
 std::vector<std::string> quantize_types() {
   std::vector<std::string> out;

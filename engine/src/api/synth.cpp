@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
+#include <atelier/devices.h>
 
 #include "core/error.h"
 #include "core/splitmix.h"
@@ -26,6 +28,7 @@ struct Preset {
   const char* name;
   int dim, hidden, layers, heads, kv_heads, vocab, ctx;
   bool tied;
+  float rope_base = 10000.0f;
 };
 
 constexpr Preset kPresets[] = {
@@ -34,6 +37,8 @@ constexpr Preset kPresets[] = {
     {"42M", 512, 1376, 8, 8, 8, 32000, 1024, true},
     {"110M", 768, 2048, 12, 12, 12, 32000, 1024, true},
     {"1B", 2048, 5632, 22, 32, 4, 32000, 2048, false},
+    // Llama 3.1 8B's shapes (issue 33's benchmark model): GQA 32/8, vocabulary 128256.
+    {"8B", 4096, 14336, 32, 32, 8, 128256, 131072, false, 500000.0f},
 };
 
 using Rng = SplitMix64;
@@ -286,7 +291,7 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
     }
     w.set_u32(k + "rope.dimension_count", static_cast<uint32_t>(hd));
     w.set_f32(k + "attention.layer_norm_rms_epsilon", arch == "llama" || arch == "phi3" ? 1e-5f : 1e-6f);
-    w.set_f32(k + "rope.freq_base", arch == "gemma3" || arch == "qwen3" ? 1000000.0f : 10000.0f);
+    w.set_f32(k + "rope.freq_base", arch == "gemma3" || arch == "qwen3" ? 1000000.0f : P.rope_base);
     if (arch == "gemma3")  // local layers see the last few tokens (Gemma 3: 512 or 1024); their RoPE base is 10000
       w.set_u32(k + "attention.sliding_window", static_cast<uint32_t>(std::max(4, P.ctx / 128)));
     if (arch == "phi3") {  // LongRoPE: trained at half the context, stretched to all of it
@@ -387,6 +392,140 @@ Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path
     return Status::error(StatusCode::Io, "out of memory while building the synthetic checkpoint; try a smaller --width-mult");
   }
   return Status{};
+}
+
+// `bench text --synth PARAMS`: the preset's model made on the device the
+// options name, no file: one device buffer of matrices drawn in place by
+// Backend::fill_random (uniform, std 1/sqrt(cols), as the files above), norms
+// near 1. No tokenizer: a benchmark feeds token ids.
+Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::string& params, const std::string& type,
+                                                                   uint64_t seed, const TextModelOptions& options) {
+  const Preset* preset = nullptr;
+  for (const auto& p : kPresets)
+    if (params == p.name) preset = &p;
+  if (!preset) {
+    std::string all;
+    for (const auto& n : synth_param_presets()) all += (all.empty() ? "" : ", ") + n;
+    return Status::error(StatusCode::InvalidArgument, "--synth '" + params + "' is not a preset (allowed: " + all + ")");
+  }
+  using kernels::DType;
+  // q4_k_m as llama.cpp's recipe keeps its most sensitive matrices: Q6_K for
+  // the output, attn_v and ffn_down, Q4_K for the rest.
+  const bool k_m = type == "q4_k_m";
+  DType base = DType::BF16;
+  if (!k_m) {
+    auto parsed = guarded([&]() -> Result<DType> { return parse_type(type); });
+    if (!parsed.ok())
+      return Status::error(StatusCode::InvalidArgument, parsed.status().message + " or q4_k_m");
+    base = parsed.value();
+  } else {
+    base = DType::Q4_K;
+  }
+  return guarded([&]() -> Result<std::shared_ptr<text::LoadedTextModel>> {
+    const Preset& P = *preset;
+    auto m = std::make_shared<text::LoadedTextModel>();
+    m->options = options;
+    kernels::Backend* be = &kernels::default_cpu_backend();
+    if (!options.device.empty() && options.device != "cpu") {
+      const kernels::DeviceChoice d = kernels::open_device(options.device);
+      if (!d.device) throw UnsupportedError("--device " + options.device + ": " + d.why);
+      m->backend = d.device->make_backend(nullptr, 0);
+      be = m->backend.get();
+    }
+    text::LlamaWeights& w = m->weights;
+    text::LlamaHparams& hp = w.hp;
+    hp.architecture = "llama";
+    hp.name = std::string("synthetic-llama-") + P.name + "-" + type;
+    hp.n_vocab = P.vocab;
+    hp.n_ctx_train = P.ctx;
+    hp.n_embd = P.dim;
+    hp.n_layer = P.layers;
+    hp.n_head = P.heads;
+    hp.n_head_kv = P.kv_heads;
+    hp.n_ff = P.hidden;
+    hp.head_dim = hp.n_rot = P.dim / P.heads;
+    hp.rope_freq_base = P.rope_base;
+    w.format = "synthetic";
+    struct Plan {
+      std::string name;
+      kernels::WeightView* view;
+      int64_t rows, cols, offset;
+      DType t;
+    };
+    std::vector<Plan> plans;
+    int64_t total = 0;
+    auto plan = [&](const std::string& name, kernels::WeightView& v, int64_t cols, int64_t rows, bool sensitive) {
+      DType t = k_m && sensitive ? DType::Q6_K : base;
+      if (cols % kernels::dtype_block_elems(t) != 0) t = cols % 32 == 0 ? DType::Q8_0 : DType::F16;
+      plans.push_back({name, &v, rows, cols, total, t});
+      total += (kernels::dtype_row_bytes(t, cols) * rows + 63) / 64 * 64;
+    };
+    auto norm = [&](const std::string& name) {
+      std::vector<float> v(static_cast<size_t>(P.dim));
+      Rng rng{name_hash(name, seed)};
+      for (auto& x : v) x = 1.0f + 0.1f * rng.uniform_pm1();
+      return v;
+    };
+    const int64_t hd = P.dim / P.heads, kvd = hd * P.kv_heads;
+    plan("token_embd.weight", w.tok_embd, P.dim, P.vocab, false);
+    w.output_norm = norm("output_norm.weight");
+    w.layers.resize(static_cast<size_t>(P.layers));
+    for (int l = 0; l < P.layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      text::LlamaLayer& L = w.layers[static_cast<size_t>(l)];
+      L.attn_norm = norm(b + "attn_norm.weight");
+      L.ffn_norm = norm(b + "ffn_norm.weight");
+      plan(b + "attn_q.weight", L.wq, P.dim, P.dim, false);
+      plan(b + "attn_k.weight", L.wk, P.dim, kvd, false);
+      plan(b + "attn_v.weight", L.wv, P.dim, kvd, true);
+      plan(b + "attn_output.weight", L.wo, P.dim, P.dim, false);
+      plan(b + "ffn_gate.weight", L.w_gate, P.dim, P.hidden, false);
+      plan(b + "ffn_up.weight", L.w_up, P.dim, P.hidden, false);
+      plan(b + "ffn_down.weight", L.w_down, P.hidden, P.dim, true);
+    }
+    if (!P.tied) plan("output.weight", w.output, P.dim, P.vocab, true);
+    std::shared_ptr<kernels::Buffer> buf = be->alloc(total);
+    int64_t read_per_token = 0;
+    std::map<std::string, int> types;
+    for (const Plan& p : plans) {
+      be->fill_random(*buf, p.offset, p.t, p.rows, p.cols, name_hash(p.name, seed),
+                      std::sqrt(3.0f / static_cast<float>(p.cols)));
+      kernels::WeightView& v = *p.view;
+      v.type = p.t;
+      v.data = static_cast<const uint8_t*>(buf->data()) + p.offset;
+      v.rows = p.rows;
+      v.cols = p.cols;
+      v.row_stride_bytes = kernels::dtype_row_bytes(p.t, p.cols);
+      w.n_params += p.rows * p.cols;
+      if (p.name != "token_embd.weight") read_per_token += v.row_stride_bytes * p.rows;
+      ++types[std::string(kernels::dtype_name(p.t))];
+    }
+    if (P.tied) {
+      w.output = w.tok_embd;
+      read_per_token += w.tok_embd.row_stride_bytes * w.tok_embd.rows;
+    }
+    be->synchronize();
+    w.prepared.push_back(buf);
+    for (const auto& [t, n] : types) w.weight_types += (w.weight_types.empty() ? "" : ", ") + t + " (" + std::to_string(n) + ")";
+    ModelInfo& info = m->info;
+    info.path = "synthetic:" + std::string(P.name);
+    info.format = w.format;
+    info.architecture = hp.architecture;
+    info.name = hp.name;
+    info.weight_types = w.weight_types;
+    info.n_params = w.n_params;
+    info.weight_bytes = read_per_token;
+    info.n_vocab = hp.n_vocab;
+    info.n_ctx_train = hp.n_ctx_train;
+    info.n_embd = hp.n_embd;
+    info.n_layers = hp.n_layer;
+    info.n_heads = hp.n_head;
+    info.n_kv_heads = hp.n_head_kv;
+    info.n_ff = hp.n_ff;
+    m->n_ctx = options.context_tokens > 0 ? options.context_tokens : default_context_tokens(hp.n_ctx_train);
+    m->pool = std::make_unique<ThreadPool>(options.threads);
+    return m;
+  });
 }
 
 }  // namespace atelier

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <atelier/devices.h>
 
 #include "core/utf8.h"
 #include "core/error.h"
@@ -125,7 +127,15 @@ TextModel::~TextModel() = default;
 const ModelInfo& TextModel::info() const { return model_->info; }
 
 Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::string& path,
-                                                                     const TextModelOptions& options) {
+                                                                     const TextModelOptions& options,
+                                                                     kernels::Backend* backend) {
+  std::unique_ptr<kernels::Backend> own;
+  if (!backend && !options.device.empty() && options.device != "cpu") {
+    const kernels::DeviceChoice d = kernels::open_device(options.device);
+    if (!d.device) return Status::error(StatusCode::Unsupported, "--device " + options.device + ": " + d.why);
+    if (!d.device->info().host_memory) own = d.device->make_backend(nullptr, 0);
+  }
+  kernels::Backend& be = backend ? *backend : own ? *own : kernels::default_cpu_backend();
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     return Status::error(StatusCode::NotFound, path + ": no such model file");
@@ -135,15 +145,16 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
     return Status::error(StatusCode::InvalidArgument, "context size must be >= 0 (0: the model's own)");
   return guarded([&]() -> Result<std::shared_ptr<text::LoadedTextModel>> {
     auto impl = std::make_shared<text::LoadedTextModel>();
+    impl->backend = std::move(own);
     impl->options = options;
     if (text_model_kind(path) == formats::FileKind::gguf) {
       std::shared_ptr<formats::GgufFile> file = formats::GgufFile::open(path);
       impl->tokenizer = tok::Tokenizer::from_gguf(*file);
       impl->info.chat_template = file->get_string("tokenizer.chat_template", "");
-      impl->weights = text::load_llama_gguf(file);
+      impl->weights = text::load_llama_gguf(file, be);
       file->drop_metadata();  // everything is read: the vocabulary lives on in the tokenizer
     } else {  // a llama2.c checkpoint: its header's dimensions match its size, whatever its name
-      impl->weights = text::load_llama2c(path);
+      impl->weights = text::load_llama2c(path, be);
       const std::string tok_path = find_llama2c_tokenizer(path, options.tokenizer_path);
       impl->tokenizer = tok::Tokenizer::from_llama2c(
           formats::load_llama2c_tokenizer(tok_path, impl->weights.hp.n_vocab));
@@ -221,8 +232,17 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
                            "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
                                std::to_string(m.n_ctx) + "; shorten the prompt or raise the context size");
     const int n_ctx = std::min(m.n_ctx, n_prompt + request.max_new_tokens);
-    text::KvCache cache(m.weights.hp, n_ctx, m.options.kv_type);
-    text::LlamaRunner runner(m.weights, m.pool.get());
+    std::optional<text::KvCache> kv;
+    std::optional<text::LlamaRunner> on;
+    if (m.backend) {  // a device: the cache and the steps on it
+      kv.emplace(m.weights.hp, n_ctx, m.options.kv_type, *m.backend);
+      on.emplace(m.weights, *m.backend);
+    } else {
+      kv.emplace(m.weights.hp, n_ctx, m.options.kv_type);
+      on.emplace(m.weights, m.pool.get());
+    }
+    text::KvCache& cache = *kv;
+    text::LlamaRunner& runner = *on;
     // The last sampled token needs no KV slot: the sequence may hold n_ctx + 1 tokens.
     text::Generation gen(*m.tokenizer, request, std::move(prompt), m.n_ctx + 1);
 

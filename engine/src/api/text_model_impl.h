@@ -20,6 +20,9 @@ namespace text {
 
 // A text model loaded from a file: its weights, tokenizer and thread pool.
 struct LoadedTextModel {
+  // A device's backend (nullptr: the CPU's over pool). First: the weights'
+  // and caches' buffers are its own and go before it.
+  std::unique_ptr<kernels::Backend> backend;
   TextModelOptions options;
   ModelInfo info;
   LlamaWeights weights;
@@ -29,9 +32,19 @@ struct LoadedTextModel {
 };
 
 // Loads a GGUF or llama2.c model (what TextModel::open does, and its errors).
-Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path, const TextModelOptions& options);
+// BACKEND: the device the weights are prepared for (nullptr: the CPU's);
+// a device that does not read host memory gets a copy of every parameter.
+Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path, const TextModelOptions& options,
+                                                         kernels::Backend* backend = nullptr);
 
 }  // namespace text
+
+// `bench text --synth PARAMS --type T` (api/synth.cpp): a synth preset's
+// LLaMA made on options.device with random weights drawn there
+// (Backend::fill_random), no file and no tokenizer. T: f32, f16, bf16, q8_0,
+// q4_0, q4_K, q6_K, q4_k_m.
+Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::string& params, const std::string& type,
+                                                                   uint64_t seed, const TextModelOptions& options);
 
 // InvalidArgument with a message naming the bad value, or Ok.
 Status validate_request(const TextRequest& request, int n_ctx);

@@ -8,6 +8,7 @@
 #include "api/text_model_impl.h"
 #include "core/thread_pool.h"
 #include "serve/runner.h"
+#include "text/precision.h"
 
 namespace atelier {
 
@@ -65,6 +66,7 @@ class CpuRunner final : public Runner {
     slot->n_ctx = m.n_ctx;
     slot->sliding_window = m.weights.hp.sliding_window;
     slot->bytes = m.info.weight_bytes + int64_t{slot->kv->total_blocks()} * slot->kv->block_bytes();
+    slot->precision = text::precision_label(text::precision_plan({}, text::PrecisionChoice::Auto, config_.kv_type));
     return std::unique_ptr<TextSlot>(std::move(slot));
   }
 

@@ -79,12 +79,20 @@ CREATE INDEX jobs_submit_key ON jobs (submit_key) WHERE submit_key != '';
 ALTER TABLE jobs ADD COLUMN suspect INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN died_alone INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 8: where and how a job ran (issue 33): the device, the precision policy's
+    // label and the engine build, beside the model digest.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN device TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN precision TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN engine_build TEXT NOT NULL DEFAULT '';
+)sql",
 };
 static_assert(std::size(kMigrations) == JobDb::kSchemaVersion, "one migration per schema version");
 
 constexpr const char* kColumns =
     "id, state, priority, interactive, request_json, created_ms, started_ms, finished_ms, seed, "
-    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name, interrupted, submit_key, suspect, died_alone";
+    "model_version, result_json, error_code, error_message, attempts, cancel_requested, model_name, interrupted, submit_key, suspect, died_alone, "
+    "device, precision, engine_build";
 
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -123,6 +131,9 @@ JobRow read_row(const Stmt& s) {
   r.submit_key = s.col_text(17);
   r.suspect = s.col_i64(18) != 0;
   r.died_alone = static_cast<int>(s.col_i64(19));
+  r.device = s.col_text(20);
+  r.precision = s.col_text(21);
+  r.engine_build = s.col_text(22);
   return r;
 }
 
@@ -253,12 +264,14 @@ bool JobDb::mark_running(int64_t id, int64_t now_ms) {
 }
 
 bool JobDb::complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms,
-                     const std::string& model_name) {
+                     const std::string& model_name, const RunRecord& run) {
   std::lock_guard lock(mu_);
   Stmt s(db_, path_,
-         "UPDATE jobs SET state = 'completed', result_json = ?2, model_version = ?3, finished_ms = ?4, model_name = ?5 "
+         "UPDATE jobs SET state = 'completed', result_json = ?2, model_version = ?3, finished_ms = ?4, model_name = ?5, "
+         "device = ?6, precision = ?7, engine_build = ?8 "
          "WHERE id = ?1 AND state = 'running'");
-  return s.i64(1, id).text(2, result_json).text(3, model_version).i64(4, now_ms).text(5, model_name).run() == 1;
+  return s.i64(1, id).text(2, result_json).text(3, model_version).i64(4, now_ms).text(5, model_name).text(6, run.device)
+             .text(7, run.precision).text(8, run.engine_build).run() == 1;
 }
 
 bool JobDb::fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms) {
@@ -310,7 +323,8 @@ constexpr const char* kRequeueSet =
     "  state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
     "  finished_ms = CASE WHEN cancel_requested THEN ?1 ELSE 0 END, "
     "  started_ms = CASE WHEN cancel_requested THEN started_ms ELSE 0 END, "
-    "  result_json = '', model_version = '', model_name = '', error_code = '', error_message = '' "
+    "  result_json = '', model_version = '', model_name = '', error_code = '', error_message = '', "
+    "  device = '', precision = '', engine_build = '' "
     "WHERE state = 'running'";
 }  // namespace
 

@@ -51,6 +51,15 @@ struct JobRow {
   std::string submit_key;       // NewJob::key; "" = none
   bool suspect = false;         // it was running when its process died: the scheduler runs it alone (recover())
   int died_alone = 0;           // process deaths while it was the only running job (recover())
+  // Where and how it ran (complete()); "" for older rows.
+  std::string device, precision, engine_build;
+};
+
+// What complete() records beside the model version.
+struct RunRecord {
+  std::string device;        // "cpu", "cuda:0"
+  std::string precision;     // text/precision.h's label
+  std::string engine_build;  // engine_build()
 };
 
 // One job for insert_many().
@@ -73,7 +82,7 @@ inline constexpr const char kInterruptedTwice[] =
 class JobDb {
  public:
   // The schema version this build creates and understands.
-  static constexpr int kSchemaVersion = 7;
+  static constexpr int kSchemaVersion = 8;
 
   // Opens or creates PATH (SQLite, WAL, synchronous=FULL, busy timeout 5 s,
   // foreign keys on) and applies pending migrations, each in its own
@@ -111,7 +120,7 @@ class JobDb {
   bool mark_running(int64_t id, int64_t now_ms);
   // running -> completed with result and model version; false if not running.
   bool complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms,
-                const std::string& model_name = "");
+                const std::string& model_name = "", const RunRecord& run = {});
   // queued or running -> failed (a queued job may fail admission without
   // ever running); false if already finished or unknown. CODE: the engine's
   // status name ("not_found", "invalid_model", ... see status_code_name).

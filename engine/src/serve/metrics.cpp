@@ -169,6 +169,13 @@ std::vector<std::string> MetricsRecorder::check_alerts(const AlertRules& rules, 
   const double mem = total > 0 ? static_cast<double>(m.kv_blocks_used) / total : 0.0;
   std::snprintf(buf, sizeof buf, "KV memory %.0f%% used (threshold %.0f%%)", mem * 100, rules.memory_fraction * 100);
   checks.emplace_back(buf, mem > rules.memory_fraction);
+  // A GPU's memory (NVML: every process's use), where the device reports it.
+  const double gpu = m.telemetry_available && m.device_memory_total_bytes > 0
+                         ? static_cast<double>(m.device_memory_used_bytes) / static_cast<double>(m.device_memory_total_bytes)
+                         : 0.0;
+  std::snprintf(buf, sizeof buf, "GPU memory %.0f%% used on %s (threshold %.0f%%)", gpu * 100, m.device.c_str(),
+                rules.memory_fraction * 100);
+  checks.emplace_back(buf, gpu >= rules.memory_fraction);
   int fails = 0;
   for (bool f : recent_failures_) fails += f;
   const double rate = recent_failures_.empty() ? 0.0 : static_cast<double>(fails) / static_cast<double>(recent_failures_.size());

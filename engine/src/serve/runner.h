@@ -37,6 +37,11 @@ namespace atelier {
 // (the model cannot run there: the runner refuses it with these figures).
 // The CPU runner keeps the configured budget, whose pages are committed
 // only as they fill.
+// The prompt tokens a step prefills when no sequence is decoding (the
+// scheduler's budget then; prefill_tokens_per_step otherwise): with
+// max_batch decodes, what a device runner reserves its workspace for.
+inline constexpr int kIdlePrefillTokens = 1024;
+
 int64_t kv_pool_bytes(const kernels::DeviceMemory& device, int64_t weight_bytes, int64_t workspace_bytes,
                       int64_t cap_bytes, int64_t block_bytes);
 
@@ -49,6 +54,8 @@ struct TextSlot {
   int sliding_window = 0;            // > 0: attention sees only this many positions (blocks behind it are given back)
   std::unique_ptr<text::KvPool> kv;  // block bookkeeping on the host, rows in the device's buffer
   int64_t bytes = 0;                 // weights and KV: what the model cache counts
+  std::string device = "cpu";        // where it runs ("cuda:0"; "cpu" for auto's fallback)
+  std::string precision;             // text/precision.h's label, recorded with each job
 };
 
 // An image model loaded on the device: the pipeline's view of it (the
@@ -57,6 +64,8 @@ struct ImageSlot {
   virtual ~ImageSlot() = default;
   std::unique_ptr<LoadedDiffusion> model;
   int64_t bytes = 0;
+  std::string device = "cpu";
+  std::string precision = "weights:file act:f32";
 };
 
 // One text step: every input stores its tokens' KV; an input whose sampler is
@@ -70,12 +79,24 @@ struct TextOutput {
   Status status;
   std::vector<int32_t> sampled;  // per input, -1 where it sampled nothing
   double step_ms = 0;            // the forward pass and sampling
+  // The device was lost during the step (the CUDA module's sticky error,
+  // "CUDA device lost: ..."): every model on it is gone; the runner runs
+  // what it loads from now on on the CPU, and the scheduler requeues the
+  // jobs that were running there.
+  bool device_lost = false;
 };
+
+// The prefix of the CUDA module's sticky error: the device cannot be used
+// again by this process.
+inline constexpr const char kDeviceLostPrefix[] = "CUDA device lost:";
 
 class Runner {
  public:
   virtual ~Runner() = default;
-  virtual std::string device() const = 0;  // "cpu"
+  virtual std::string device() const = 0;  // "cpu", "cuda:0"; "cpu" once a GPU was lost
+  // The device's memory and sensors now, for the metrics (the CPU: the machine's RAM, no sensors).
+  virtual kernels::DeviceMemory memory() const { return kernels::cpu_device().memory(); }
+  virtual kernels::DeviceTelemetry telemetry() const { return {}; }
 
   // Memory admission (issue 32): the bytes loaded models may hold on the
   // device together (the model cache's budget), and what a model will hold
@@ -111,5 +132,28 @@ int64_t model_file_bytes(const std::string& path);
 // The CPU runner over the engine's configuration (threads, KV type and
 // budget, the image lane's OS priority, the store).
 std::unique_ptr<Runner> make_cpu_runner(const EngineConfig& config);
+
+// A runner for a device that is not the host (serve/device_runner.cpp): text
+// models load onto DEVICE (weights, workspace reserved at load, KV pool in
+// its memory, sized from what its free memory leaves times
+// EngineConfig::gpu_memory_fraction), in the precision policy of
+// text/precision.h. AUTOMATIC (--device auto): a text model that does not
+// fit, and every image job, runs on the CPU instead (the slot says so);
+// else they are refused with the figures and what would fit. After a step
+// throws kDeviceLostPrefix the device is not used again: everything then
+// loads on the CPU.
+std::unique_ptr<Runner> make_device_runner(const EngineConfig& config, kernels::Device& device, const std::string& name,
+                                           bool automatic);
+
+// select_device with the candidates "auto" tries given (cuda_devices() for
+// the public one; tests pass a registered fake device's name). NO_GPU_WHY:
+// why the candidates are empty, for auto's note.
+Result<DeviceSelection> select_device_among(const std::string& spec, const std::vector<std::string>& candidates,
+                                            const std::string& no_gpu_why, const std::string& precision = "auto",
+                                            KvType kv = KvType::F16);
+
+// The device bytes a GPU keeps free of this engine: total x (1 - fraction),
+// plus what the device holds back. What kv_pool_bytes sees as reserved.
+int64_t gpu_held_back_bytes(const kernels::DeviceMemory& m, double gpu_memory_fraction);
 
 }  // namespace atelier

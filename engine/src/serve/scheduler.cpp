@@ -22,8 +22,6 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 namespace {
-// Prompt tokens per step while no sequence is decoding (bounds the scratch memory of one step).
-constexpr int kIdlePrefillTokens = 1024;
 // After a failed database write (a full disk) no job starts for this long; then admission tries again.
 constexpr int64_t kStorageRetryMs = 1000;
 
@@ -217,6 +215,19 @@ void Scheduler::fill_metrics(EngineMetrics& m) const {
   m.kv_blocks_cached = kv_stats_.cached;
   m.queue_depth = queue_depth_ + image_queue_depth_.load();
   m.running = running_count_ + image_running_count_.load();
+  m.device = runner_->device();
+  m.device_losses = device_losses_.load();
+  const kernels::DeviceMemory mem = runner_->memory();
+  m.device_memory_total_bytes = mem.total_bytes;
+  m.device_memory_free_bytes = mem.free_bytes;
+  const kernels::DeviceTelemetry t = runner_->telemetry();
+  m.telemetry_available = t.available;
+  if (t.available) {
+    m.device_utilization_percent = t.utilization_percent;
+    m.device_temperature_c = t.temperature_c;
+    m.device_memory_used_bytes = t.memory_used_bytes;
+    if (t.memory_total_bytes > 0) m.device_memory_total_bytes = t.memory_total_bytes;
+  }
 }
 
 int Scheduler::live_new_tokens(JobId id) const {
@@ -699,6 +710,47 @@ struct TextPlan {
   std::vector<Sequence*> owners;   // whose each input is
 };
 
+// The device is gone (the CUDA module's sticky error): every model on it is
+// unusable. The jobs that were running go back to the queue once, as after a
+// crash (their partial output discarded), and the runner loads what they
+// need on the CPU from now on.
+void Scheduler::device_lost(const Status& why) {
+  ++device_losses_;
+  int requeued = 0;
+  auto back = [&](Sequence& s) {
+    s.kv.reset();
+    s.done = true;
+    known_.erase(s.id);  // read again from the queue
+    try {
+      if (db_.requeue(s.id)) ++requeued;
+    } catch (const std::exception& e) {
+      storage_failed(e);  // it stays "running": the next start recovers it
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    live_tokens_.erase(s.id);
+  };
+  for (auto& s : running_) back(*s);
+  for (auto& s : waiting_)
+    if (s->started_once) back(*s);  // preempted: running in the database
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
+  for (auto it = models_.begin(); it != models_.end();) {
+    if (it->second->slot->device != "cpu") {
+      model_bytes_ -= it->second->bytes;
+      it = models_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Event ev;
+  ev.type = EventType::Alert;
+  ev.message = why.message + "; " + std::to_string(requeued) + " running job" + (requeued == 1 ? "" : "s") +
+               " requeued; serving on the CPU from now on";
+  hub_.publish(ev);
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_ = true;  // the requeued jobs are read again at the top of the loop
+}
+
 void Scheduler::step() {
   TextPlan plan;
   if (!schedule_text(plan)) return;
@@ -788,6 +840,7 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
   const int64_t now = plan.now_ms;
   const std::vector<text::SeqInput>& live = plan.batch.inputs;
   const std::vector<Sequence*>& live_owners = plan.owners;
+  if (out.device_lost) return device_lost(out.status);
   if (!out.status.ok()) {
     for (Sequence* s : live_owners) finish(*s, JobState::Failed, "error", out.status);
     std::erase_if(running_, [](const auto& s) { return s->done; });
@@ -907,7 +960,8 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
     ev.result = std::move(r);
     s.kv.reset();
     s.done = true;
-    return end_job(ev, state, now, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, s.model->name);
+    return end_job(ev, state, now, result.dump(-1, ' ', false, json::error_handler_t::replace), s.model->version, s.model->name,
+                   {}, {s.model->slot->device, s.model->slot->precision, engine_build()});
   }
   s.kv.reset();
   s.done = true;
@@ -915,11 +969,11 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
 }
 
 void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string& result_json, const std::string& version,
-                        const std::string& name, const Status& error) {
+                        const std::string& name, const Status& error, const runtime::RunRecord& run) {
   try {
     if (state == JobState::Completed) {
       ev.type = EventType::Completed;
-      if (!db_.complete(ev.job, result_json, version, now, name)) {
+      if (!db_.complete(ev.job, result_json, version, now, name, run)) {
         state = JobState::Cancelled;  // cancelled by another process in the same instant
         ev.type = EventType::Cancelled;
       }
@@ -1389,7 +1443,9 @@ void Scheduler::finish_image(ImageJob& j, JobState state, const Status& error) {
     const std::string version = j.model ? j.model->version : j.version, name = j.model ? j.model->name : j.name;
     j.run.reset();
     j.done = true;
-    return end_job(ev, state, now, result.dump(-1, ' ', false, json::error_handler_t::replace), version, name);
+    // Images run on the CPU (a GPU's image path is issue 34).
+    runtime::RunRecord run{"cpu", j.model ? j.model->slot->precision : "weights:file act:f32", engine_build()};
+    return end_job(ev, state, now, result.dump(-1, ' ', false, json::error_handler_t::replace), version, name, {}, run);
   }
   j.run.reset();
   j.done = true;

@@ -64,6 +64,7 @@ class Scheduler {
   void notify();                      // something changed in the queue
   void request_cancel(JobId id);      // in-process fast path (takes effect at the next step)
   bool idle() const;
+  std::string device() const { return runner_->device(); }
   void fill_metrics(EngineMetrics& m) const;
   // New tokens a running job has produced so far (-1 when not running here).
   int live_new_tokens(JobId id) const;
@@ -99,7 +100,9 @@ class Scheduler {
   // Records a job's end in the database (Completed: with its result, unless
   // another process cancelled it that instant) and publishes EV as the final event.
   void end_job(Event ev, JobState state, int64_t now_ms, const std::string& result_json, const std::string& version,
-               const std::string& name, const Status& error = {});
+               const std::string& name, const Status& error = {}, const runtime::RunRecord& run = {});
+  // A step reported its device lost (TextOutput::device_lost): requeue, drop its models, carry on on the CPU.
+  void device_lost(const Status& why);
   void fail_unreadable(JobId id, const Status& error, int64_t now_ms);  // a stored request that does not parse
   void announce_cancelled(JobId id, int64_t now_ms);  // a job cancelled before it ran here: event and count
   bool preempt_lowest(const Sequence* keep);
@@ -194,6 +197,7 @@ class Scheduler {
   std::atomic<bool> lane_interrupt_{false};  // the lane thread's cancel flag (core/cancel.h)
   std::set<JobId> finished_;  // ended here: a late cancel request must not announce them again
   std::atomic<int> image_queue_depth_{0}, image_running_count_{0};
+  std::atomic<int64_t> device_losses_{0};
   std::atomic<int64_t> model_bytes_{0};  // loaded models of both threads (the cache budget)
   std::atomic<int64_t> use_clock_{0};    // LRU order of the models of both threads
 

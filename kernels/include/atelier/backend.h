@@ -108,6 +108,9 @@ struct DeviceInfo {
   // false, and keeps it only when asked to be deterministic.
   bool batch_invariant = true;
   DType act_dtype = DType::F32;   // Backend::act_dtype()
+  // CUDA compute capability, major * 10 + minor (80 Ampere, 89 Ada, 90 Hopper):
+  // what the precision policy (engine/src/text/precision.h) may use; 0 elsewhere.
+  int compute_capability = 0;
   Layout layout = Layout::NCHW;   // Backend::layout()
 };
 
@@ -218,6 +221,19 @@ class Backend {
   // mapping's 4 KiB pages. The products are those of prepare_weights' view.
   virtual int64_t prepared_weight_bytes(const WeightView& w) = 0;
   virtual WeightView prepare_weights_at(const WeightView& w, Buffer& dst, int64_t offset) = 0;
+
+  // ---- synthetic weights (`bench text --synth 8B`: a model made on the device, no file)
+  // Writes rows x cols elements of type t at byte `offset` of dst, a row every
+  // dtype_row_bytes(t, cols) bytes: row r is scale * u_i, the u_i uniform in
+  // [-1, 1) drawn in order from SplitMix64 seeded with seed + r (u = (next()
+  // >> 11) * 2^-52 - 1, as engine/src/core/splitmix.h), encoded by
+  // kernels::quantize_row (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K). This
+  // default draws on the host and uploads in pieces of about 64 MiB; a device
+  // overrides it to draw in place (an 8B model in seconds). A benchmark needs
+  // only the shapes and the distribution: an override need not be bit-exact.
+  // Throws std::invalid_argument for a type without a quantizer or cols not a
+  // multiple of its block.
+  virtual void fill_random(Buffer& dst, int64_t offset, DType t, int64_t rows, int64_t cols, uint64_t seed, float scale);
 
   // ---- matrix products (every weight type of kernels::matmul)
   // y = x W^T, rows x W.rows; see kernels::matmul / matmul_many. y may be
