@@ -107,6 +107,7 @@ struct PagedDev {
   int64_t head_dim;
   float scale;
   const int32_t *row_len, *row_table, *block_tables;
+  const float* sinks;  // n_head logits (gpt-oss) or nullptr: joins the denominator once, at the combine
 };
 
 // Online softmax of one warp over its positions, then the block's warps
@@ -184,6 +185,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   float M, L;
   combine_warps(w, hd, sh, sh + 2 * kAttnWarps, M, L);
   const float* sacc = sh + 2 * kAttnWarps;
+  // A row of one chunk is final here: its sink (when given) joins now, as
+  // paged_combine_kernel adds it for longer rows.
+  float sink_corr = 1.0f;
+  if (nch == 1 && a.sinks) {
+    const float sk = a.sinks[h], M2 = fmaxf(M, sk);
+    sink_corr = expf(M - M2);
+    L = L * sink_corr + expf(sk - M2);
+  }
   float* dst = nullptr;
   if (nch > 1) {
     dst = part + ((blockIdx.z * int64_t{gridDim.y} + h) * a.chunks + c) * (hd + 2);
@@ -193,7 +202,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     float acc = 0.0f;
     for (int i2 = 0; i2 < kAttnWarps; ++i2) acc += sacc[i2 * hd + d] * expf(sh[i2] - M);
     if (nch > 1) dst[2 + d] = acc;
-    else st(out, ot, i * qd + h * hd + d, acc / L);
+    else st(out, ot, i * qd + h * hd + d, acc * sink_corr / L);
   }
 }
 
@@ -210,8 +219,10 @@ __global__ void paged_combine_kernel(PagedDev a, const float* part, void* out, i
   const float* base = part + (blockIdx.y * int64_t{gridDim.x} + h) * a.chunks * (hd + 2);
   float M = -INFINITY;
   for (int c = 0; c < nch; ++c) M = fmaxf(M, base[c * (hd + 2)]);
+  if (a.sinks) M = fmaxf(M, a.sinks[h]);
   float L = 0.0f;
   for (int c = 0; c < nch; ++c) L += base[c * (hd + 2) + 1] * expf(base[c * (hd + 2)] - M);
+  if (a.sinks) L += expf(a.sinks[h] - M);  // the sink: in the denominator once, no value
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
     for (int c = 0; c < nch; ++c) acc += base[c * (hd + 2) + 2 + d] * expf(base[c * (hd + 2)] - M);
@@ -294,8 +305,8 @@ void paged_attention(cudaStream_t s, Scratch& scratch, const KvLayout& kv, const
   if (a.head_dim > 32 * kPagedDims) throw std::logic_error("CUDA paged attention: head_dim above 256");
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
     throw std::logic_error("CUDA paged attention: n_head must be a multiple of n_head_kv");
-  PagedDev d{a.n_head, a.n_head / a.n_head_kv, a.layer, a.window, 0, a.head_dim, a.scale, a.row_len, a.row_table,
-             a.block_tables};
+  PagedDev d{a.n_head,  a.n_head / a.n_head_kv, a.layer, a.window, 0, a.head_dim, a.scale, a.row_len,
+             a.row_table, a.block_tables, a.sinks};
   d.chunks = std::max(1, attn_chunks(a.window > 0 ? std::min(a.max_len, a.window) : a.max_len));
   const size_t shared = (2 * kAttnWarps + kAttnWarps * static_cast<size_t>(a.head_dim)) * sizeof(float);
   // Rows in groups whose partials fit 64 MiB (each row's result is the same

@@ -15,6 +15,7 @@
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "matmul.cuh"
+#include "moe.cuh"
 #include "norm_rope.cuh"
 #include "policy.h"
 
@@ -300,6 +301,23 @@ class CudaBackend final : public Backend {
   void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) override {
     enter();
     cuda::relayout(stream_, x, from, y, to, n, c, hw);
+  }
+  void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) override {
+    enter();
+    cuda::moe_route(stream_, logits, rows, r, ids, weights);
+  }
+  void matmul_id(const WeightView* const* experts, const Act* y, const float* const* bias, int count, int n_expert,
+                 Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) override {
+    enter();
+    cuda::matmul_id(stream_, experts, y, bias, count, n_expert, x, x_per_row, ids, rows, k);
+  }
+  void moe_combine(Act y, const float* weights, Act out, int64_t rows, int k, int64_t dim) override {
+    enter();
+    cuda::moe_combine(stream_, y, weights, out, rows, k, dim);
+  }
+  void swiglu_oai(Act gate, Act up, Act out, int64_t rows, int64_t dim, float alpha, float limit) override {
+    enter();
+    cuda::swiglu_oai(stream_, gate, up, out, rows, dim, alpha, limit);
   }
   void store_kv(const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) override {
     enter();

@@ -3,6 +3,7 @@
 // preparation and embedding lookups.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "matmul.cuh"
@@ -150,9 +151,132 @@ void matvec(cudaStream_t s, const WeightView& w, Act x, Act y, int64_t rows) {
     case DType::Q4_K: return launch_matvec<kWQ4_K>(s, w, x, y, rows);
     case DType::Q5_K: return launch_matvec<kWQ5_K>(s, w, x, y, rows);
     case DType::Q6_K: return launch_matvec<kWQ6_K>(s, w, x, y, rows);
+    case DType::MXFP4: return launch_matvec<kWMXFP4>(s, w, x, y, rows);
     default:
       throw std::logic_error("CUDA matmul: weights of type " + std::string(dtype_name(w.type)) +
                              " were not prepared for this device (prepare_weights)");
+  }
+}
+
+// ---------------------------------------------------------------- experts' products
+
+// The experts' matrices of one set as a kernel parameter (one pointer each),
+// so a step's routing never leaves the device and nothing is uploaded.
+struct ExpertRows {
+  const uint8_t* p[kMaxExperts];
+};
+
+// Block (slot, 4 weight rows): slot s = r * k + j against expert ids[s]'s
+// matrix, one warp per weight row, exactly matvec_kernel's arithmetic for a
+// one-row call (lane l's groups l, l + 32, ... in one FMA chain, the float
+// tail, the fixed butterfly), so each slot's row is bit for bit the one-row
+// matmul of its expert, whatever the other slots are; the bias (when given)
+// is added to that sum before the one rounding to y's type.
+template <int WT, class XT>
+__global__ void __launch_bounds__(kMvWarps * 32)
+    matvec_id_kernel(const __grid_constant__ ExpertRows w, int n_expert, int64_t w_rows, int64_t row_bytes,
+                     int64_t cols, bool wvec, const XT* __restrict__ x, int x_per_row, int k,
+                     const int32_t* __restrict__ ids, bool xvec, const float* __restrict__ bias,
+                     void* __restrict__ y, int yt) {
+  const int64_t slot = blockIdx.x;
+  const int e = ids[slot];
+  if (e < 0 || e >= n_expert) return;  // left untouched, as kernels::matmul_id
+  const XT* xr = x + (x_per_row == 1 ? slot / k : slot) * cols;
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = cols / 8;
+  for (int64_t rb = blockIdx.y; rb * kMvWarps < w_rows; rb += gridDim.y) {
+    const int64_t r = rb * kMvWarps + (threadIdx.x >> 5);
+    if (r >= w_rows) continue;
+    const uint8_t* row = w.p[e] + r * row_bytes;
+    float acc = 0.0f;
+    for (int64_t g = lane; g < groups; g += 32) {
+      float wv[8], xv[8];
+      load8<WT>(row, g, wvec, wv);
+      load8x<XT>(xr + g * 8, xvec, xv);
+      float a = acc;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
+      acc = a;
+    }
+    for (int64_t c = groups * 8 + lane; c < cols; c += 32) acc = fmaf(load1(WT, row, c), to_f(xr[c]), acc);
+    float v = warp_sum(acc);
+    if (lane == 0) {
+      if (bias) v += bias[e * w_rows + r];
+      st(y, yt, slot * w_rows + r, v);
+    }
+  }
+}
+
+template <int WT>
+void launch_matvec_id(cudaStream_t s, const WeightView* ex, int n_expert, Act x, int x_per_row, const int32_t* ids,
+                      int64_t slots, int k, const float* bias, Act y) {
+  ExpertRows w{};
+  bool wvec = ex[0].row_stride_bytes % 16 == 0;
+  for (int e = 0; e < n_expert; ++e) {
+    w.p[e] = static_cast<const uint8_t*>(ex[e].data);
+    wvec = wvec && reinterpret_cast<uintptr_t>(w.p[e]) % 16 == 0;
+  }
+  const WeightView& w0 = ex[0];
+  const size_t xe = static_cast<size_t>(x.elem_bytes());
+  const bool xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (w0.cols * xe) % 16 == 0;
+  const int64_t blocks = (w0.rows + kMvWarps - 1) / kMvWarps;
+  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
+  const int yt = act_code(y);
+  switch (act_code(x)) {
+    case kF32:
+      matvec_id_kernel<WT, float><<<grid, kMvWarps * 32, 0, s>>>(w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols,
+                                                                 wvec, static_cast<const float*>(x.data()), x_per_row,
+                                                                 k, ids, xvec, bias, y.data(), yt);
+      break;
+    case kF16:
+      matvec_id_kernel<WT, __half><<<grid, kMvWarps * 32, 0, s>>>(w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols,
+                                                                  wvec, static_cast<const __half*>(x.data()),
+                                                                  x_per_row, k, ids, xvec, bias, y.data(), yt);
+      break;
+    default:
+      matvec_id_kernel<WT, __nv_bfloat16><<<grid, kMvWarps * 32, 0, s>>>(
+          w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const __nv_bfloat16*>(x.data()),
+          x_per_row, k, ids, xvec, bias, y.data(), yt);
+      break;
+  }
+  CUDA_LAUNCHED();
+}
+
+void matmul_id(cudaStream_t s, const WeightView* const* experts, const Act* y, const float* const* bias, int count,
+               int n_expert, Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) {
+  if (rows <= 0 || k <= 0 || count <= 0) return;
+  if (n_expert <= 0 || n_expert > kMaxExperts)
+    throw std::logic_error("CUDA matmul_id: " + std::to_string(n_expert) + " experts (1 to " +
+                           std::to_string(kMaxExperts) + ")");
+  if (x_per_row != 1 && x_per_row != k) throw std::logic_error("CUDA matmul_id: x_per_row must be 1 or k");
+  const int64_t slots = rows * k;
+  if (slots > int64_t{0x7fffffff}) throw std::logic_error("CUDA matmul_id: too many routed rows");
+  for (int i = 0; i < count; ++i) {
+    const WeightView* ex = experts[i];
+    const WeightView& w0 = ex[0];
+    for (int e = 0; e < n_expert; ++e) {
+      const WeightView& v = ex[e];
+      if (v.layout != WeightLayout::rows || v.type != w0.type || v.rows != w0.rows || v.cols != w0.cols ||
+          v.row_stride_bytes != w0.row_stride_bytes)
+        throw std::logic_error("CUDA matmul_id: the experts of a set differ in type, shape or layout "
+                               "(each must be prepare_weights' view of one slice)");
+    }
+    if (w0.rows <= 0) continue;
+    const float* b = bias ? bias[i] : nullptr;
+    switch (w0.type) {
+      case DType::BF16: launch_matvec_id<kWBF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::F32: launch_matvec_id<kWF32>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::F16: launch_matvec_id<kWF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q8_0: launch_matvec_id<kWQ8_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q4_0: launch_matvec_id<kWQ4_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q4_K: launch_matvec_id<kWQ4_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q5_K: launch_matvec_id<kWQ5_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q6_K: launch_matvec_id<kWQ6_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::MXFP4: launch_matvec_id<kWMXFP4>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      default:
+        throw std::logic_error("CUDA matmul_id: experts of type " + std::string(dtype_name(w0.type)) +
+                               " were not prepared for this device (prepare_weights)");
+    }
   }
 }
 

@@ -11,9 +11,10 @@
 namespace atelier::kernels::cuda {
 
 // The weight types the device kernels read in GGML's own blocks (the
-// dequantization fused into the products).
+// dequantization fused into the products; MXFP4: gpt-oss's experts).
 inline bool kept_quantized(DType t) {
-  return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+  return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K ||
+         t == DType::MXFP4;
 }
 
 // The type a matrix has on the device: quantized types above as they are,

@@ -8,11 +8,26 @@
 namespace atelier::kernels::cuda {
 
 // Weight type codes as kernel template arguments (DType's numbers).
-constexpr int kWF32 = 0, kWF16 = 1, kWQ4_0 = 2, kWQ8_0 = 8, kWQ4_K = 12, kWQ5_K = 13, kWQ6_K = 14, kWBF16 = 30;
+constexpr int kWF32 = 0, kWF16 = 1, kWQ4_0 = 2, kWQ8_0 = 8, kWQ4_K = 12, kWQ5_K = 13, kWQ6_K = 14, kWBF16 = 30,
+              kWMXFP4 = 39;
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   // A 2-byte aligned fp16 (GGML's scales).
   return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// MXFP4's E8M0 scale halved (GGML_E8M0_TO_FP32_HALF, kernels/cpu/quants.h's
+// e8m0_half: e 0 and 1 are subnormal floats) and its E2M1 codes doubled
+// (kMxfp4Values), so code * scale is the value, exactly.
+__device__ __forceinline__ float e8m0_half(uint8_t e) {
+  return __uint_as_float(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
+}
+__device__ __forceinline__ float mxfp4_code(int q) {
+  // 0, 1, 2, 3, 4, 6, 8, 12, then the same negated (bit 3 the sign; code 8
+  // is +0, as the CPU's int8 table gives it).
+  const int m = q & 7;
+  const float v = static_cast<float>(m < 5 ? m : m == 5 ? 6 : m == 6 ? 8 : 12);
+  return q & 8 ? 0.0f - v : v;
 }
 
 // The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block.
@@ -78,6 +93,17 @@ __device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, f
       w[2 * i] = static_cast<float>(((two >> shift) & 0xF) - 8) * d;
       w[2 * i + 1] = static_cast<float>(((two >> (8 + shift)) & 0xF) - 8) * d;
     }
+  } else if constexpr (WT == kWMXFP4) {
+    // Block of 17 bytes: the E8M0 scale byte, 16 bytes; element j < 16 the
+    // low nibble of byte j, element j >= 16 the high nibble of byte j - 16
+    // (as Q4_0). Blocks are byte aligned: byte loads.
+    const uint8_t* b = row + (g >> 2) * 17;
+    const float d = e8m0_half(b[0]);
+    const int o = static_cast<int>(g & 3) * 8;
+    const uint8_t* q = b + 1 + (o & 15);
+    const int shift = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = mxfp4_code((q[i] >> shift) & 0xF) * d;
   } else if constexpr (WT == kWQ4_K || WT == kWQ5_K) {
     // Super-blocks of 256 (144 / 176 bytes): fp16 d, dmin, 12 scale bytes,
     // [Q5_K: 32 bytes of high bits], 128 nibble bytes. Element e: 64-chunk
@@ -138,6 +164,7 @@ __device__ __forceinline__ float load1(int wt, const uint8_t* row, int64_t c) {
     case kWQ4_0: load8<kWQ4_0>(row, c / 8, false, w); break;
     case kWQ4_K: load8<kWQ4_K>(row, c / 8, false, w); break;
     case kWQ5_K: load8<kWQ5_K>(row, c / 8, false, w); break;
+    case kWMXFP4: load8<kWMXFP4>(row, c / 8, false, w); break;
     default: load8<kWQ6_K>(row, c / 8, false, w); break;
   }
   return w[c % 8];
@@ -146,7 +173,7 @@ __device__ __forceinline__ float load1(int wt, const uint8_t* row, int64_t c) {
 inline bool device_readable(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4: return true;
     default: return false;
   }
 }

@@ -261,7 +261,7 @@ Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
 }
 
 TEST_P(BackendOps, MatmulEveryWeightType) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::MXFP4}) {
     const int64_t cols = dtype_block_elems(t) == 256 ? 512 : 96;
     for (int64_t out : {int64_t{1}, int64_t{37}, int64_t{70}}) {
       for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{17}}) {
@@ -1422,7 +1422,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaShapes);
 // (BF16 for float matrices) and the BF16 activations it was handed; logits
 // in F32, so the tolerance is the accumulation's.
 TEST_P(CudaShapes, MatmulAtModelSizes) {
-  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4}) {
     for (int64_t cols : {int64_t{4096}, int64_t{14336}, int64_t{4352}}) {
       Dev dev(GetParam());
       const int64_t out = 96;
@@ -1456,12 +1456,17 @@ TEST_P(CudaShapes, MatmulAtModelSizes) {
 
 // Paged attention at model sizes: head_dim 64 / 80 / 128, grouped-query
 // (8 heads over 2), contexts 1 to 4096 in blocks of 16, a sliding window,
-// every KV type, against the double-precision reference.
+// every KV type, with and without gpt-oss's sinks (rows of one chunk and of
+// several: the sink joins where the chunks are combined), against the
+// double-precision reference.
 TEST_P(CudaShapes, PagedAttentionAtModelSizes) {
+  const std::vector<float> sinks = {0.5f, -1.0f, 3.0f, 0.0f, 8.0f, -20.0f, 1.5f, 2.0f};  // 8.0: above most scores
   for (DType kt : {DType::F32, DType::F16, DType::Q8_0}) {
     for (int64_t hd : {int64_t{64}, int64_t{80}, int64_t{128}}) {
       if (kt == DType::Q8_0 && hd % 32 != 0) continue;
-      for (int window : {0, 700}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const int window = variant % 2 ? 700 : 0;
+        const bool with_sinks = variant >= 2;
         Dev dev(GetParam());
         const int n_head = 8, n_kv = 2, bt = 16;
         const std::vector<int32_t> lens = {1, 100, 1024, 4096, 3000};
@@ -1490,17 +1495,19 @@ TEST_P(CudaShapes, PagedAttentionAtModelSizes) {
         a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         a.max_len = 4096, a.window = window;
         a.row_len = lens.data(), a.row_table = row_table.data(), a.block_tables = tables.data();
+        a.sinks = with_sinks ? sinks.data() : nullptr;
         std::vector<float> ref(static_cast<size_t>(rows * n_head * hd));
         paged_attention_ref(host, a, q.data(), ref.data());
         KvLayout kv = host;
         kv.k = dev.put(hk), kv.v = dev.put(hv);
         PagedAttention da = a;
         da.row_len = dev.put(lens), da.row_table = dev.put(row_table), da.block_tables = dev.put(tables);
+        if (with_sinks) da.sinks = dev.put<float>(sinks);
         auto dq = dev.put(q);
         float* dout = dev.put<float>(std::vector<float>(ref.size()));
         dev.be().paged_attention(kv, da, dq, Act(dout, DType::F32));
         const std::string what = std::string(dtype_name(kt)) + " head_dim " + std::to_string(hd) + " window " +
-                                 std::to_string(window);
+                                 std::to_string(window) + (with_sinks ? " sinks" : "");
         EXPECT_LE(rel_err(dev.get(dout, ref.size()), ref), 1e-4) << what;
         // A row alone gives its bits among the others (chunks are per row).
         PagedAttention one = da;
@@ -1509,6 +1516,80 @@ TEST_P(CudaShapes, PagedAttentionAtModelSizes) {
         dev.be().paged_attention(kv, one, dq + 3 * n_head * hd, Act(d1, DType::F32));
         EXPECT_EQ(dev.get(d1, static_cast<size_t>(n_head * hd)),
                   rows_of(dev.get(dout, ref.size()), 3, 1, n_head * hd)) << what;
+      }
+    }
+  }
+}
+
+// The experts' products at gpt-oss's width (2880, not a power of two; MXFP4
+// experts, Q8_0 and BF16 too), 32 experts, 4 per token, inputs per token
+// (gate, up) and per slot (down), for decode, a batch and a prompt's rows:
+// against sums in double over the weights as the device holds them, and
+// each slot's row bit for bit the one-row matmul of its expert (F32 outputs,
+// so nothing rounds the comparison away) and what the token gets alone.
+TEST_P(CudaShapes, MatmulIdAtModelSizes) {
+  const int n_expert = 32, k = 4;
+  const int64_t cols = 2880, out = 64;
+  for (DType t : {DType::MXFP4, DType::Q8_0, DType::F16}) {
+    Dev dev(GetParam());
+    std::vector<Weights> raw;
+    std::vector<std::unique_ptr<Buffer>> storage(static_cast<size_t>(n_expert));
+    std::vector<WeightView> set;
+    std::vector<std::vector<float>> wf(static_cast<size_t>(n_expert));
+    for (int e = 0; e < n_expert; ++e) raw.push_back(make_weights(t, out, cols, 500 + e));
+    for (int e = 0; e < n_expert; ++e) {
+      set.push_back(dev.be().prepare_weights(raw[static_cast<size_t>(e)].view, storage[static_cast<size_t>(e)]));
+      auto& f = wf[static_cast<size_t>(e)];
+      f.resize(static_cast<size_t>(out * cols));
+      for (int64_t r = 0; r < out; ++r)
+        dequantize_row(t, raw[static_cast<size_t>(e)].bytes.data() + r * raw[static_cast<size_t>(e)].view.row_stride_bytes,
+                       f.data() + r * cols, cols);
+      if (t == DType::F16) f = dev.rounded(f);  // kept as BF16 on the device
+    }
+    const auto bias = random_floats(n_expert * out, 77);
+    for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{257}}) {
+      for (int x_per_row : {1, k}) {
+        const std::string what = std::string(dtype_name(t)) + ", " + std::to_string(rows) + " rows, x per row " +
+                                 std::to_string(x_per_row);
+        std::vector<int32_t> ids(static_cast<size_t>(rows * k));
+        for (int64_t r = 0; r < rows; ++r)  // k distinct experts per token, skewed toward the low ones
+          for (int j = 0; j < k; ++j)
+            ids[static_cast<size_t>(r * k + j)] = static_cast<int32_t>((r * r * 5 + j * 9 + r) % n_expert);
+        const auto x = dev.rounded(random_floats(rows * x_per_row * cols, 78));
+        std::vector<float> ref(static_cast<size_t>(rows * k * out));
+        for (int64_t sl = 0; sl < rows * k; ++sl) {
+          const int e = ids[static_cast<size_t>(sl)];
+          const float* xr = x.data() + (x_per_row == 1 ? sl / k : sl) * cols;
+          for (int64_t r = 0; r < out; ++r) {
+            double acc = bias[static_cast<size_t>(e * out + r)];
+            for (int64_t c = 0; c < cols; ++c) acc += double{xr[c]} * wf[static_cast<size_t>(e)][static_cast<size_t>(r * cols + c)];
+            ref[static_cast<size_t>(sl * out + r)] = static_cast<float>(acc);
+          }
+        }
+        auto dx = dev.put(x);
+        const int32_t* dids = dev.put(ids);
+        float* dy = dev.put<float>(std::vector<float>(ref.size()));
+        const WeightView* sets[] = {set.data()};
+        const Act ys[] = {Act(dy, DType::F32)};
+        const float* biases[] = {dev.put<float>(bias)};
+        dev.be().matmul_id(sets, ys, biases, 1, n_expert, dx, x_per_row, dids, rows, k);
+        const auto got = dev.get(dy, ref.size());
+        EXPECT_LE(rel_err(got, ref), 1e-4) << what;
+        // The first and last slots as one-row matmuls of their experts (before the bias, added in F32).
+        for (int64_t sl : {int64_t{0}, rows * k - 1}) {
+          const int e = ids[static_cast<size_t>(sl)];
+          float* p = dev.put<float>(std::vector<float>(static_cast<size_t>(out)));
+          dev.be().matmul(set[static_cast<size_t>(e)], dx + (x_per_row == 1 ? sl / k : sl) * cols, Act(p, DType::F32), 1);
+          auto one = dev.get(p, static_cast<size_t>(out));
+          for (int64_t r = 0; r < out; ++r) one[static_cast<size_t>(r)] += bias[static_cast<size_t>(e * out + r)];
+          EXPECT_EQ(one, std::vector<float>(got.begin() + sl * out, got.begin() + (sl + 1) * out)) << what << " slot " << sl;
+        }
+        // The last token alone.
+        float* d1 = dev.put<float>(std::vector<float>(static_cast<size_t>(k * out)));
+        const Act ys1[] = {Act(d1, DType::F32)};
+        dev.be().matmul_id(sets, ys1, biases, 1, n_expert, dx + (rows - 1) * x_per_row * cols, x_per_row,
+                           dids + (rows - 1) * k, 1, k);
+        EXPECT_EQ(dev.get(d1, static_cast<size_t>(k * out)), std::vector<float>(got.end() - k * out, got.end())) << what;
       }
     }
   }

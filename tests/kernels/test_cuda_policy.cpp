@@ -13,7 +13,8 @@ WeightView view(DType t, int64_t rows, int64_t cols) {
 }
 
 TEST(CudaPolicy, QuantizedTypesStayFloatTypesBecomeBf16) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+  // MXFP4: gpt-oss's experts, read in blocks by the matrix-vector kernels.
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4})
     EXPECT_EQ(device_weight_type(view(t, 4, 256)), t) << dtype_name(t);
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_1, DType::Q5_0, DType::Q2_K, DType::Q3_K})
     EXPECT_EQ(device_weight_type(view(t, 4, 256)), DType::BF16) << dtype_name(t);
@@ -31,6 +32,8 @@ TEST(CudaPolicy, PreparedBytesAreTheDeviceRowsRoundedTo64) {
   EXPECT_EQ(prepared_bytes(view(DType::Q8_0, 1, 96)), 128);
   // Q6_K kept: 210 bytes per 256.
   EXPECT_EQ(prepared_bytes(view(DType::Q6_K, 14336, 4096)), 14336LL * 16 * 210);
+  // MXFP4 kept: 17 bytes per 32; gpt-oss's 2880-wide expert rows are 90 blocks (1530 bytes): 2 rows 3060 -> 3072.
+  EXPECT_EQ(prepared_bytes(view(DType::MXFP4, 2, 2880)), 3072);
   // An odd float width: 37 x 33 BF16 = 2442 -> 2496.
   EXPECT_EQ(prepared_bytes(view(DType::F16, 37, 33)), 2496);
 }
