@@ -207,7 +207,7 @@ class FakeDevice final : public kernels::Backend {
     cpu_->add(e.in(a, n), e.in(b, n), e.out(y, n), n);
   }
   void add_bias(kernels::Act x, const float* bias, int64_t rows, int64_t dim) override {
-    act(x, "add_bias x"), dev(bias, "add_bias bias");
+    any(x, "add_bias x"), dev(bias, "add_bias bias");  // F32 router logits too
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->add_bias(e.out(x, rows * dim), bias, rows, dim);
@@ -242,7 +242,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void moe_route(kernels::Act logits, int64_t rows, const kernels::MoeRouting& r, int32_t* ids,
                  float* weights) override {
-    act(logits, "moe_route logits"), meta(ids, "moe_route ids"), dev(weights, "moe_route weights");
+    any(logits, "moe_route logits"), meta(ids, "moe_route ids"), dev(weights, "moe_route weights");
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->moe_route(e.in(logits, rows * r.n_expert), rows, r, ids, weights);

@@ -5,15 +5,17 @@
 namespace atelier::text {
 
 namespace {
-// The workspace's arrays in order: router logits (rows x n_expert), gate and
-// up (rows * k x n_ff_exp), down (rows * k x n_embd), activations of `act`;
+// The workspace's arrays in order: router logits (rows x n_expert, F32: in a
+// device's BF16 near-equal logits tie and pick other experts than llama.cpp,
+// which keeps them in F32), gate and up (rows * k x n_ff_exp), down
+// (rows * k x n_embd), activations of `act`;
 // then ids (int32) and weights (F32), rows * k each. Each 64-byte aligned.
 struct Sizes {
   int64_t bytes[6];
 };
 Sizes sizes(const LlamaHparams& hp, int64_t rows, kernels::DType act) {
   const int64_t slots = rows * hp.n_expert_used;
-  return {{kernels::act_bytes(act, rows * hp.n_expert), kernels::act_bytes(act, slots * hp.n_ff_exp),
+  return {{kernels::act_bytes(kernels::DType::F32, rows * hp.n_expert), kernels::act_bytes(act, slots * hp.n_ff_exp),
            kernels::act_bytes(act, slots * hp.n_ff_exp), kernels::act_bytes(act, slots * hp.n_embd),
            slots * int64_t{sizeof(int32_t)}, slots * int64_t{sizeof(float)}}};
 }
@@ -38,7 +40,7 @@ void MoeFfn::reserve(const LlamaHparams& hp, int64_t rows) {
   int64_t at = 0;
   kernels::Act* acts[] = {&logits_, &gate_, &up_, &down_};
   for (int i = 0; i < 4; ++i) {
-    *acts[i] = kernels::Act(work_->at<uint8_t>(at), act);
+    *acts[i] = kernels::Act(work_->at<uint8_t>(at), i == 0 ? kernels::DType::F32 : act);
     at += round64(z.bytes[i]);
   }
   ids_ = work_->at<int32_t>(at);

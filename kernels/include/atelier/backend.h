@@ -262,7 +262,7 @@ class Backend {
   virtual void rope(Act x, int64_t rows, const int32_t* positions, const RopeParams& p) = 0;
   // y = a + b over n elements (y may be a or b).
   virtual void add(Act a, Act b, Act y, int64_t n) = 0;
-  // x[r] += bias for rows of dim elements.
+  // x[r] += bias for rows of dim elements (x: act_dtype() or F32 logits).
   virtual void add_bias(Act x, const float* bias, int64_t rows, int64_t dim) = 0;
   virtual void activation(Activation a, Act x, Act y, int64_t n) = 0;
   // out = silu(gate) * up, rows of dim elements (out may be gate).
@@ -303,9 +303,9 @@ class Backend {
   virtual void pad2d(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w, const Pad2d& p) = 0;
 
   // ---- mixture of experts (llama.cpp's build_moe_ffn; ggml's mul_mat_id)
-  // Each row of logits (rows x r.n_expert) routed to its r.k experts
-  // (kernels::moe_route): ids (int32) and weights (F32), device arrays of
-  // rows * r.k.
+  // Each row of logits (rows x r.n_expert; F32 or act_dtype()) routed to its
+  // r.k experts (kernels::moe_route): ids (int32) and weights (F32), device
+  // arrays of rows * r.k.
   virtual void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) = 0;
   // kernels::matmul_id: each expert's matrix run once over the rows routed to
   // it. experts[i]: a host array of n_expert views this backend prepared (one
