@@ -374,3 +374,40 @@ TEST(FakeDevice, AReplayThatDiffersFromItsRecordingIsCaught) {
   fake.run_step(2, [&] {});  // recorded afresh
   EXPECT_EQ(fake.violations().size(), 4u);
 }
+
+// A runner that was not reserved grows its workspace when a larger step
+// comes: the buffers the recordings point into move, so they are dropped
+// and the next step of a bucket seen before is recorded afresh (a replay of
+// the old recording would write freed memory). The logits stay the CPU's.
+TEST(FakeDevice, AWorkspaceThatGrowsDropsTheRecordings) {
+  const auto g = golden();
+  auto run = [&](const text::LlamaWeights& w, kernels::Backend& be, test::FakeDevice* fake) {
+    text::KvCache cache(w.hp, 64, KvType::F16, be);
+    text::LlamaRunner runner(w, be);
+    std::vector<float> logits(static_cast<size_t>(w.hp.n_vocab));
+    std::vector<std::vector<float>> out;
+    // 1, 1, then 6 rows (the workspace grows from 1 to 8), then 1, 1 again.
+    const int n[] = {1, 1, 6, 1, 1};
+    int pos = 0;
+    for (int i = 0; i < 5; ++i) {
+      runner.forward(g.data() + pos, n[i], pos, cache, logits.data());
+      pos += n[i];
+      out.push_back(logits);
+      if (fake && i == 1) {
+        EXPECT_EQ(fake->steps_replayed(), 1);
+      }
+    }
+    if (fake) {
+      EXPECT_GE(fake->graph_drops(), 1);
+      EXPECT_EQ(fake->steps_replayed(), 2) << "the last step replays the recording made after the growth";
+    }
+    return out;
+  };
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const auto want = run(cpu_w, kernels::default_cpu_backend(), nullptr);
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const auto got = run(w, fake, &fake);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  EXPECT_EQ(got, want);
+}
