@@ -8,17 +8,24 @@
 // synchronisations, and records the int32 metadata pointers and row counts
 // the ops are handed, so a test can check that steady steps allocate
 // nothing, synchronise once and hand a CUDA graph the same addresses and
-// shapes every time.
+// shapes every time. Backend::run_step is checked as a CUDA graph would
+// replay it: the first run of a key records every op with every argument
+// (pointers, shapes, scalars, the host arrays of views), each later run of
+// the key must issue exactly that sequence, and nothing inside a step may
+// allocate, upload, download or synchronise; any difference is a violation.
 #pragma once
 
 #include <atelier/backend.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
+#include <ios>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <algorithm>
 #include <atomic>
@@ -77,6 +84,49 @@ class FakeDevice final : public kernels::Backend {
   // The row counts the row-batched ops were called with since the last call
   // (a captured graph replays one shape).
   std::vector<int64_t> take_row_counts() { return std::exchange(row_counts_, {}); }
+  // Captured steps (run_step): the keys recorded and not dropped, how many
+  // runs recorded a key and how many replayed one, and drop_graphs calls.
+  size_t graph_keys() const { return graphs_.size(); }
+  int64_t steps_recorded() const { return recorded_; }
+  int64_t steps_replayed() const { return replayed_; }
+  int64_t graph_drops() const { return drops_; }
+
+  void run_step(uint64_t key, const std::function<void()>& ops) override {
+    if (stepping() == this) {
+      violation("run_step inside a step");
+      ops();
+      return;
+    }
+    stepping() = this;
+    trace_.clear();
+    try {
+      ops();
+    } catch (...) {
+      stepping() = nullptr;
+      throw;
+    }
+    stepping() = nullptr;
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      ++recorded_;
+      graphs_.emplace(key, std::move(trace_));
+      return;
+    }
+    ++replayed_;
+    const std::vector<std::string>& want = it->second;
+    const std::string k = "run_step key " + std::to_string(key) + ": ";
+    if (want.size() != trace_.size())
+      violation(k + std::to_string(trace_.size()) + " ops where the recording has " + std::to_string(want.size()));
+    for (size_t i = 0; i < std::min(want.size(), trace_.size()); ++i)
+      if (want[i] != trace_[i]) {
+        violation(k + "op " + std::to_string(i) + " is " + trace_[i] + " where the recording has " + want[i]);
+        break;  // the first difference says it
+      }
+  }
+  void drop_graphs() override {
+    ++drops_;
+    graphs_.clear();
+  }
 
   // ---- Backend
   kernels::DeviceInfo device() const override {
@@ -93,10 +143,12 @@ class FakeDevice final : public kernels::Backend {
 
   std::unique_ptr<kernels::Buffer> alloc(int64_t bytes) override {
     ++allocations_;
+    outside_step("alloc");
     return std::make_unique<FakeBuffer>(*this, cpu_->alloc(bytes));
   }
   void upload(kernels::Buffer& dst, int64_t offset, const void* src, int64_t bytes) override {
     ++uploads_;
+    outside_step("upload");
     own(dst, "upload dst");
     host(src, "upload src");
     cpu_->upload(inner(dst), offset, src, bytes);
@@ -104,20 +156,23 @@ class FakeDevice final : public kernels::Backend {
   void download(kernels::Buffer& src, int64_t offset, void* dst, int64_t bytes) override {
     ++downloads_;
     ++syncs_;  // a download waits for the stream
+    outside_step("download");
     own(src, "download src");
     host(dst, "download dst");
     cpu_->download(inner(src), offset, dst, bytes);
   }
   void synchronize() override {
     ++syncs_;
+    outside_step("synchronize");
     cpu_->synchronize();
   }
   void clear(kernels::Buffer& b, uint8_t value) override {
+    outside_step("clear");
     own(b, "clear");
     cpu_->clear(inner(b), value);
   }
   bool commit(kernels::Buffer& b, int64_t offset, int64_t bytes) override {
-    own(b, "commit");
+    own(b, "commit");  // another thread's, while ops run: allowed (a CUDA buffer is committed at alloc)
     return cpu_->commit(inner(b), offset, bytes);
   }
 
@@ -139,6 +194,7 @@ class FakeDevice final : public kernels::Backend {
 
   void matmul(const kernels::WeightView& w, kernels::Act x, kernels::Act y, int64_t rows) override {
     check_lost();
+    rec("matmul", w, x, y, rows);
     dev(w.data, "matmul w"), act(x, "matmul x"), any(y, "matmul y");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -147,6 +203,8 @@ class FakeDevice final : public kernels::Backend {
   void matmul_many(const kernels::WeightView* const* w, const kernels::Act* y, int count, kernels::Act x,
                    int64_t rows) override {
     check_lost();
+    rec("matmul_many", count, x, rows);
+    for (int i = 0; i < count; ++i) rec("matmul_many.i", *w[i], y[i]);
     act(x, "matmul_many x");
     for (int i = 0; i < count; ++i) dev(w[i]->data, "matmul_many w"), act(y[i], "matmul_many y");
     row_counts_.push_back(rows);
@@ -156,12 +214,14 @@ class FakeDevice final : public kernels::Backend {
     cpu_->matmul_many(w, ys.data(), count, e.in(x, rows * w[0]->cols), rows);
   }
   void get_rows(const kernels::WeightView& table, const int32_t* ids, kernels::Act y, int64_t rows) override {
+    rec("get_rows", table, ids, y, rows);
     dev(table.data, "get_rows table"), meta(ids, "get_rows ids"), act(y, "get_rows y");
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->get_rows(table, ids, e.out(y, rows * table.cols), rows);
   }
   void copy_rows(kernels::Act x, const int32_t* ids, kernels::Act y, int64_t rows, int64_t dim) override {
+    rec("copy_rows", x, ids, y, rows, dim);
     act(x, "copy_rows x"), meta(ids, "copy_rows ids"), act(y, "copy_rows y");
     row_counts_.push_back(rows);
     int64_t x_rows = 0;
@@ -170,6 +230,7 @@ class FakeDevice final : public kernels::Backend {
     cpu_->copy_rows(e.in(x, x_rows * dim), ids, e.out(y, rows * dim), rows, dim);
   }
   void rms_norm(kernels::Act x, const float* weight, kernels::Act y, int64_t rows, int64_t dim, float eps) override {
+    rec("rms_norm", x, weight, y, rows, dim, eps);
     act(x, "rms_norm x"), dev(weight, "rms_norm weight"), act(y, "rms_norm y");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -177,6 +238,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void add_rms_norm(kernels::Act x, kernels::Act delta, const float* weight, kernels::Act y, int64_t rows, int64_t dim,
                     float eps) override {
+    rec("add_rms_norm", x, delta, weight, y, rows, dim, eps);
     act(x, "add_rms_norm x"), act(delta, "add_rms_norm delta"), opt(weight, "add_rms_norm weight");
     act(y, "add_rms_norm y");
     row_counts_.push_back(rows);
@@ -185,39 +247,46 @@ class FakeDevice final : public kernels::Backend {
   }
   void layer_norm(kernels::Act x, kernels::Act y, int64_t rows, int64_t dim, const float* gamma, const float* beta,
                   float eps) override {
+    rec("layer_norm", x, y, rows, dim, gamma, beta, eps);
     act(x, "layer_norm x"), act(y, "layer_norm y"), opt(gamma, "layer_norm gamma"), opt(beta, "layer_norm beta");
     Emu e(*this);
     cpu_->layer_norm(e.in(x, rows * dim), e.out(y, rows * dim), rows, dim, gamma, beta, eps);
   }
   void group_norm(kernels::Act x, kernels::Act y, int64_t n, int64_t c, int64_t hw, int64_t groups, const float* gamma,
                   const float* beta, float eps, bool silu) override {
+    rec("group_norm", x, y, n, c, hw, groups, gamma, beta, eps, silu);
     act(x, "group_norm x"), act(y, "group_norm y"), opt(gamma, "group_norm gamma"), opt(beta, "group_norm beta");
     Emu e(*this);
     cpu_->group_norm(e.img_in(x, n, c, hw), e.img_out(y, n, c, hw), n, c, hw, groups, gamma, beta, eps, silu);
   }
   void rope(kernels::Act x, int64_t rows, const int32_t* positions, const kernels::RopeParams& p) override {
+    rec("rope", x, rows, positions, p);
     act(x, "rope x"), meta(positions, "rope positions"), opt(p.freq_factors, "rope freq_factors");
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->rope(e.out(x, rows * p.n_heads * p.head_dim), rows, positions, p);
   }
   void add(kernels::Act a, kernels::Act b, kernels::Act y, int64_t n) override {
+    rec("add", a, b, y, n);
     act(a, "add a"), act(b, "add b"), act(y, "add y");
     Emu e(*this);
     cpu_->add(e.in(a, n), e.in(b, n), e.out(y, n), n);
   }
   void add_bias(kernels::Act x, const float* bias, int64_t rows, int64_t dim) override {
+    rec("add_bias", x, bias, rows, dim);
     any(x, "add_bias x"), dev(bias, "add_bias bias");  // F32 router logits too
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->add_bias(e.out(x, rows * dim), bias, rows, dim);
   }
   void activation(kernels::Activation a, kernels::Act x, kernels::Act y, int64_t n) override {
+    rec("activation", a, x, y, n);
     act(x, "activation x"), act(y, "activation y");
     Emu e(*this);
     cpu_->activation(a, e.in(x, n), e.out(y, n), n);
   }
   void swiglu(kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows, int64_t dim) override {
+    rec("swiglu", gate, up, out, rows, dim);
     act(gate, "swiglu gate"), act(up, "swiglu up"), act(out, "swiglu out");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -225,23 +294,27 @@ class FakeDevice final : public kernels::Backend {
   }
   void glu(kernels::Activation a, kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows,
            int64_t dim) override {
+    rec("glu", a, gate, up, out, rows, dim);
     act(gate, "glu gate"), act(up, "glu up"), act(out, "glu out");
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->glu(a, e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim);
   }
   void geglu(kernels::Act x, kernels::Act y, int64_t rows, int64_t dim) override {
+    rec("geglu", x, y, rows, dim);
     act(x, "geglu x"), act(y, "geglu y");
     Emu e(*this);
     cpu_->geglu(e.in(x, rows * 2 * dim), e.out(y, rows * dim), rows, dim);
   }
   void softmax(kernels::Act x, int64_t rows, int64_t n) override {
+    rec("softmax", x, rows, n);
     act(x, "softmax x");
     Emu e(*this);
     cpu_->softmax(e.out(x, rows * n), rows, n);
   }
   void moe_route(kernels::Act logits, int64_t rows, const kernels::MoeRouting& r, int32_t* ids,
                  float* weights) override {
+    rec("moe_route", logits, rows, r, ids, weights);
     any(logits, "moe_route logits"), meta(ids, "moe_route ids"), dev(weights, "moe_route weights");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -249,6 +322,11 @@ class FakeDevice final : public kernels::Backend {
   }
   void matmul_id(const kernels::WeightView* const* experts, const kernels::Act* y, const float* const* bias, int count,
                  int n_expert, kernels::Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) override {
+    rec("matmul_id", count, n_expert, x, x_per_row, ids, rows, k);
+    for (int i = 0; i < count; ++i) {
+      rec("matmul_id.y", y[i], bias ? bias[i] : nullptr);
+      for (int ex = 0; ex < n_expert; ++ex) rec("matmul_id.expert", experts[i][ex]);
+    }
     act(x, "matmul_id x"), meta(ids, "matmul_id ids");
     for (int i = 0; i < count; ++i) {
       act(y[i], "matmul_id y");
@@ -263,6 +341,7 @@ class FakeDevice final : public kernels::Backend {
                     x_per_row, ids, rows, k);
   }
   void moe_combine(kernels::Act y, const float* weights, kernels::Act out, int64_t rows, int k, int64_t dim) override {
+    rec("moe_combine", y, weights, out, rows, k, dim);
     act(y, "moe_combine y"), dev(weights, "moe_combine weights"), act(out, "moe_combine out");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -270,55 +349,65 @@ class FakeDevice final : public kernels::Backend {
   }
   void swiglu_oai(kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows, int64_t dim, float alpha,
                   float limit) override {
+    rec("swiglu_oai", gate, up, out, rows, dim, alpha, limit);
     act(gate, "swiglu_oai gate"), act(up, "swiglu_oai up"), act(out, "swiglu_oai out");
     row_counts_.push_back(rows);
     Emu e(*this);
     cpu_->swiglu_oai(e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim, alpha, limit);
   }
   void affine(kernels::Act x, kernels::Act y, int64_t n, const kernels::Affine& a) override {
+    rec("affine", x, y, n, a);
     act(x, "affine x"), act(y, "affine y");
     Emu e(*this);
     cpu_->affine(e.in(x, n), e.out(y, n), n, a);
   }
   void relu(kernels::Act x, kernels::Act y, int64_t n) override {
+    rec("relu", x, y, n);
     act(x, "relu x"), act(y, "relu y");
     Emu e(*this);
     cpu_->relu(e.in(x, n), e.out(y, n), n);
   }
   void tanh_clamp(kernels::Act x, kernels::Act y, int64_t n, float limit) override {
+    rec("tanh_clamp", x, y, n, limit);
     any(x, "tanh_clamp x"), any(y, "tanh_clamp y");  // F32 logits too (final soft-capping)
     Emu e(*this);
     cpu_->tanh_clamp(e.in(x, n), e.out(y, n), n, limit);
   }
   // copy and relayout convert between types and layouts themselves: the CPU's run on this memory directly.
   void copy(kernels::Act x, kernels::Act y, int64_t n) override {
+    rec("copy", x, y, n);
     any(x, "copy x"), any(y, "copy y");
     cpu_->copy(x, y, n);
   }
   void relayout(kernels::Act x, kernels::Layout from, kernels::Act y, kernels::Layout to, int64_t n, int64_t c,
                 int64_t hw) override {
+    rec("relayout", x, from, y, to, n, c, hw);
     any(x, "relayout x"), any(y, "relayout y");
     cpu_->relayout(x, from, y, to, n, c, hw);
   }
   void add_channel_bias(kernels::Act x, kernels::Act bias, int64_t n, int64_t c, int64_t hw) override {
+    rec("add_channel_bias", x, bias, n, c, hw);
     act(x, "add_channel_bias x"), act(bias, "add_channel_bias bias");
     Emu e(*this);
     cpu_->add_channel_bias(e.img_out(x, n, c, hw), e.in(bias, n * c), n, c, hw);
   }
   void concat_channels(kernels::Act a, int64_t ca, kernels::Act b, int64_t cb, kernels::Act y, int64_t n,
                        int64_t hw) override {
+    rec("concat_channels", a, ca, b, cb, y, n, hw);
     act(a, "concat_channels a"), act(b, "concat_channels b"), act(y, "concat_channels y");
     Emu e(*this);
     cpu_->concat_channels(e.img_in(a, n, ca, hw), ca, e.img_in(b, n, cb, hw), cb, e.img_out(y, n, ca + cb, hw), n, hw);
   }
   void timestep_embedding(const float* t, int64_t n, int64_t dim, kernels::Act out, bool flip_sin_to_cos,
                           float downscale_freq_shift, float max_period) override {
+    rec("timestep_embedding", t, n, dim, out, flip_sin_to_cos, downscale_freq_shift, max_period);
     dev(t, "timestep_embedding t"), act(out, "timestep_embedding out");
     Emu e(*this);
     cpu_->timestep_embedding(t, n, dim, e.out(out, n * dim), flip_sin_to_cos, downscale_freq_shift, max_period);
   }
   void pad2d(kernels::Act x, kernels::Act y, int64_t n, int64_t c, int64_t h, int64_t w,
              const kernels::Pad2d& p) override {
+    rec("pad2d", x, y, n, c, h, w, p);
     act(x, "pad2d x"), act(y, "pad2d y");
     Emu e(*this);
     cpu_->pad2d(e.img_in(x, n, c, h * w), e.img_out(y, n, c, (p.top + h + p.bottom) * (p.left + w + p.right)), n, c, h,
@@ -326,6 +415,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void store_kv(const kernels::KvLayout& kv, int layer, kernels::Act k, kernels::Act v, const int32_t* slots,
                 int64_t rows) override {
+    rec("store_kv", kv, layer, k, v, slots, rows);
     kv_dev(kv, "store_kv"), act(k, "store_kv k"), act(v, "store_kv v"), meta(slots, "store_kv slots");
     row_counts_.push_back(rows);
     Emu e(*this);
@@ -334,6 +424,7 @@ class FakeDevice final : public kernels::Backend {
   void rope_store_kv(kernels::Act q, kernels::Act k, kernels::Act v, int64_t rows, const int32_t* positions,
                      const kernels::RopeParams& rq, const kernels::RopeParams& rk, const kernels::KvLayout& kv,
                      int layer, const int32_t* slots) override {
+    rec("rope_store_kv", q, k, v, rows, positions, rq, rk, kv, layer, slots);
     act(q, "rope_store_kv q"), act(k, "rope_store_kv k"), act(v, "rope_store_kv v");
     meta(positions, "rope_store_kv positions"), meta(slots, "rope_store_kv slots");
     opt(rq.freq_factors, "rope_store_kv freq_factors"), kv_dev(kv, "rope_store_kv");
@@ -344,6 +435,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void paged_attention(const kernels::KvLayout& kv, const kernels::PagedAttention& a, kernels::Act q,
                        kernels::Act out) override {
+    rec("paged_attention", kv, a, q, out);
     kv_dev(kv, "paged_attention"), act(q, "paged_attention q"), act(out, "paged_attention out");
     meta(a.row_len, "paged_attention row_len"), meta(a.row_table, "paged_attention row_table");
     meta(a.block_tables, "paged_attention block_tables");
@@ -356,6 +448,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void attention(const kernels::AttentionShape& s, kernels::Act q, kernels::Act k, kernels::Act v,
                  kernels::Act out) override {
+    rec("attention", s, q, k, v, out);
     act(q, "attention q"), act(k, "attention k"), act(v, "attention v"), act(out, "attention out");
     const int64_t w = s.heads * s.head_dim;
     Emu e(*this);
@@ -364,6 +457,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void causal_attention(const kernels::AttentionShape& s, kernels::Act q, kernels::Act k, kernels::Act v,
                         int64_t stride, kernels::Act out) override {
+    rec("causal_attention", s, q, k, v, stride, out);
     act(q, "causal_attention q"), act(k, "causal_attention k"), act(v, "causal_attention v");
     act(out, "causal_attention out");
     const int64_t w = s.heads * s.head_dim, extent = (s.batch * s.lq - 1) * stride + w;
@@ -373,6 +467,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void conv2d(const kernels::Conv2dShape& s, kernels::Act x, kernels::DType w_type, const void* weight,
               const float* bias, kernels::Act y) override {
+    rec("conv2d", s, x, w_type, weight, bias, y);
     act(x, "conv2d x"), dev(weight, "conv2d weight"), opt(bias, "conv2d bias"), act(y, "conv2d y");
     // This device's weights are in its layout's order (conv_weights_for); the CPU reads OIHW.
     std::vector<uint8_t> oihw;
@@ -392,6 +487,7 @@ class FakeDevice final : public kernels::Backend {
                  e.img_out(y, s.n, s.c_out, s.out_h() * s.out_w()));
   }
   void upsample_nearest2x(kernels::Act x, kernels::Act y, int64_t n, int64_t c, int64_t h, int64_t w) override {
+    rec("upsample_nearest2x", x, y, n, c, h, w);
     act(x, "upsample_nearest2x x"), act(y, "upsample_nearest2x y");
     Emu e(*this);
     cpu_->upsample_nearest2x(e.img_in(x, n, c, h * w), e.img_out(y, n, c, 4 * h * w), n, c, h, w);
@@ -505,6 +601,81 @@ class FakeDevice final : public kernels::Backend {
   void opt(const void* p, const char* what) {
     if (p) dev(p, what);
   }
+
+  // ---- the step recorder (run_step)
+  // The device this thread is running a step of (only that thread's calls are the step's).
+  static const FakeDevice*& stepping() {
+    thread_local const FakeDevice* d = nullptr;
+    return d;
+  }
+  void outside_step(const char* what) {
+    if (stepping() == this) violation(std::string(what) + " inside a captured step (run_step)");
+  }
+  // Each argument as a graph would keep it: pointers, numbers (floats in
+  // hex, exact), and the values behind host pointers (read at capture).
+  static void put(std::ostream& o, const void* p) { o << p; }
+  static void put(std::ostream& o, kernels::Act a) { o << a.data() << ':' << int(a.type()); }
+  static void put(std::ostream& o, float v) { o << std::hexfloat << v << std::defaultfloat; }
+  static void put(std::ostream& o, bool v) { o << v; }
+  static void put(std::ostream& o, int v) { o << v; }
+  static void put(std::ostream& o, int64_t v) { o << v; }
+  static void put(std::ostream& o, uint8_t v) { o << int(v); }
+  static void put(std::ostream& o, kernels::DType v) { o << int(v); }
+  static void put(std::ostream& o, kernels::Layout v) { o << int(v); }
+  static void put(std::ostream& o, kernels::Activation v) { o << int(v); }
+  static void put(std::ostream& o, const kernels::WeightView& w) {
+    o << "W{" << int(w.type) << ',' << w.data << ',' << w.rows << ',' << w.cols << ',' << w.row_stride_bytes << ','
+      << int(w.layout) << '}';
+  }
+  static void put(std::ostream& o, const kernels::KvLayout& kv) {
+    o << "KV{" << int(kv.type) << ',' << kv.k << ',' << kv.v << ',' << kv.row_elems << ',' << kv.block_tokens << ','
+      << kv.block_stride_elems << ',' << kv.layer_stride_elems << '}';
+  }
+  static void put(std::ostream& o, const kernels::RopeParams& p) {
+    o << "Rope{" << p.n_heads << ',' << p.head_dim << ',' << p.rot_dim << ',';
+    put(o, p.freq_base), o << ',', put(o, p.freq_scale);
+    o << ',' << p.neox << ',' << p.freq_factors;
+    if (p.yarn) {
+      o << ",yarn ", put(o, p.yarn->ext_factor), o << ' ', put(o, p.yarn->attn_factor), o << ' ';
+      put(o, p.yarn->beta_fast), o << ' ', put(o, p.yarn->beta_slow), o << ' ' << p.yarn->n_ctx_orig;
+    }
+    o << '}';
+  }
+  static void put(std::ostream& o, const kernels::PagedAttention& a) {
+    o << "Att{" << a.rows << ',' << a.n_head << ',' << a.n_head_kv << ',' << a.head_dim << ',';
+    put(o, a.scale);
+    o << ',' << a.layer << ',' << a.max_len << ',' << a.window << ',' << a.sinks << ',' << a.row_len << ','
+      << a.row_table << ',' << a.block_tables << '}';
+  }
+  static void put(std::ostream& o, const kernels::Affine& a) {
+    o << "Affine{", put(o, a.add), o << ',', put(o, a.mul), o << ',', put(o, a.div), o << ',', put(o, a.lo);
+    o << ',', put(o, a.hi), o << '}';
+  }
+  static void put(std::ostream& o, const kernels::MoeRouting& r) {
+    o << "Route{" << r.n_expert << ',' << r.k << ',' << int(r.gating) << ',' << r.norm << ',';
+    put(o, r.scale), o << '}';
+  }
+  static void put(std::ostream& o, const kernels::AttentionShape& a) {
+    o << "AttShape{" << a.batch << ',' << a.heads << ',' << a.lq << ',' << a.lk << ',' << a.head_dim << ',';
+    put(o, a.scale), o << '}';
+  }
+  static void put(std::ostream& o, const kernels::Conv2dShape& c) {
+    o << "Conv{" << c.n << ',' << c.c_in << ',' << c.h << ',' << c.w << ',' << c.c_out << ',' << c.kh << ',' << c.kw
+      << ',' << c.stride_h << ',' << c.stride_w << ',' << c.pad_h << ',' << c.pad_w << '}';
+  }
+  static void put(std::ostream& o, const kernels::Pad2d& p) {
+    o << "Pad{" << p.top << ',' << p.bottom << ',' << p.left << ',' << p.right << '}';
+  }
+  // One op of a step: its name and every argument, in order.
+  template <class... A>
+  void rec(const char* op, const A&... a) {
+    if (stepping() != this) return;
+    std::ostringstream o;
+    o << op << '(';
+    ((put(o, a), o << ' '), ...);
+    o << ')';
+    trace_.push_back(o.str());
+  }
   void meta(const void* p, const char* what) {
     dev(p, what);
     meta_ptrs_.push_back(p);
@@ -534,6 +705,9 @@ class FakeDevice final : public kernels::Backend {
   std::vector<const void*> meta_ptrs_;
   std::vector<int64_t> row_counts_;
   int64_t allocations_ = 0, uploads_ = 0, downloads_ = 0, syncs_ = 0;
+  std::map<uint64_t, std::vector<std::string>> graphs_;  // run_step key -> its recorded ops
+  std::vector<std::string> trace_;                       // the step running now
+  int64_t recorded_ = 0, replayed_ = 0, drops_ = 0;
 };
 
 }  // namespace atelier::test

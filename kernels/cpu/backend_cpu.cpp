@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -654,6 +655,11 @@ Backend& default_cpu_backend() {
 }
 
 const char* layout_name(Layout l) { return l == Layout::NHWC ? "nhwc" : "nchw"; }
+
+uint64_t new_graph_scope() {
+  static std::atomic<uint64_t> next{0};
+  return ++next;
+}
 
 void conv_weights_for(Layout layout, DType w_type, const void* oihw, void* dst, int64_t c_out, int64_t c_in, int64_t kh,
                       int64_t kw) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 #include "attention.cuh"
@@ -161,6 +162,8 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaDevice& dev, int priority);
   ~CudaBackend() override {
+    for (auto& [key, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);  // errors ignored: the device may be lost
     if (staged_) cudaEventDestroy(staged_);
     if (pinned_) cudaFreeHost(pinned_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -209,6 +212,19 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemsetAsync(b.data(), value, static_cast<size_t>(b.bytes()), stream_));
   }
   // cudaMalloc commits at allocation: nothing to do.
+
+  // A step as a CUDA graph (backend.h): the first run of a key issues the
+  // ops (a warm-up: kernels load, cuBLASLt picks its algorithms, the scratch
+  // grows to the step's size), the second captures them on this stream
+  // (thread-local mode: an allocation or synchronisation inside fails the
+  // capture instead of happening), instantiates and launches the graph, and
+  // every later run launches it: one launch for the whole step.
+  void run_step(uint64_t key, const std::function<void()>& ops) override;
+  void drop_graphs() override {
+    for (auto& [k, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+  }
 
   WeightView prepare_weights(const WeightView& w, std::unique_ptr<Buffer>& storage) override {
     storage = alloc(prepared_bytes(w));
@@ -370,9 +386,30 @@ class CudaBackend final : public Backend {
       throw std::logic_error(std::string("CUDA ") + what + ": bytes outside the buffer");
   }
 
+  // A key's graph: runs before it was captured, and whether capturing it
+  // failed (it then runs uncaptured: the ops once more, every time).
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    int runs = 0;
+    bool uncapturable = false;
+    uint64_t last_use = 0;
+  };
+  // At most this many graphs live (the least recently used goes first): a
+  // runner has one per rows bucket, logits bucket and attention bound.
+  static constexpr size_t kMaxGraphs = 64;
+  StepGraph& graph_for(uint64_t key);
+  void capture(uint64_t key, const std::function<void()>& ops);
+  void run_uncaptured(uint64_t key, const std::function<void()>& ops);
+  void capture_failed(const std::string& why);
+
   const CudaDevice& dev_;
   int device_;
   bool deterministic_;
+  bool graphs_on_;
+  std::unordered_map<uint64_t, StepGraph> graphs_;
+  uint64_t use_clock_ = 0;
+  uint64_t scratch_generation_ = 0;  // the scratch's generation the live graphs point into
+  bool capture_failure_logged_ = false;
   cudaStream_t stream_ = nullptr;
   void* pinned_ = nullptr;
   cudaEvent_t staged_ = nullptr;
@@ -396,10 +433,15 @@ class CudaDevice final : public Device {
     // kernels, so each op is batch-invariant (slower prefill).
     const char* det = std::getenv("ATELIER_CUDA_DETERMINISTIC");
     deterministic_ = det && *det && std::strcmp(det, "0") != 0;
+    // ATELIER_CUDA_GRAPHS=0: every step's ops launched one by one (the
+    // device check's A/B of what graphs save).
+    const char* graphs = std::getenv("ATELIER_CUDA_GRAPHS");
+    graphs_ = !(graphs && std::strcmp(graphs, "0") == 0);
   }
 
   int index() const { return index_; }
   bool deterministic() const { return deterministic_; }
+  bool graphs() const { return graphs_; }
 
   DeviceInfo info() const override {
     DeviceInfo d;
@@ -407,7 +449,7 @@ class CudaDevice final : public Device {
     char mem[32];
     std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(total_) / (1 << 30));
     d.description = name_ + ", compute capability " + std::to_string(cc_major_) + "." + std::to_string(cc_minor_) +
-                    ", " + mem + (deterministic_ ? ", deterministic" : "");
+                    ", " + mem + (deterministic_ ? ", deterministic" : "") + (graphs_ ? "" : ", CUDA graphs off");
     if (g_lost[index_].load()) d.description += " (lost: " + lost_why() + ")";
     d.host_memory = false;
     d.compute_capability = cc_major_ * 10 + cc_minor_;
@@ -463,10 +505,11 @@ class CudaDevice final : public Device {
   int cc_major_ = 0, cc_minor_ = 0;
   int64_t total_ = 0;
   bool deterministic_ = false;
+  bool graphs_ = true;
 };
 
 CudaBackend::CudaBackend(const CudaDevice& dev, int priority)
-    : dev_(dev), device_(dev.index()), deterministic_(dev.deterministic()) {
+    : dev_(dev), device_(dev.index()), deterministic_(dev.deterministic()), graphs_on_(dev.graphs()) {
   use_device(device_);
   // CUDA's priorities: lower numbers run first, from `least` (0) down to `greatest`.
   int least = 0, greatest = 0;
@@ -479,6 +522,104 @@ CudaBackend::CudaBackend(const CudaDevice& dev, int priority)
 }
 
 DeviceInfo CudaBackend::device() const { return dev_.info(); }
+
+CudaBackend::StepGraph& CudaBackend::graph_for(uint64_t key) {
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) {
+      auto old = std::min_element(graphs_.begin(), graphs_.end(),
+                                  [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+      if (old->second.exec) cudaGraphExecDestroy(old->second.exec);
+      graphs_.erase(old);
+    }
+    it = graphs_.emplace(key, StepGraph{}).first;
+  }
+  it->second.last_use = ++use_clock_;
+  return it->second;
+}
+
+void CudaBackend::run_step(uint64_t key, const std::function<void()>& ops) {
+  enter();
+  if (!graphs_on_) return ops();
+  // The scratch moved since the live graphs were captured: they point at freed memory.
+  if (scratch_.generation() != scratch_generation_) {
+    drop_graphs();
+    scratch_generation_ = scratch_.generation();
+  }
+  StepGraph& g = graph_for(key);
+  if (g.exec) {
+    CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    return;
+  }
+  if (g.runs == 0 || g.uncapturable) return run_uncaptured(key, ops);
+  capture(key, ops);
+}
+
+void CudaBackend::run_uncaptured(uint64_t key, const std::function<void()>& ops) {
+  graph_for(key).runs++;
+  ops();
+  if (scratch_.generation() != scratch_generation_) {  // it grew: the other keys' graphs are stale
+    const StepGraph kept = graphs_[key];
+    drop_graphs();
+    graphs_[key] = kept;
+    scratch_generation_ = scratch_.generation();
+  }
+}
+
+void CudaBackend::capture_failed(const std::string& why) {
+  if (capture_failure_logged_) return;
+  capture_failure_logged_ = true;
+  std::fprintf(stderr, "atelier: cuda:%d: a step could not be captured as a CUDA graph (%s); such steps run op by op\n",
+               device_, why.c_str());
+}
+
+void CudaBackend::capture(uint64_t key, const std::function<void()>& ops) {
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  std::string failure;
+  bool grow = false;
+  scratch_.freeze(true);
+  try {
+    ops();
+  } catch (const ScratchFrozen&) {
+    grow = true;
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  scratch_.freeze(false);
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  // A device lost inside the capture stays lost (cuda_fail marked it); any
+  // other failure leaves the context usable: clear it and run the ops.
+  if (failure.rfind("CUDA device lost", 0) == 0) {
+    if (graph) cudaGraphDestroy(graph);
+    throw std::runtime_error(failure);
+  }
+  if (ended != cudaSuccess && is_sticky(ended)) cuda_fail(ended, "cudaStreamEndCapture", __FILE__, __LINE__);
+  if (grow || !failure.empty() || ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    // The scratch had to grow (a shape its warm-up did not size): the next
+    // run tries again; anything else is this key's for good.
+    if (!grow) {
+      graph_for(key).uncapturable = true;
+      capture_failed(!failure.empty() ? failure : std::string(cudaGetErrorName(ended)));
+    }
+    return run_uncaptured(key, ops);
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    if (is_sticky(made)) cuda_fail(made, "cudaGraphInstantiate", __FILE__, __LINE__);
+    cudaGetLastError();
+    graph_for(key).uncapturable = true;
+    capture_failed(std::string("cudaGraphInstantiate: ") + cudaGetErrorName(made));
+    return run_uncaptured(key, ops);
+  }
+  StepGraph& g = graph_for(key);
+  g.exec = exec;
+  CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
 
 std::mutex g_devices_mu;
 CudaDevice* g_devices[kMaxDevices] = {};

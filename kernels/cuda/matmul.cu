@@ -29,6 +29,8 @@ Scratch::~Scratch() {
 
 void* Scratch::get(size_t bytes) {
   if (bytes <= bytes_) return p_;
+  if (frozen_) throw ScratchFrozen();
+  ++generation_;
   if (p_) CUDA_CHECK(cudaFree(p_));
   p_ = nullptr;
   bytes_ = 0;

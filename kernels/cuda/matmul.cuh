@@ -15,7 +15,13 @@ namespace atelier::kernels::cuda {
 // activations and dequantized slices, attention partials). Grows to the
 // largest call seen and stays: a runner's first step of each shape bucket
 // allocates, the later ones (and a CUDA graph captured after a warm-up)
-// do not.
+// do not. Each growth moves it (generation() counts them): graphs captured
+// before point at freed memory and are dropped. While a step is captured
+// (freeze) it may not grow: get() throws ScratchFrozen instead of freeing
+// and allocating inside the capture.
+struct ScratchFrozen : std::runtime_error {
+  ScratchFrozen() : std::runtime_error("the step's scratch memory must grow during a graph capture") {}
+};
 class Scratch {
  public:
   Scratch() = default;
@@ -23,10 +29,14 @@ class Scratch {
   Scratch& operator=(const Scratch&) = delete;
   ~Scratch();
   void* get(size_t bytes);
+  uint64_t generation() const { return generation_; }
+  void freeze(bool on) { frozen_ = on; }
 
  private:
   void* p_ = nullptr;
   size_t bytes_ = 0;
+  uint64_t generation_ = 0;
+  bool frozen_ = false;
 };
 
 // cuBLASLt on one stream: its handle, a workspace allocated once, and the

@@ -65,6 +65,14 @@ while read -r l; do say "  $l"; done < <(grep -E "^\[  (PASSED|FAILED) " "$work/
 # `atelier bench text --device cuda --synth 8B --type bf16|q4_k_m|q8_0` and
 # `bench serve --device cuda` lines go here, each beside the ceilings the
 # same run measures, as: step bench-bf16 120 "$pack/atelier" bench ...
+# CUDA graphs A/B (a decode step as one graph launch, issue 33): 8B BF16,
+# batch 1, 128 tokens, with graphs and with ATELIER_CUDA_GRAPHS=0.
+for g in 1 0; do
+  step "bench-graphs-$g" 120 env ATELIER_CUDA_GRAPHS=$g "$pack/atelier" bench text --device cuda --synth 8B \
+    --type bf16 -p 16 -n 128 --reps 2 --json
+  say "  graphs=$g: decode $(grep -o '"gen_tokens_per_s":[0-9.]*' "$work/bench-graphs-$g.log" | cut -d: -f2) tok/s"
+done
+grep -h "could not be captured" "$work"/bench-graphs-1.log | head -1 | while read -r l; do say "FAIL: $l"; done
 # ===========================================================================
 
 summary() {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "fake_device.h"
 #include "formats/gguf.h"
 #include "text/llama.h"
 
@@ -151,4 +152,35 @@ TEST(MoeGolden, SharedStepsAreBatchInvariant) {
     EXPECT_EQ(la, alone_a) << arch;
     EXPECT_EQ(lb, alone_b) << arch;
   }
+}
+
+// On a device a step runs as one recorded step (Backend::run_step, a CUDA
+// graph): the experts' workspace is sized before it, never inside it (an
+// allocation there would leave the graph pointing at freed memory), every
+// replay issues the recorded ops, and the logits are the CPU's, bit for bit.
+TEST(MoeGolden, DeviceStepsReplayWithoutAllocating) {
+  const std::string path = synth("qwen3moe");
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(path));
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(path), fake);
+  std::filesystem::remove(path);
+  auto run = [&](const text::LlamaWeights& weights, kernels::Backend& be) {
+    text::KvCache cache(weights.hp, 32, KvType::F32, be);
+    text::LlamaRunner runner(weights, be);
+    std::vector<std::vector<float>> out;
+    std::vector<float> logits(static_cast<size_t>(weights.hp.n_vocab));
+    runner.forward(kTokens.data(), 5, 0, cache, logits.data());  // a prefill of 5 rows (bucket 8)
+    out.push_back(logits);
+    for (int p = 5; p < 12; ++p) {
+      runner.forward(kTokens.data() + p, 1, p, cache, logits.data());
+      out.push_back(logits);
+    }
+    return out;
+  };
+  const auto want = run(cpu_w, kernels::default_cpu_backend());
+  const auto got = run(w, fake);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  EXPECT_EQ(fake.steps_recorded(), 2);  // the prefill's bucket and the decodes'
+  EXPECT_EQ(fake.steps_replayed(), 6);
+  EXPECT_EQ(got, want);
 }

@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -197,4 +199,215 @@ TEST(FakeDevice, TheWorkspaceEstimateIsWhatReserveAllocates) {
     EXPECT_EQ(fake.live_bytes() - before, text::LlamaRunner::workspace_bytes(w.hp, 32, 8, act))
         << kernels::dtype_name(act);
   }
+}
+
+// ---- captured steps (Backend::run_step: a CUDA graph per key)
+
+namespace {
+
+int bucket(int n) {
+  int b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+
+// A generation: three sequences (prompts of 9, 5 and 2 golden tokens)
+// prefilled in one step, then `decodes` greedy steps in which sequence i
+// decodes while step % (i + 1) == 0 (3, 2 or 1 rows). Each sequence in one
+// shared pool, or (own_caches) in a contiguous cache of its own, so a step's
+// rows lie in one to three KV storages. The runner is reserved for 16 rows
+// and 3 logits rows, as the device runner reserves at load.
+struct Generation {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logits;   // every logits row, in order
+  std::set<std::vector<int64_t>> shapes;    // the distinct (rows, logits rows, attention bound, storages) a device runs
+  int steps = 0;
+  size_t keys = 0;  // the fake device's recorded keys before the runner ended
+  int64_t drops = 0;
+};
+
+Generation generate(const text::LlamaWeights& w, kernels::Backend& be, int decodes, bool own_caches,
+                    test::FakeDevice* fake = nullptr) {
+  const auto g = golden();
+  const int lens[3] = {9, 5, 2}, ctx = 9 + decodes + 1;
+  KvPool pool(w.hp, 16, KvPool::block_bytes_for(w.hp, 16, KvType::F16) * (3 * (ctx / 16 + 2)), KvType::F16, be);
+  text::LlamaRunner runner(w, be);
+  runner.reserve(16, 3);
+  std::vector<std::unique_ptr<text::KvSeq>> kv;
+  Generation out;
+  out.tokens.resize(3);
+  std::vector<std::vector<float>> logits(3, std::vector<float>(static_cast<size_t>(w.hp.n_vocab)));
+  for (int i = 0; i < 3; ++i) {
+    out.tokens[i].assign(g.begin() + i, g.begin() + i + lens[i]);
+    if (own_caches) kv.push_back(std::make_unique<text::KvCache>(w.hp, ctx, KvType::F16, be));
+    else kv.push_back(std::make_unique<PagedSeq>(pool));
+  }
+  std::vector<int> stored(3, 0);
+  int bound = 0;  // the runner's attention bound on a device: a power of two, at least 256, never shrinking
+  for (int step = -1; step < decodes; ++step) {
+    std::vector<SeqInput> in;
+    std::vector<int> who;
+    int rows = 0, max_len = 0;
+    std::set<int> storages;
+    for (int i = 0; i < 3; ++i) {
+      if (step >= 0 && step % (i + 1) != 0) continue;
+      SeqInput s;
+      s.pos0 = stored[i];
+      s.n = static_cast<int>(out.tokens[i].size()) - stored[i];
+      s.tokens = out.tokens[i].data() + stored[i];
+      s.kv = kv[i].get();
+      s.logits = logits[i].data();
+      if (!own_caches) {
+        EXPECT_TRUE(static_cast<PagedSeq*>(kv[i].get())->reserve(stored[i] + s.n));
+      }
+      in.push_back(s);
+      who.push_back(i);
+      rows += s.n;
+      max_len = std::max(max_len, s.pos0 + s.n);
+      storages.insert(own_caches ? i : -1);
+    }
+    if (max_len > bound) bound = bucket(std::max(max_len, 256));
+    std::vector<int64_t> shape = {bucket(rows), bucket(static_cast<int>(in.size())), bound};
+    shape.insert(shape.end(), storages.begin(), storages.end());
+    out.shapes.insert(shape);
+    runner.forward_batch(in);
+    ++out.steps;
+    for (size_t k = 0; k < who.size(); ++k) {
+      const int i = who[k];
+      stored[i] += in[k].n;
+      out.logits.push_back(logits[i]);
+      out.tokens[i].push_back(
+          static_cast<int32_t>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin()));
+    }
+  }
+  if (fake) out.keys = fake->graph_keys(), out.drops = fake->graph_drops();
+  return out;
+}
+
+}  // namespace
+
+// A generation of 300 decode steps after a prefill, on the fake device in
+// both formats: every replay of a key issues exactly the ops (and arguments)
+// its recording did, nothing inside a step allocates or synchronizes, and a
+// handful of recordings serve every step: one per (rows bucket, logits
+// bucket, attention bound). The positions pass 256, so the bound moves once
+// (256 -> 512) and each decode bucket is recorded again under it. In F32 the
+// tokens and logits are the CPU's, bit for bit.
+TEST(FakeDevice, ADecodeGenerationReplaysOneRecordingPerBucket) {
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const int decodes = 300;
+  const Generation want = generate(cpu_w, kernels::default_cpu_backend(), decodes, false);
+  for (const test::FakeFormat fmt : {test::FakeFormat{}, test::FakeFormat{kernels::DType::BF16, kernels::Layout::NHWC}}) {
+    SCOPED_TRACE(kernels::dtype_name(fmt.act));
+    test::FakeDevice fake(nullptr, fmt);
+    const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+    const Generation got = generate(w, fake, decodes, false, &fake);
+    EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+    // The prefill (16 rows, 3 logits rows), then decode buckets of 1, 2 and 4
+    // rows under the bounds 256 and 512: 1 + 3 + 3.
+    EXPECT_EQ(got.shapes.size(), 7u);
+    EXPECT_EQ(got.keys, got.shapes.size());
+    EXPECT_EQ(fake.steps_recorded(), static_cast<int64_t>(got.shapes.size()));
+    EXPECT_EQ(fake.steps_replayed(), got.steps - static_cast<int64_t>(got.shapes.size()));
+    EXPECT_EQ(got.drops, 0) << "a reserved runner moved a buffer";
+    // A runner that ends drops the recordings (they point into its buffers).
+    EXPECT_EQ(fake.graph_keys(), 0u);
+    if (fmt.act == kernels::DType::F32) {
+      EXPECT_EQ(got.tokens, want.tokens);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      for (size_t i = 0; i < want.logits.size(); ++i) ASSERT_EQ(want.logits[i], got.logits[i]) << "logits row " << i;
+    }
+  }
+}
+
+// Sequences in caches of their own: a step's KV storages (their addresses
+// are op arguments) are part of its key, so steps of the same buckets over
+// different caches get recordings of their own, and a replay never writes
+// one sequence's rows into another's cache.
+TEST(FakeDevice, StepsOverDifferentKvStoragesAreRecordedApart) {
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const Generation want = generate(cpu_w, kernels::default_cpu_backend(), 12, true);
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const Generation got = generate(w, fake, 12, true, &fake);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  // Steps 0, 6: all three; 2, 4, 8, 10: 0 and 1; 3, 9: 0 and 2; the rest 0 alone; and the prefill.
+  EXPECT_EQ(got.shapes.size(), 5u);
+  EXPECT_EQ(got.keys, got.shapes.size());
+  EXPECT_EQ(got.tokens, want.tokens);
+}
+
+// The checker itself: a step whose ops change an argument under one key (a
+// scalar that varies per step but is not in the key) is caught, as is an
+// allocation or a synchronization inside a step; the same ops replayed are not.
+TEST(FakeDevice, AReplayThatDiffersFromItsRecordingIsCaught) {
+  test::FakeDevice fake;
+  auto buf = fake.alloc(4 * 64 * 2);
+  const kernels::Act x(buf->data(), kernels::DType::F32), y = x + 64;
+  auto weight = fake.alloc(4 * 64);
+  fake.clear(*buf, 0), fake.clear(*weight, 0);
+  const float* wp = weight->at<float>(0);
+  for (int step = 0; step < 3; ++step)
+    fake.run_step(1, [&] { fake.rms_norm(x, wp, y, 2, 32, 1e-5f); });
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  EXPECT_EQ(fake.steps_recorded(), 1);
+  EXPECT_EQ(fake.steps_replayed(), 2);
+
+  for (int step = 0; step < 2; ++step)
+    fake.run_step(2, [&] { fake.rms_norm(x, wp, y, 2, 32, step == 0 ? 1e-5f : 1e-6f); });
+  ASSERT_EQ(fake.violations().size(), 1u);
+  EXPECT_NE(fake.violations()[0].find("run_step key 2: op 0 is rms_norm"), std::string::npos) << fake.violations()[0];
+
+  fake.run_step(3, [&] {
+    fake.rms_norm(x, wp, y, 2, 32, 1e-5f);
+    fake.synchronize();
+    auto more = fake.alloc(64);
+  });
+  const auto v = fake.violations();
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[1], "synchronize inside a captured step (run_step)");
+  EXPECT_EQ(v[2], "alloc inside a captured step (run_step)");
+
+  fake.run_step(2, [&] {});  // fewer ops than recorded
+  EXPECT_EQ(fake.violations().size(), 4u);
+  fake.drop_graphs();
+  fake.run_step(2, [&] {});  // recorded afresh
+  EXPECT_EQ(fake.violations().size(), 4u);
+}
+
+// A runner that was not reserved grows its workspace when a larger step
+// comes: the buffers the recordings point into move, so they are dropped
+// and the next step of a bucket seen before is recorded afresh (a replay of
+// the old recording would write freed memory). The logits stay the CPU's.
+TEST(FakeDevice, AWorkspaceThatGrowsDropsTheRecordings) {
+  const auto g = golden();
+  auto run = [&](const text::LlamaWeights& w, kernels::Backend& be, test::FakeDevice* fake) {
+    text::KvCache cache(w.hp, 64, KvType::F16, be);
+    text::LlamaRunner runner(w, be);
+    std::vector<float> logits(static_cast<size_t>(w.hp.n_vocab));
+    std::vector<std::vector<float>> out;
+    // 1, 1, then 6 rows (the workspace grows from 1 to 8), then 1, 1 again.
+    const int n[] = {1, 1, 6, 1, 1};
+    int pos = 0;
+    for (int i = 0; i < 5; ++i) {
+      runner.forward(g.data() + pos, n[i], pos, cache, logits.data());
+      pos += n[i];
+      out.push_back(logits);
+      if (fake && i == 1) {
+        EXPECT_EQ(fake->steps_replayed(), 1);
+      }
+    }
+    if (fake) {
+      EXPECT_GE(fake->graph_drops(), 1);
+      EXPECT_EQ(fake->steps_replayed(), 2) << "the last step replays the recording made after the growth";
+    }
+    return out;
+  };
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  const auto want = run(cpu_w, kernels::default_cpu_backend(), nullptr);
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const auto got = run(w, fake, &fake);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+  EXPECT_EQ(got, want);
 }

@@ -441,8 +441,43 @@ LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Executor* ex)
 
 LlamaRunner::LlamaRunner(const LlamaWeights& w, kernels::Backend& backend) : w_(w), be_(backend) { upload_vectors(); }
 
+LlamaRunner::~LlamaRunner() {
+  if (!step_ids_.empty()) be_.drop_graphs();
+}
+
+void LlamaRunner::invalidate_steps() {
+  if (step_ids_.empty()) return;
+  step_ids_.clear();
+  be_.drop_graphs();
+}
+
+uint64_t LlamaRunner::step_key(int rows, int logits_rows, int max_len) {
+  // Everything the step's op arguments take that is not fixed for the
+  // runner's buffers (those move only with invalidate_steps): the shapes,
+  // the attention bound, and the KV storages in the order their metadata
+  // sections lie (their addresses and strides are op arguments).
+  std::vector<int64_t> shape = {rows, logits_rows, max_len, static_cast<int64_t>(storages_.size())};
+  for (const KvSeq* s : storages_) {
+    const kernels::KvLayout& kv = s->layout();
+    shape.insert(shape.end(), {static_cast<int64_t>(kv.type), static_cast<int64_t>(reinterpret_cast<uintptr_t>(kv.k)),
+                               static_cast<int64_t>(reinterpret_cast<uintptr_t>(kv.v)), kv.row_elems, kv.block_tokens,
+                               kv.block_stride_elems, kv.layer_stride_elems});
+  }
+  auto it = step_ids_.find(shape);
+  if (it == step_ids_.end()) {
+    if (next_step_id_ == UINT32_MAX) {  // numbers run out: a new scope (never seen in practice)
+      graph_scope_ = kernels::new_graph_scope();
+      next_step_id_ = 0;
+      step_ids_.clear();
+    }
+    it = step_ids_.emplace(std::move(shape), next_step_id_++).first;
+  }
+  return graph_scope_ << 32 | it->second;
+}
+
 void LlamaRunner::upload_vectors() {
   host_memory_ = be_.device().host_memory;
+  graph_scope_ = kernels::new_graph_scope();
   // Each vector 64-byte aligned (16 floats), in one buffer; an empty one stays nullptr.
   auto round = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16); };
   std::vector<const std::vector<float>*> all = {&w_.output_norm, &w_.rope_freq_factors};
@@ -492,6 +527,7 @@ void LlamaRunner::ensure_workspace(int n, int n_logits) {
                            int64_t{cap_logits_} * hp.n_vocab};
   int64_t total = 0;
   for (int i = 0; i < 10; ++i) total += round(kernels::act_bytes(i == 9 ? kernels::DType::F32 : at, sizes[i]));
+  invalidate_steps();  // before the free: no recorded step may outlive the memory it points into
   work_.reset();
   work_ = be_.alloc(total);
   be_.clear(*work_);  // its pages committed here, once per growth, rather than inside the ops
@@ -533,6 +569,7 @@ void LlamaRunner::ensure_meta(int n_storages, int64_t table_entries) {
   meta_at_.logit = 3 * C;
   meta_at_.slots = 3 * C + cap_logits_;
   meta_at_.tables = meta_at_.slots + 2 * C * cap_storages_;
+  invalidate_steps();
   meta_.reset();
   meta_ = be_.alloc((meta_at_.tables + cap_tables_) * int64_t{sizeof(int32_t)});
   meta_host_.assign(static_cast<size_t>(meta_at_.tables + cap_tables_), 0);
@@ -555,7 +592,7 @@ void LlamaRunner::reserve(int rows, int logits_rows) {
   const int rr = host_memory_ ? rows : bucket_rows(rows), lr = host_memory_ ? logits_rows : bucket_rows(logits_rows);
   ensure_workspace(rr, lr);
   ensure_meta(1, 1);  // block tables: their initial capacity (1024 entries)
-  if (moe_) moe_->reserve(w_.hp, rr);
+  if (moe_ && moe_->reserve(w_.hp, rr)) invalidate_steps();
 }
 
 void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits) {
@@ -684,79 +721,89 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   att.window = hp.sliding_window;
   att.row_table = dm + o_table;
   att.block_tables = dm + o_tables;
+  // The experts' workspace sized before the step, never inside it.
+  if (moe_ && moe_->reserve(hp, rr)) invalidate_steps();
 
-  be_.get_rows(w_.tok_embd, dm + o_ids, x_, rr);
-  if (hp.embd_scale > 0) {
-    kernels::Affine scale;
-    scale.mul = hp.embd_scale;
-    be_.affine(x_, x_, rr * d, scale);
-  }
-  be_.rms_norm(x_, layer_vectors_[0].attn_norm, xn_, rr, d, hp.rms_eps);
-  if (hp.attn_scale > 0) att.scale = hp.attn_scale;
-  for (int l = 0; l < hp.n_layer; ++l) {
-    const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
-    const LayerVectors& V = layer_vectors_[static_cast<size_t>(l)];
-    {
-      const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
-      const kernels::Act y[] = {q_, k_, v_};
-      be_.matmul_many(w, y, 3, xn_, rr);
+  // The layer loop and the logits: on a device one Backend::run_step (a
+  // CUDA graph per key replays it), so nothing in it may allocate,
+  // synchronize, or hand the ops a value that the key does not name.
+  auto ops = [&] {
+    be_.get_rows(w_.tok_embd, dm + o_ids, x_, rr);
+    if (hp.embd_scale > 0) {
+      kernels::Affine scale;
+      scale.mul = hp.embd_scale;
+      be_.affine(x_, x_, rr * d, scale);
     }
-    if (V.bq) be_.add_bias(q_, V.bq, rr, qd);
-    if (V.bk) be_.add_bias(k_, V.bk, rr, kvd);
-    if (V.bv) be_.add_bias(v_, V.bv, rr, kvd);
-    if (V.q_norm) {  // each head of q and k normalized on its own (rows of head_dim)
-      be_.rms_norm(q_, V.q_norm, q_, rr * hp.n_head, hp.head_dim, hp.rms_eps);
-      be_.rms_norm(k_, V.k_norm, k_, rr * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+    be_.rms_norm(x_, layer_vectors_[0].attn_norm, xn_, rr, d, hp.rms_eps);
+    if (hp.attn_scale > 0) att.scale = hp.attn_scale;
+    for (int l = 0; l < hp.n_layer; ++l) {
+      const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
+      const LayerVectors& V = layer_vectors_[static_cast<size_t>(l)];
+      {
+        const WeightView* w[] = {&L.wq, &L.wk, &L.wv};
+        const kernels::Act y[] = {q_, k_, v_};
+        be_.matmul_many(w, y, 3, xn_, rr);
+      }
+      if (V.bq) be_.add_bias(q_, V.bq, rr, qd);
+      if (V.bk) be_.add_bias(k_, V.bk, rr, kvd);
+      if (V.bv) be_.add_bias(v_, V.bv, rr, kvd);
+      if (V.q_norm) {  // each head of q and k normalized on its own (rows of head_dim)
+        be_.rms_norm(q_, V.q_norm, q_, rr * hp.n_head, hp.head_dim, hp.rms_eps);
+        be_.rms_norm(k_, V.k_norm, k_, rr * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+      }
+      // Local layers: the window, and their own RoPE base where the model has one.
+      const bool local = is_local_layer(hp, l);
+      att.window = local ? hp.sliding_window : 0;
+      if (hp.rope_freq_base_swa > 0) {
+        rq.freq_base = rk.freq_base = local ? hp.rope_freq_base_swa : hp.rope_freq_base;
+        rq.freq_scale = rk.freq_scale = local ? 1.0f : hp.rope_freq_scale;
+      }
+      att.layer = l;
+      att.sinks = V.sinks;
+      if (n_storages == 1) {  // the usual step: every row in one pool
+        be_.rope_store_kv(q_, k_, v_, rr, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
+      } else {
+        be_.rope(q_, rr, dm + o_pos, rq);
+        be_.rope(k_, rr, dm + o_pos, rk);
+        for (int g = 0; g < n_storages; ++g)
+          be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * C * g, rr);
+      }
+      for (int g = 0; g < n_storages; ++g) {
+        att.row_len = dm + o_slots + 2 * C * g + C;
+        be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
+      }
+      be_.matmul(L.wo, att_, tmp_, rr);
+      if (V.bo) be_.add_bias(tmp_, V.bo, rr, d);
+      if (V.attn_post_norm) be_.rms_norm(tmp_, V.attn_post_norm, tmp_, rr, d, hp.rms_eps);
+      be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rr, d, hp.rms_eps);
+      if (moe_) {
+        moe_->forward(hp, L, V.moe, xn_, tmp_, rr);
+      } else {
+        const WeightView* w[] = {&L.w_gate, &L.w_up};
+        const kernels::Act y[] = {gate_, up_};
+        be_.matmul_many(w, y, 2, xn_, rr);
+        if (hp.ffn_gelu)
+          be_.glu(kernels::Activation::gelu_tanh, gate_, up_, gate_, rr, ff);
+        else
+          be_.swiglu(gate_, up_, gate_, rr, ff);
+        be_.matmul(L.w_down, gate_, tmp_, rr);
+      }
+      if (V.ffn_post_norm) be_.rms_norm(tmp_, V.ffn_post_norm, tmp_, rr, d, hp.rms_eps);
+      // The residual, and the next layer's attention norm with it.
+      const float* next_norm = l + 1 < hp.n_layer ? layer_vectors_[static_cast<size_t>(l) + 1].attn_norm : nullptr;
+      be_.add_rms_norm(x_, tmp_, next_norm, xn_, rr, d, hp.rms_eps);
     }
-    // Local layers: the window, and their own RoPE base where the model has one.
-    const bool local = is_local_layer(hp, l);
-    att.window = local ? hp.sliding_window : 0;
-    if (hp.rope_freq_base_swa > 0) {
-      rq.freq_base = rk.freq_base = local ? hp.rope_freq_base_swa : hp.rope_freq_base;
-      rq.freq_scale = rk.freq_scale = local ? 1.0f : hp.rope_freq_scale;
-    }
-    att.layer = l;
-    att.sinks = V.sinks;
-    if (n_storages == 1) {  // the usual step: every row in one pool
-      be_.rope_store_kv(q_, k_, v_, rr, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
-    } else {
-      be_.rope(q_, rr, dm + o_pos, rq);
-      be_.rope(k_, rr, dm + o_pos, rk);
-      for (int g = 0; g < n_storages; ++g)
-        be_.store_kv(storages_[static_cast<size_t>(g)]->layout(), l, k_, v_, dm + o_slots + 2 * C * g, rr);
-    }
-    for (int g = 0; g < n_storages; ++g) {
-      att.row_len = dm + o_slots + 2 * C * g + C;
-      be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
-    }
-    be_.matmul(L.wo, att_, tmp_, rr);
-    if (V.bo) be_.add_bias(tmp_, V.bo, rr, d);
-    if (V.attn_post_norm) be_.rms_norm(tmp_, V.attn_post_norm, tmp_, rr, d, hp.rms_eps);
-    be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rr, d, hp.rms_eps);
-    if (moe_) {
-      moe_->forward(hp, L, V.moe, xn_, tmp_, rr);
-    } else {
-      const WeightView* w[] = {&L.w_gate, &L.w_up};
-      const kernels::Act y[] = {gate_, up_};
-      be_.matmul_many(w, y, 2, xn_, rr);
-      if (hp.ffn_gelu)
-        be_.glu(kernels::Activation::gelu_tanh, gate_, up_, gate_, rr, ff);
-      else
-        be_.swiglu(gate_, up_, gate_, rr, ff);
-      be_.matmul(L.w_down, gate_, tmp_, rr);
-    }
-    if (V.ffn_post_norm) be_.rms_norm(tmp_, V.ffn_post_norm, tmp_, rr, d, hp.rms_eps);
-    // The residual, and the next layer's attention norm with it.
-    const float* next_norm = l + 1 < hp.n_layer ? layer_vectors_[static_cast<size_t>(l) + 1].attn_norm : nullptr;
-    be_.add_rms_norm(x_, tmp_, next_norm, xn_, rr, d, hp.rms_eps);
-  }
+    if (lr == 0) return;
+    // The last row of every sequence that wants logits (every row with all_logits), gathered, through one
+    // matmul (row-invariant, so each row's logits are those it would get alone).
+    be_.copy_rows(x_, dm + o_logit, tmp_, lr, d);
+    be_.rms_norm(tmp_, output_norm_, xn_, lr, d, hp.rms_eps);
+    be_.matmul(w_.output, xn_, logits_, lr);
+    if (hp.final_logit_softcap > 0) be_.tanh_clamp(logits_, logits_, lr * hp.n_vocab, hp.final_logit_softcap);
+  };
+  if (host_memory_) ops();
+  else be_.run_step(step_key(rr, lr, att.max_len), ops);
   if (n_logits == 0) return;
-  // The last row of every sequence that wants logits (every row with all_logits), gathered, through one
-  // matmul (row-invariant, so each row's logits are those it would get alone).
-  be_.copy_rows(x_, dm + o_logit, tmp_, lr, d);
-  be_.rms_norm(tmp_, output_norm_, xn_, lr, d, hp.rms_eps);
-  be_.matmul(w_.output, xn_, logits_, lr);
-  if (hp.final_logit_softcap > 0) be_.tanh_clamp(logits_, logits_, lr * hp.n_vocab, hp.final_logit_softcap);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = logits_offset_;
   // A device apart from the host: the step's logits in one download (one

@@ -12,6 +12,7 @@
 #include <atelier/kernels.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,6 +142,10 @@ class LlamaRunner {
   LlamaRunner(const LlamaWeights& w, kernels::Executor* ex);
   // On `backend` (the weights prepared for it, the caches' storage on it).
   LlamaRunner(const LlamaWeights& w, kernels::Backend& backend);
+  // Drops the backend's recorded steps (they point into this runner's buffers).
+  ~LlamaRunner();
+  LlamaRunner(const LlamaRunner&) = delete;
+  LlamaRunner& operator=(const LlamaRunner&) = delete;
   // Runs n tokens at positions pos0..pos0+n-1 through the model, appending
   // to the cache. When logits is non-null, writes the last token's n_vocab logits.
   // The same as forward_batch with one sequence.
@@ -169,6 +174,10 @@ class LlamaRunner {
   void ensure_workspace(int rows, int n_logits);
   void ensure_meta(int n_storages, int64_t table_entries);
   void upload_vectors();
+  // A buffer the ops point into moved: every recorded step is stale.
+  void invalidate_steps();
+  // The key of Backend::run_step for a step of this shape (step_ids_).
+  uint64_t step_key(int rows, int logits_rows, int max_len);
 
   const LlamaWeights& w_;
   std::unique_ptr<kernels::Backend> own_backend_;  // the CPU backend of the Executor constructor
@@ -209,6 +218,15 @@ class LlamaRunner {
   int max_len_bound_ = 0;  // a device's attention length bound: grows by powers of two
   std::vector<float> logits_host_;  // a device's logits, downloaded once per step
   std::vector<const KvSeq*> storages_;  // one sequence per distinct KV storage of the step
+  // A device's steps run through Backend::run_step (a CUDA graph per key).
+  // A key is graph_scope_ << 32 | a number per distinct step shape: the
+  // values the ops' arguments take beyond this runner's fixed buffers (rows
+  // and logits buckets, the attention bound, each KV storage's layout).
+  // Numbers are never reused: when a buffer moves the map is emptied and
+  // the next shapes get new numbers.
+  uint64_t graph_scope_ = 0;
+  std::map<std::vector<int64_t>, uint32_t> step_ids_;
+  uint32_t next_step_id_ = 0;
 };
 
 }  // namespace atelier::text

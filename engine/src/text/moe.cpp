@@ -29,8 +29,8 @@ int64_t MoeFfn::workspace_bytes(const LlamaHparams& hp, int64_t rows, kernels::D
   return total;
 }
 
-void MoeFfn::reserve(const LlamaHparams& hp, int64_t rows) {
-  if (rows <= cap_) return;
+bool MoeFfn::reserve(const LlamaHparams& hp, int64_t rows) {
+  if (rows <= cap_) return false;
   cap_ = rows;  // grown to the largest step seen, never shrunk
   const kernels::DType act = be_.act_dtype();
   work_.reset();
@@ -46,10 +46,14 @@ void MoeFfn::reserve(const LlamaHparams& hp, int64_t rows) {
   ids_ = work_->at<int32_t>(at);
   at += round64(z.bytes[4]);
   weights_ = work_->at<float>(at);
+  return true;
 }
 
 void MoeFfn::forward(const LlamaHparams& hp, const LlamaLayer& L, const MoeVectors& V, kernels::Act xn,
                      kernels::Act out, int64_t rows) {
+  // The runner reserves before a step (an allocation inside a captured step
+  // would leave the graph pointing at freed memory); a caller that did not
+  // gets its workspace here.
   reserve(hp, rows);
   const int k = hp.n_expert_used, n_expert = hp.n_expert;
   const int64_t slots = rows * k;

@@ -28,8 +28,9 @@ class MoeFfn {
   // out = the experts' weighted sum for rows of xn (rows x n_embd); out may not be xn.
   void forward(const LlamaHparams& hp, const LlamaLayer& L, const MoeVectors& V, kernels::Act xn, kernels::Act out,
                int64_t rows);
-  // Sizes the workspace for steps of up to `rows` rows (no step up to it allocates).
-  void reserve(const LlamaHparams& hp, int64_t rows);
+  // Sizes the workspace for steps of up to `rows` rows (no step up to it
+  // allocates). True when it (re)allocated: its old addresses are gone.
+  bool reserve(const LlamaHparams& hp, int64_t rows);
   // Device bytes of that workspace.
   static int64_t workspace_bytes(const LlamaHparams& hp, int64_t rows, kernels::DType act);
 

@@ -31,6 +31,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -205,6 +206,28 @@ class Backend {
     return true;
   }
 
+  // ---- captured steps (CUDA graphs)
+  // Runs `ops` (a sequence of this backend's ops) as one step named `key`.
+  // A device may record the sequence the first times it sees a key (a CUDA
+  // graph: stream capture, then instantiation) and afterwards replay the
+  // recording instead of issuing the ops one by one. So the caller promises:
+  // every run of one key issues the same ops with the same arguments
+  // (pointers, shapes, scalars), whatever changes from step to step lies in
+  // device memory (uploaded before run_step), and nothing inside allocates,
+  // uploads, downloads or synchronizes. Keys are the caller's: a key must
+  // name everything the ops' arguments depend on, and callers sharing a
+  // backend keep their keys apart (new_graph_scope). The ops may not run at all on a
+  // replay (their host code is skipped), so they must have no host side
+  // effects. The default (the CPU) runs them.
+  virtual void run_step(uint64_t key, const std::function<void()>& ops) {
+    (void)key;
+    ops();
+  }
+  // Forgets every recorded step: the memory they point into is about to be
+  // freed or moved (a runner's workspace grows, a runner ends). A recording
+  // that was dropped is recorded again when its key next comes.
+  virtual void drop_graphs() {}
+
   // ---- weights
   // The view of w this device's matmul is fastest with. On the CPU:
   // kernels::pack_weights into a buffer stored in `storage` (Q8_0 on
@@ -346,6 +369,12 @@ class Backend {
   virtual void conv2d(const Conv2dShape& s, Act x, DType w_type, const void* weight, const float* bias, Act y) = 0;
   virtual void upsample_nearest2x(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w) = 0;
 };
+
+// A number no other call returns in this process: a caller of
+// Backend::run_step puts it in its keys (scope << 32 | the caller's own
+// step number), so two callers sharing a backend never name the same step,
+// nor does a caller name a step of one that ended before it.
+uint64_t new_graph_scope();
 
 // A device's memory, as a runner admits models and jobs against it.
 struct DeviceMemory {
