@@ -3,6 +3,7 @@
 // without a download. Shapes follow llama2.c's TinyStories models and TinyLlama.
 #include <atelier/tools.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -47,9 +48,15 @@ kernels::DType parse_type(const std::string& t) {
 
 // A SentencePiece-style vocabulary: specials, 256 byte tokens, printable
 // characters with and without the space marker, then made-up words.
-void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng) {
+void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng, const std::vector<std::string>& specials) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
+  for (const auto& t : specials) {
+    if (t.empty() || std::find(tokens.begin(), tokens.end(), t) != tokens.end())
+      throw InvalidArgumentError("synth --special-token: '" + t + "' is empty or given twice");
+    tokens.push_back(t);
+    types.push_back(3);
+  }
   char buf[8];
   for (int b = 0; b < 256; ++b) {
     std::snprintf(buf, sizeof buf, "<0x%02X>", b);
@@ -120,7 +127,7 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
     w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(P.dim / P.heads));
     w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32("llama.rope.freq_base", 10000.0f);
-    add_vocab(w, P.vocab, vocab_rng);
+    add_vocab(w, P.vocab, vocab_rng, spec.special_tokens);
 
     // Matrices: uniform weights with std 1/sqrt(cols), so activations keep their scale.
     auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
