@@ -15,10 +15,9 @@ set(CPACK_SOURCE_IGNORE_FILES "/build[^/]*/" "/\\\\.git/")
 set(CPACK_PACKAGE_FILE_NAME atelier_${PROJECT_VERSION}_${CMAKE_SYSTEM_PROCESSOR})
 
 # The CUDA backend (issue 33) is a module opened at run time, packaged apart
-# so the main package needs no CUDA library. It does not exist yet: when a
-# target named atelier_cuda (a MODULE library) is built, it goes to
-# lib/atelier/ in the cuda component, and dpkg-shlibdeps names the CUDA
-# runtime packages it links (libcudart, libcublaslt from Debian's non-free).
+# so the main package needs no CUDA library. With -DATELIER_CUDA=ON the
+# target atelier_cuda (a MODULE library, kernels/cuda) goes to lib/atelier/
+# in the cuda component.
 set(CPACK_COMPONENTS_ALL atelier)
 if(TARGET atelier_cuda)
   install(TARGETS atelier_cuda LIBRARY DESTINATION lib/atelier COMPONENT cuda)
@@ -27,7 +26,11 @@ if(TARGET atelier_cuda)
   set(CPACK_DEBIAN_CUDA_FILE_NAME DEB-DEFAULT)
   set(CPACK_DEBIAN_CUDA_PACKAGE_SECTION graphics)
   set(CPACK_DEBIAN_CUDA_PACKAGE_DEPENDS "atelier (= ${PROJECT_VERSION})")
-  set(CPACK_DEBIAN_CUDA_DESCRIPTION "Atelier's CUDA backend\nRuns Atelier's text and image models on NVIDIA GPUs. Atelier finds the module in /usr/lib/atelier when it starts.")
+  # The module links cudart statically and libcublasLt.so.13 from NVIDIA's
+  # CUDA 13 toolkit or runtime (no Debian 12 package has it), which
+  # dpkg-shlibdeps cannot name: the description says what to install.
+  set(CPACK_DEBIAN_CUDA_PACKAGE_SHLIBDEPS OFF)
+  set(CPACK_DEBIAN_CUDA_DESCRIPTION "Atelier's CUDA backend\nRuns Atelier's text models on NVIDIA GPUs (Ampere, Ada, Hopper). Atelier finds the module in /usr/lib/atelier when it starts. Needs the NVIDIA driver (580 or newer) and cuBLASLt 13 (libcublasLt.so.13, NVIDIA's CUDA 13 packages; /usr/local/cuda/lib64 is searched).")
 endif()
 
 set(CPACK_DEB_COMPONENT_INSTALL ON)

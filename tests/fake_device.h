@@ -208,6 +208,13 @@ class FakeDevice final : public kernels::Backend {
     Emu e(*this);
     cpu_->swiglu(e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim);
   }
+  void glu(kernels::Activation a, kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows,
+           int64_t dim) override {
+    act(gate, "glu gate"), act(up, "glu up"), act(out, "glu out");
+    row_counts_.push_back(rows);
+    Emu e(*this);
+    cpu_->glu(a, e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim);
+  }
   void geglu(kernels::Act x, kernels::Act y, int64_t rows, int64_t dim) override {
     act(x, "geglu x"), act(y, "geglu y");
     Emu e(*this);
@@ -217,6 +224,41 @@ class FakeDevice final : public kernels::Backend {
     act(x, "softmax x");
     Emu e(*this);
     cpu_->softmax(e.out(x, rows * n), rows, n);
+  }
+  void moe_route(kernels::Act logits, int64_t rows, const kernels::MoeRouting& r, int32_t* ids,
+                 float* weights) override {
+    act(logits, "moe_route logits"), meta(ids, "moe_route ids"), dev(weights, "moe_route weights");
+    row_counts_.push_back(rows);
+    Emu e(*this);
+    cpu_->moe_route(e.in(logits, rows * r.n_expert), rows, r, ids, weights);
+  }
+  void matmul_id(const kernels::WeightView* const* experts, const kernels::Act* y, const float* const* bias, int count,
+                 int n_expert, kernels::Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) override {
+    act(x, "matmul_id x"), meta(ids, "matmul_id ids");
+    for (int i = 0; i < count; ++i) {
+      act(y[i], "matmul_id y");
+      if (bias) opt(bias[i], "matmul_id bias");
+      for (int ex = 0; ex < n_expert; ++ex) dev(experts[i][ex].data, "matmul_id expert");
+    }
+    row_counts_.push_back(rows);
+    Emu e(*this);
+    std::vector<kernels::Act> ys;
+    for (int i = 0; i < count; ++i) ys.push_back(e.out(y[i], rows * k * experts[i][0].rows));
+    cpu_->matmul_id(experts, ys.data(), bias, count, n_expert, e.in(x, rows * x_per_row * experts[0][0].cols),
+                    x_per_row, ids, rows, k);
+  }
+  void moe_combine(kernels::Act y, const float* weights, kernels::Act out, int64_t rows, int k, int64_t dim) override {
+    act(y, "moe_combine y"), dev(weights, "moe_combine weights"), act(out, "moe_combine out");
+    row_counts_.push_back(rows);
+    Emu e(*this);
+    cpu_->moe_combine(e.in(y, rows * k * dim), weights, e.out(out, rows * dim), rows, k, dim);
+  }
+  void swiglu_oai(kernels::Act gate, kernels::Act up, kernels::Act out, int64_t rows, int64_t dim, float alpha,
+                  float limit) override {
+    act(gate, "swiglu_oai gate"), act(up, "swiglu_oai up"), act(out, "swiglu_oai out");
+    row_counts_.push_back(rows);
+    Emu e(*this);
+    cpu_->swiglu_oai(e.in(gate, rows * dim), e.in(up, rows * dim), e.out(out, rows * dim), rows, dim, alpha, limit);
   }
   void affine(kernels::Act x, kernels::Act y, int64_t n, const kernels::Affine& a) override {
     act(x, "affine x"), act(y, "affine y");
@@ -229,7 +271,7 @@ class FakeDevice final : public kernels::Backend {
     cpu_->relu(e.in(x, n), e.out(y, n), n);
   }
   void tanh_clamp(kernels::Act x, kernels::Act y, int64_t n, float limit) override {
-    act(x, "tanh_clamp x"), act(y, "tanh_clamp y");
+    any(x, "tanh_clamp x"), any(y, "tanh_clamp y");  // F32 logits too (final soft-capping)
     Emu e(*this);
     cpu_->tanh_clamp(e.in(x, n), e.out(y, n), n, limit);
   }
@@ -290,6 +332,7 @@ class FakeDevice final : public kernels::Backend {
     kv_dev(kv, "paged_attention"), act(q, "paged_attention q"), act(out, "paged_attention out");
     meta(a.row_len, "paged_attention row_len"), meta(a.row_table, "paged_attention row_table");
     meta(a.block_tables, "paged_attention block_tables");
+    opt(a.sinks, "paged_attention sinks");
     row_counts_.push_back(a.rows);
     row_counts_.push_back(a.max_len);  // a launch bound: constant while a captured step replays
     const int64_t n = a.rows * a.n_head * a.head_dim;

@@ -50,7 +50,7 @@ int run_bench_text(const BenchTextOptions& o) {
     print_json_line({{"model", r.model.path},
                      {"n_params", r.model.n_params},
                      {"weight_types", r.model.weight_types},
-                     {"weight_bytes_per_token", r.model.weight_bytes},
+                     {"weight_bytes_per_token", r.model.active_weight_bytes},
                      {"threads", r.limits.threads},
                      {"simd", r.limits.simd},
                      {"prompt_tokens", r.prompt_tokens},
@@ -73,7 +73,7 @@ int run_bench_text(const BenchTextOptions& o) {
     return 0;
   }
   std::printf("model    %s\n         %s, %.1fM params, %s; %.1f MB of weights read per token\n", r.model.path.c_str(),
-              r.model.architecture.c_str(), r.model.n_params / 1e6, r.model.weight_types.c_str(), r.model.weight_bytes / 1e6);
+              r.model.architecture.c_str(), r.model.n_params / 1e6, r.model.weight_types.c_str(), r.model.active_weight_bytes / 1e6);
   std::printf("machine  %d threads, %s; memory bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s, int8 dot %.1f GOP/s (measured now)\n",
               r.limits.threads, r.limits.simd.c_str(), r.limits.mem_bandwidth_gb_per_s, r.limits.peak_gflop_per_s,
               r.limits.peak_int8_gop_per_s);

@@ -745,11 +745,13 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   };
   auto s = std::make_shared<SynthOptions>();
   CLI::App* synth = models->add_subcommand(
-      "synth", "Write a model with deterministic random weights (for benchmarks): a LLaMA-shaped GGUF, or an SD 1.5/2.1-shaped .safetensors");
-  synth->add_option("--arch", s->spec.arch, "Architecture (sd15, sd21: Stable Diffusion checkpoints)")
-      ->check(CLI::IsMember({"llama", "sd15", "sd21"}))
+      "synth", "Write a model with deterministic random weights (for benchmarks and tests): a llama/qwen3/gemma3/phi3 or mixture-of-experts GGUF, or an SD 1.5/2.1-shaped .safetensors");
+  synth->add_option("--arch", s->spec.arch,
+                    "Architecture: llama, qwen3, gemma3, phi3 (text GGUF); mixtral, qwen3moe, gpt-oss (mixtures of experts); sd15, sd21 (Stable Diffusion checkpoints)")
+      ->check(CLI::IsMember({"llama", "qwen3", "gemma3", "phi3", "mixtral", "qwen3moe", "gpt-oss", "sd15", "sd21"}))
       ->capture_default_str();
-  synth->add_option("--params", s->spec.params, "Size preset (llama)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
+  synth->add_option("--params", s->spec.params,
+                    "Size preset (llama, qwen3, gemma3, phi3: 260K..1B; mixtral, qwen3moe, gpt-oss: tiny; qwen3moe A3B-2L and gpt-oss 20B-2L: two layers of the real width)")->check(CLI::IsMember(synth_param_presets()))->capture_default_str();
   CLI::Option* type = synth->add_option("--type", s->spec.type, "Weight type of the matrices (images: f32, f16, bf16; default f16)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"}))
       ->capture_default_str();
@@ -757,14 +759,14 @@ void add_models_commands(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   synth->add_option("--heads", s->image.unet_heads, "sd15/sd21: UNet attention heads (0: 8 for sd15, 64-wide for sd21)");
   add_seed_option(*synth, s->spec.seed, "Seed of the weights, 0..18446744073709551614 (default: 1)");  // as every --seed: '' and -1 refused
-  synth->add_option("--chat-template", s->chat_template_file, "llama: a Jinja chat template file to embed (tokenizer.chat_template)")
+  synth->add_option("--chat-template", s->chat_template_file, "Text models: a Jinja chat template file to embed (tokenizer.chat_template)")
       ->check(CLI::ExistingFile);
   synth->add_option("--special-token", s->spec.special_tokens,
                     "llama: a control token to add to the vocabulary (repeatable), e.g. a chat format's markers such as <|channel|>");
   synth->add_option("-o,--output", s->out, "Output file (.gguf or .safetensors)")->required();
   synth->callback([s, type, &exit_code] {
     Status st;
-    if (s->spec.arch == "llama") {
+    if (s->spec.arch != "sd15" && s->spec.arch != "sd21") {
       if (!s->chat_template_file.empty()) {
         std::ifstream in(s->chat_template_file, std::ios::binary);
         s->spec.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -279,10 +279,40 @@ class CpuBackend final : public Backend {
     // differently if rows were run as one long array.
     for_rows(rows, [&](int64_t r) { kernels::swiglu(gf + r * dim, uf + r * dim, of + r * dim, dim); });
   }
+  void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
+    const float *gf = gate.f32(), *uf = up.f32();
+    float* of = out.f32();
+    for_rows(rows, [&](int64_t r) { kernels::glu(a, gf + r * dim, uf + r * dim, of + r * dim, dim); });
+  }
   void geglu(Act x, Act y, int64_t rows, int64_t dim) override { kernels::geglu(x.f32(), y.f32(), rows, dim, ex_); }
   void softmax(Act x, int64_t rows, int64_t n) override {
     float* xf = x.f32();
     for_rows(rows, [&](int64_t r) { kernels::softmax(xf + r * n, n); });
+  }
+
+  void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) override {
+    const float* lf = logits.f32();
+    for_rows(rows, [&](int64_t i) { kernels::moe_route(lf + i * r.n_expert, r, ids + i * r.k, weights + i * r.k); });
+  }
+  void matmul_id(const WeightView* const* experts, const Act* y, const float* const* bias, int count, int n_expert,
+                 Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) override {
+    float* ys[8];
+    if (count > 8) {
+      for (int i = 0; i < count; ++i) matmul_id(&experts[i], &y[i], bias ? &bias[i] : nullptr, 1, n_expert, x, x_per_row, ids, rows, k);
+      return;
+    }
+    for (int i = 0; i < count; ++i) ys[i] = y[i].f32();
+    kernels::matmul_id(experts, ys, bias, count, n_expert, x.f32(), x_per_row, ids, rows, k, ex_);
+  }
+  void moe_combine(Act y, const float* weights, Act out, int64_t rows, int k, int64_t dim) override {
+    const float* yf = y.f32();
+    float* of = out.f32();
+    for_rows(rows, [&](int64_t r) { kernels::moe_combine(yf + r * k * dim, weights + r * k, of + r * dim, 1, k, dim); });
+  }
+  void swiglu_oai(Act gate, Act up, Act out, int64_t rows, int64_t dim, float alpha, float limit) override {
+    const float *gf = gate.f32(), *uf = up.f32();
+    float* of = out.f32();
+    for_rows(rows, [&](int64_t r) { kernels::swiglu_oai(gf + r * dim, uf + r * dim, of + r * dim, dim, alpha, limit); });
   }
 
   void affine(Act x, Act y, int64_t n, const Affine& a) override {
@@ -528,7 +558,9 @@ void CpuBackend::paged_attention_f32(const KvLayout& kv, const PagedAttention& a
         if (n_att[r] <= 0) continue;  // an empty row is left as it is
         float* o = out + i * qd;
         for (int h = h0; h < h1; ++h) {
-          kernels::softmax(scores.data() + base[r] + static_cast<size_t>(h - h0) * static_cast<size_t>(n_att[r]), n_att[r]);
+          float* sc = scores.data() + base[r] + static_cast<size_t>(h - h0) * static_cast<size_t>(n_att[r]);
+          if (a.sinks) kernels::softmax_sink(sc, n_att[r], a.sinks[h]);
+          else kernels::softmax(sc, n_att[r]);
           std::fill(o + h * hd, o + (h + 1) * hd, 0.0f);
         }
       }
@@ -748,7 +780,8 @@ void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const floa
         s[static_cast<size_t>(p)] = d * a.scale;
         mx = std::max(mx, s[static_cast<size_t>(p)]);
       }
-      double sum = 0;
+      if (a.sinks) mx = std::max<double>(mx, a.sinks[h]);
+      double sum = a.sinks ? std::exp(a.sinks[h] - mx) : 0.0;
       for (double& x : s) sum += (x = std::exp(x - mx));
       for (int64_t j = 0; j < hd; ++j) {
         double acc = 0;

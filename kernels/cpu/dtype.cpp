@@ -31,6 +31,7 @@ constexpr TypeInfo kTypes[] = {
     {DType::Q6_K, "q6_K", 256, 128 + 64 + 16 + 2},
     {DType::Q8_K, "q8_K", 256, 4 + 256 + 32},
     {DType::BF16, "bf16", 1, 2},
+    {DType::MXFP4, "mxfp4", 32, 1 + 16},
 };
 
 const TypeInfo* find(DType t) {

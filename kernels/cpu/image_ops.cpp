@@ -253,23 +253,35 @@ void activation_ref(Activation a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(act_ref(a, x[i]));
 }
 
+namespace {
+// The scalar level's activations in f32.
+float act_f(Activation a, float v) {
+  switch (a) {
+    case Activation::silu: return silu_f(v);
+    case Activation::gelu: return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+    case Activation::gelu_tanh: return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case Activation::quick_gelu: return v / (1.0f + std::exp(-1.702f * v));
+  }
+  return v;
+}
+}  // namespace
+
 void activation(Activation a, const float* x, float* y, int64_t n, Executor* ex) {
   constexpr int64_t kChunk = 16384;
   run_parallel(ex, (n + kChunk - 1) / kChunk, [&](int64_t u0, int64_t u1) {
     const int64_t b = u0 * kChunk, e = std::min(n, u1 * kChunk);
     if (use_avx2()) return cpu::avx2::activation(a, x + b, y + b, e - b);
-    for (int64_t i = b; i < e; ++i) {
-      const float v = x[i];
-      switch (a) {
-        case Activation::silu: y[i] = silu_f(v); break;
-        case Activation::gelu: y[i] = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); break;
-        case Activation::gelu_tanh:
-          y[i] = 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-          break;
-        case Activation::quick_gelu: y[i] = v / (1.0f + std::exp(-1.702f * v)); break;
-      }
-    }
+    for (int64_t i = b; i < e; ++i) y[i] = act_f(a, x[i]);
   });
+}
+
+void glu_ref(Activation a, const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(act_ref(a, gate[i]) * up[i]);
+}
+
+void glu(Activation a, const float* gate, const float* up, float* out, int64_t n) {
+  if (use_avx2()) return cpu::avx2::glu_row(a, gate, up, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = act_f(a, gate[i]) * up[i];
 }
 
 void geglu_ref(const float* x, float* y, int64_t rows, int64_t dim) {

@@ -117,6 +117,19 @@ void geglu_row(const float* value, const float* gate, float* y, int64_t n) {
   }
 }
 
+void glu_row(Activation a, const float* gate, const float* up, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(act_ps(a, _mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    float g[8] = {}, u[8] = {};
+    std::memcpy(g, gate + i, static_cast<size_t>(n - i) * sizeof(float));
+    std::memcpy(u, up + i, static_cast<size_t>(n - i) * sizeof(float));
+    _mm256_storeu_ps(g, _mm256_mul_ps(act_ps(a, _mm256_loadu_ps(g)), _mm256_loadu_ps(u)));
+    std::memcpy(y + i, g, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
 namespace {
 
 struct V {

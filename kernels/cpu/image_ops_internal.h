@@ -29,6 +29,7 @@ float exp_shift_sum(float* x, int64_t n, float m);
 void activation(Activation a, const float* x, float* y, int64_t n);
 // y[i] = value[i] * gelu(gate[i]) (erf GELU).
 void geglu_row(const float* value, const float* gate, float* y, int64_t n);
+void glu_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 // The avx2 level's conv2d and attention (image_ops_x86.inc, 8 lanes); same
 // contracts as the avx512 ones below.
 void conv2d(const Conv2dShape& s, const float* x, DType w_type, const void* weight, const float* bias, float* y,

@@ -21,7 +21,8 @@ namespace {
 ActKind act_kind(DType t) {
   switch (t) {
     case DType::Q8_0:
-    case DType::Q4_0: return ActKind::q8_0;
+    case DType::Q4_0:
+    case DType::MXFP4: return ActKind::q8_0;
     case DType::Q4_K:
     case DType::Q6_K: return ActKind::q8_K;
     default: return ActKind::f32;
@@ -83,6 +84,23 @@ float dot_q4_0_row(const char* w, const char* xq, int64_t k) {
       isum += ((wb[b].qs[j] >> 4) - 8) * xb[b].qs[j + kQK / 2];
     }
     s += (fp16_to_f32(wb[b].d) * xb[b].d) * static_cast<float>(isum);
+  }
+  return s;
+}
+
+// GGML's ggml_vec_dot_mxfp4_q8_0: per block the integer dot of the doubled
+// E2M1 values with the activation quants, times e8m0_half(e) * d_x.
+float dot_mxfp4_row(const char* w, const char* xq, int64_t k) {
+  const auto* wb = reinterpret_cast<const BlockMXFP4*>(w);
+  const auto* xb = reinterpret_cast<const ActQ8_0*>(xq);
+  float s = 0;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      isum += kMxfp4Values[wb[b].qs[j] & 0x0F] * xb[b].qs[j];
+      isum += kMxfp4Values[wb[b].qs[j] >> 4] * xb[b].qs[j + kQK / 2];
+    }
+    s += (e8m0_half(wb[b].e) * xb[b].d) * static_cast<float>(isum);
   }
   return s;
 }
@@ -266,6 +284,7 @@ float dot_ref(const MatmulArgs& a, int64_t m, int64_t r) {
     case DType::Q4_0: return dot_q4_0_row(w, act_row(a, m), k);
     case DType::Q4_K: return dot_q4_K_row(w, act_row(a, m), k);
     case DType::Q6_K: return dot_q6_K_row(w, act_row(a, m), k);
+    case DType::MXFP4: return dot_mxfp4_row(w, act_row(a, m), k);
     default: return dot_generic_row(a.w->type, w, x, k);
   }
 }
@@ -332,7 +351,8 @@ bool matmul_supports(DType t) {
     case DType::Q8_0:
     case DType::Q4_0:
     case DType::Q4_K:
-    case DType::Q6_K: return true;
+    case DType::Q6_K:
+    case DType::MXFP4: return true;
     default: return false;
   }
 }
@@ -437,7 +457,8 @@ std::pair<RowsFn, int64_t> rows_fn(const WeightView& w, int64_t n_x_rows) {
                                               : &q4_Kx8_rows_avx2;
   } else if (matmul_supports(w.type)) {
     switch (active_simd()) {
-      case Simd::avx512: fn = rows_fn_avx512(w.type); break;
+      // A type with no 512-bit tile (MXFP4) runs the AVX2 one: an AVX-512 CPU has AVX2.
+      case Simd::avx512: fn = rows_fn_avx512(w.type); if (!fn) fn = rows_fn_avx2(w.type); break;
       case Simd::avx2: fn = rows_fn_avx2(w.type); break;
       case Simd::scalar: break;
     }
@@ -493,6 +514,128 @@ void matmul_ref(const WeightView& w, const float* x, float* y, int64_t n_x_rows)
   const MatmulArgs a = prepare(w, x, y, n_x_rows, storage);
   for (int64_t m = 0; m < n_x_rows; ++m)
     for (int64_t r = 0; r < w.rows; ++r) y[m * w.rows + r] = dot_ref(a, m, r);
+}
+
+}  // namespace atelier::kernels
+
+namespace atelier::kernels {
+
+namespace {
+bool routable(const WeightView* const* experts, int count, int n_expert) {
+  if (count <= 0 || n_expert <= 0) return false;
+  const WeightView& w0 = experts[0][0];
+  for (int i = 0; i < count; ++i)
+    for (int e = 0; e < n_expert; ++e) {
+      const WeightView& w = experts[i][e];
+      if (w.type != w0.type || w.cols != w0.cols || w.layout != w0.layout || w.rows != experts[i][0].rows) return false;
+    }
+  return true;
+}
+}  // namespace
+
+// The slots of the step grouped by expert (each group in slot order), each
+// expert's input rows gathered and quantized once for all the sets, then
+// every (set, expert)'s weight rows split over the threads in one
+// parallel_for, as matmul_many splits several matrices; the outputs are
+// scattered back to their slots. Each gathered row's product is the one-row
+// product (the tiles are batch-invariant), so the grouping never shows.
+void matmul_id(const WeightView* const* experts, float* const* y, const float* const* bias, int count, int n_expert,
+               const float* x, int x_per_row, const int32_t* ids, int64_t rows, int k, Executor* ex) {
+  if (rows <= 0 || k <= 0 || count <= 0) return;
+  if (!routable(experts, count, n_expert)) {  // sets of different types: one call per set
+    if (count > 1)
+      for (int i = 0; i < count; ++i) matmul_id(&experts[i], &y[i], &bias[i], 1, n_expert, x, x_per_row, ids, rows, k, ex);
+    return;
+  }
+  const int64_t cols = experts[0][0].cols, slots = rows * k;
+  // Counting sort of the slots by expert.
+  thread_local std::vector<int64_t> start, order;
+  start.assign(static_cast<size_t>(n_expert) + 1, 0);
+  for (int64_t s = 0; s < slots; ++s)
+    if (ids[s] >= 0 && ids[s] < n_expert) ++start[static_cast<size_t>(ids[s]) + 1];
+  for (int e = 0; e < n_expert; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
+  const int64_t used = start[static_cast<size_t>(n_expert)];
+  if (used == 0) return;
+  order.resize(static_cast<size_t>(used));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t s = 0; s < slots; ++s)
+      if (ids[s] >= 0 && ids[s] < n_expert) order[static_cast<size_t>(fill[static_cast<size_t>(ids[s])]++)] = s;
+  }
+  // Gathered inputs (used x cols) and outputs per set (used x rows_i).
+  thread_local std::vector<float> xg;
+  thread_local std::vector<std::vector<float>> yg;
+  xg.resize(static_cast<size_t>(used * cols));
+  for (int64_t g = 0; g < used; ++g) {
+    const int64_t s = order[static_cast<size_t>(g)];
+    const int64_t src = x_per_row == 1 ? s / k : s;
+    std::memcpy(xg.data() + g * cols, x + src * cols, static_cast<size_t>(cols) * sizeof(float));
+  }
+  if (yg.size() < static_cast<size_t>(count)) yg.resize(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) yg[static_cast<size_t>(i)].resize(static_cast<size_t>(used * experts[i][0].rows));
+  // One activation quantization per expert (shared by the sets), then the
+  // (set, expert) units.
+  struct Job {
+    MatmulArgs a;
+    RowsFn fn;
+    int64_t unit, first;
+  };
+  thread_local std::vector<std::vector<unsigned char>> storage;
+  if (storage.size() < static_cast<size_t>(n_expert)) storage.resize(static_cast<size_t>(n_expert));
+  std::vector<Job> jobs;
+  int64_t units = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    const int64_t g0 = start[static_cast<size_t>(e)], n_e = start[static_cast<size_t>(e) + 1] - g0;
+    if (n_e == 0) continue;
+    const MatmulArgs base = prepare(experts[0][e], xg.data() + g0 * cols, nullptr, n_e, storage[static_cast<size_t>(e)], ex);
+    for (int i = 0; i < count; ++i) {
+      const WeightView& w = experts[i][e];
+      if (!shape_ok(w, n_e)) continue;
+      const auto rf = rows_fn(w, n_e);
+      Job j{base, rf.first, rf.second, units};
+      j.a.w = &w;
+      j.a.y = yg[static_cast<size_t>(i)].data() + g0 * w.rows;
+      jobs.push_back(j);
+      units += (w.rows + rf.second - 1) / rf.second;
+    }
+  }
+  auto run = [&](int64_t b, int64_t end) {
+    for (const Job& j : jobs) {
+      const int64_t n = (j.a.w->rows + j.unit - 1) / j.unit;
+      const int64_t lo = std::max(b, j.first), hi = std::min(end, j.first + n);
+      if (lo < hi) j.fn(j.a, (lo - j.first) * j.unit, std::min((hi - j.first) * j.unit, j.a.w->rows));
+    }
+  };
+  if (!ex || units <= 1) run(0, units);
+  else ex->parallel_for(units, run);
+  for (int i = 0; i < count; ++i) {
+    const int64_t out = experts[i][0].rows;
+    const float* src = yg[static_cast<size_t>(i)].data();
+    for (int64_t g = 0; g < used; ++g) {
+      const int64_t s = order[static_cast<size_t>(g)];
+      float* dst = y[i] + s * out;
+      std::memcpy(dst, src + g * out, static_cast<size_t>(out) * sizeof(float));
+      if (bias && bias[i]) {
+        const float* b = bias[i] + int64_t{ids[s]} * out;
+        for (int64_t c = 0; c < out; ++c) dst[c] += b[c];
+      }
+    }
+  }
+}
+
+void matmul_id_ref(const WeightView* const* experts, float* const* y, const float* const* bias, int count,
+                   int n_expert, const float* x, int x_per_row, const int32_t* ids, int64_t rows, int k) {
+  for (int64_t s = 0; s < rows * k; ++s) {
+    const int32_t e = ids[s];
+    if (e < 0 || e >= n_expert) continue;
+    const float* xr = x + (x_per_row == 1 ? s / k : s) * experts[0][e].cols;
+    for (int i = 0; i < count; ++i) {
+      const WeightView& w = experts[i][e];
+      matmul_ref(w, xr, y[i] + s * w.rows, 1);
+      if (bias && bias[i])
+        for (int64_t c = 0; c < w.rows; ++c) y[i][s * w.rows + c] += bias[i][int64_t{e} * w.rows + c];
+    }
+  }
 }
 
 }  // namespace atelier::kernels

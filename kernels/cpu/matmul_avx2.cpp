@@ -521,6 +521,7 @@ RowsFn rows_fn_avx2(DType t) {
     case DType::Q4_0: return &TileDriver<KernelQ4_0, 4, 2, 4, 2, 2>::run;
     case DType::Q4_K: return &TileDriver<KernelQ4_K, 4, 2, 4, 2, 2>::run;
     case DType::Q6_K: return &TileDriver<KernelQ6_K, 4, 2, 4, 2, 2>::run;
+    case DType::MXFP4: return &TileDriver<KernelMXFP4, 4, 2, 4, 2, 2>::run;
     default: return nullptr;
   }
 }

@@ -213,7 +213,44 @@ void dequant_q8_K(const BlockQ8_K* x, float* y, int64_t nb) {
     for (int j = 0; j < kQK_K; ++j) *y++ = x[i].d * x[i].qs[j];
 }
 
+void dequant_mxfp4(const BlockMXFP4* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = e8m0_half(x[i].e);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i * kQK + j] = kMxfp4Values[x[i].qs[j] & 0x0F] * d;
+      y[i * kQK + j + kQK / 2] = kMxfp4Values[x[i].qs[j] >> 4] * d;
+    }
+  }
+}
+
 // ---- encoders -------------------------------------------------------------
+
+// GGML's quantize_row_mxfp4_ref: the scale is 2^(floor(log2 amax) - 2), so
+// the block's largest magnitude lands in [4, 8) scale units (E2M1's top
+// codes 4 and 6, or clipped to 6), then each value takes the nearest code
+// (the first of equals). Where GGML casts
+// a negative exponent (amax < 2^-125) to uint8_t (undefined), the scale byte
+// is clamped to 0 here.
+void quant_mxfp4(const float* x, BlockMXFP4* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float ef = amax > 0.0f ? std::floor(std::log2(amax)) - 2 + 127 : 0.0f;
+    const uint8_t e = static_cast<uint8_t>(std::clamp(ef, 0.0f, 255.0f));
+    const float d = e8m0_half(e);
+    y[i].e = e;
+    auto best = [d](float v) {
+      int b = 0;
+      float err = std::fabs(kMxfp4Values[0] * d - v);
+      for (int k = 1; k < 16; ++k) {
+        const float e2 = std::fabs(kMxfp4Values[k] * d - v);
+        if (e2 < err) b = k, err = e2;
+      }
+      return static_cast<uint8_t>(b);
+    };
+    for (int j = 0; j < kQK / 2; ++j) y[i].qs[j] = static_cast<uint8_t>(best(x[j]) | best(x[j + kQK / 2]) << 4);
+  }
+}
 
 void quant_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
@@ -780,6 +817,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q5_K: dequant_q5_K(static_cast<const BlockQ5_K*>(src), dst, nb); break;
     case DType::Q6_K: dequant_q6_K(static_cast<const BlockQ6_K*>(src), dst, nb); break;
     case DType::Q8_K: dequant_q8_K(static_cast<const BlockQ8_K*>(src), dst, nb); break;
+    case DType::MXFP4: dequant_mxfp4(static_cast<const BlockMXFP4*>(src), dst, nb); break;
   }
 }
 
@@ -811,6 +849,7 @@ bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q5_K: quant_qk_K<5>(src, static_cast<BlockQ5_K*>(dst), nb); return true;
     case DType::Q6_K: quant_q6_K(src, static_cast<BlockQ6_K*>(dst), nb); return true;
     case DType::Q8_K: cpu::quantize_act_q8_K(src, static_cast<BlockQ8_K*>(dst), n); return true;
+    case DType::MXFP4: quant_mxfp4(src, static_cast<BlockMXFP4*>(dst), nb); return true;
   }
   return false;
 }

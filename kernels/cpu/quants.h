@@ -32,6 +32,7 @@ struct BlockQ5_K {
 };
 struct BlockQ6_K { uint8_t ql[kQK_K / 2]; uint8_t qh[kQK_K / 4]; int8_t scales[kQK_K / 16]; uint16_t d; };
 struct BlockQ8_K { float d; int8_t qs[kQK_K]; int16_t bsums[kQK_K / 16]; };
+struct BlockMXFP4 { uint8_t e; uint8_t qs[kQK / 2]; };
 
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
@@ -39,6 +40,21 @@ static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockMXFP4) == 17);
+
+// MXFP4's E2M1 codes as integers, doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+// their negatives become 0..12), GGML's kvalues_mxfp4: a block's values are
+// kMxfp4Values[code] * e8m0_half(e), so a dot with int8 activations is an
+// integer sum times one scale.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 127) / 2 (the halving undoes kMxfp4Values' doubling), exactly as
+// GGML_E8M0_TO_FP32_HALF: e 0 and 1 are subnormal floats.
+static inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // Activation block for Q8_0/Q4_0 weights: a Q8_0 block with its scale kept in
 // f32 (no fp16 rounding) and the sum of its quants (Q4_0's -8 offset and the

@@ -154,3 +154,51 @@ TEST(Quantize, RefusesBadInput) {
   spec.recipe = "mixed";
   EXPECT_EQ(quantize_model(kGguf, spec).status().code, StatusCode::InvalidArgument);  // both
 }
+
+// A mixture of experts (issue 36): the 3-D expert tensors are quantized row
+// by row (so expert by expert), the router stays F32, the per-token bytes
+// count expert_used_count of expert_count experts, and the version loads
+// and runs close to its source.
+TEST(Quantize, MixtureOfExpertsKeepsTheRouterAndCountsTheUsedExperts) {
+  atelier::test::ScratchDir dir("atelier_quantize_moe");
+  const std::string store = (dir.dir / "store").string(), src = (dir.dir / "qwen3moe.gguf").string();
+  SynthTextSpec s;
+  s.arch = "qwen3moe";
+  s.params = "tiny";
+  s.type = "f32";
+  ASSERT_TRUE(synth_text_model(s, src).ok());
+  QuantizeSpec spec;
+  spec.type = "q8_0";
+  spec.store_dir = store;
+  spec.name = "moe";
+  spec.max_tokens = 64;
+  auto r = quantize_model(src, spec);
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  auto st = Store::open(store, false);
+  auto v = st.value()->resolve("moe@1");
+  ASSERT_TRUE(v.ok());
+  auto q = formats::GgufFile::open(v->files[0].path);
+  auto f = formats::GgufFile::open(src);
+  const auto& router = q->tensor("blk.0.ffn_gate_inp.weight");
+  EXPECT_EQ(router.type, kernels::DType::F32);
+  const auto& exps = q->tensor("blk.1.ffn_down_exps.weight");
+  EXPECT_EQ(exps.type, kernels::DType::Q8_0);
+  ASSERT_EQ(exps.shape, (std::vector<int64_t>{32, 64, 8}));
+  // Expert 5's first row decodes to its source row (Q8_0's error bound).
+  const auto& orig = f->tensor("blk.1.ffn_down_exps.weight");
+  std::vector<float> a(32), b(32);
+  kernels::dequantize_row(orig.type, orig.data + (5 * 64) * 32 * 4, a.data(), 32);
+  kernels::dequantize_row(exps.type, exps.data + (5 * 64) * 34, b.data(), 32);
+  for (int i = 0; i < 32; ++i) EXPECT_NEAR(a[i], b[i], 0.01) << i;
+  // Per token: 2 of the 8 experts' bytes (the F32 source: 3 x 2 x 64 x 32 x 4 bytes of experts per layer).
+  int64_t all_experts = 0;
+  for (const auto& t : f->tensors())
+    if (t.shape.size() == 3) all_experts += static_cast<int64_t>(t.bytes);
+  EXPECT_EQ(all_experts, 3 * 3 * 8 * 64 * 32 * 4);
+  int64_t dense = 0;
+  for (const auto& t : f->tensors())
+    if (t.shape.size() == 2 && t.name != "token_embd.weight") dense += static_cast<int64_t>(t.bytes);  // one row of it per token
+  EXPECT_EQ(r->source_bytes_per_token, dense + all_experts / 4);
+  ASSERT_TRUE(r->has_quality);
+  EXPECT_LT(r->quality.mean_kl, 0.01);
+}

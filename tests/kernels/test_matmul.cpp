@@ -15,7 +15,7 @@ using testing::random_floats;
 using testing::ScopedSimd;
 using testing::TestExecutor;
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K};
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::MXFP4};
 
 struct Weights {
   DType type;
@@ -42,7 +42,8 @@ Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed, int64_t
 int64_t act_block(DType t) {
   switch (t) {
     case DType::Q8_0:
-    case DType::Q4_0: return 32;
+    case DType::Q4_0:
+    case DType::MXFP4: return 32;
     case DType::Q4_K:
     case DType::Q6_K: return 256;
     default: return 0;

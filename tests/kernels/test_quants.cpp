@@ -269,6 +269,50 @@ TEST(Dequantize, Q6_K) {
   for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(y[e], d * (e / 16 * 9 - 70) * (code(e) - 32)) << e;
 }
 
+// MXFP4 (GGML type 39): an E8M0 scale byte, then 16 bytes of E2M1 codes (low
+// nibbles values 0..15, high nibbles 16..31); value = e2m1(code) * 2^(e - 127).
+// E2M1: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6 (OCP MX spec v1.0).
+TEST(Dequantize, MXFP4) {
+  const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int e : {127, 120, 130, 1}) {  // 1: a subnormal float scale (2^-126)
+    Bytes b(17, 0);
+    b[0] = static_cast<uint8_t>(e);
+    auto code = [](int i) { return (i * 5 + i / 16) % 16; };
+    for (int i = 0; i < 32; ++i) b[1 + i % 16] |= static_cast<uint8_t>(code(i) << (i < 16 ? 0 : 4));
+    const auto y = decode(DType::MXFP4, b, 32);
+    for (int i = 0; i < 32; ++i) {
+      const float mag = e2m1[code(i) & 7] * std::ldexp(1.0f, e - 127);
+      EXPECT_EQ(y[i], code(i) & 8 ? -mag : mag) << "e " << e << " value " << i;
+    }
+  }
+  EXPECT_EQ(dtype_name(DType::MXFP4), "mxfp4");
+  EXPECT_EQ(dtype_row_bytes(DType::MXFP4, 64), 34);
+  EXPECT_TRUE(dtype_known(39));
+}
+
+// The encoder (GGML's quantize_row_mxfp4_ref) on a hand-built block: the
+// scale is 2^(floor(log2 amax) - 2) and each value its nearest code.
+TEST(Quantize, MXFP4HandBuiltBlock) {
+  std::vector<float> x(32);
+  // amax 5.5 -> floor(log2 5.5) = 2 -> e = 127, scale 1: codes are the E2M1 values themselves.
+  const float vals[32] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 5.5f, -0.5f, -1, -1.5f, -2, -3, -4, -5.4f, 0.2f,
+                          0.3f, 0.74f, 0.76f, 1.24f, 2.4f, 2.6f, 3.4f, 3.6f, 4.9f, 5.1f, -0.26f, -0.24f, 1.25f, 0, 0, 0};
+  std::copy(vals, vals + 32, x.begin());
+  const int want[32] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 0,
+                        1, 1, 2, 2, 4, 5, 5, 6, 6, 7, 9, 0, 2, 0, 0, 0};
+  // 5.5: |6 - 5.5| < |4 - 5.5|; 0.2 -> 0; -0.24 -> +0 (code 0 before -0); a tie (1.25) takes the first code.
+  std::vector<uint8_t> q(17);
+  ASSERT_TRUE(quantize_row(DType::MXFP4, x.data(), q.data(), 32));
+  EXPECT_EQ(q[0], 127);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ((q[1 + i % 16] >> (i < 16 ? 0 : 4)) & 15, want[i]) << "value " << i;
+  // A block 64x larger takes e + 6 and the same codes.
+  for (float& v : x) v *= 64;
+  std::vector<uint8_t> q64(17);
+  ASSERT_TRUE(quantize_row(DType::MXFP4, x.data(), q64.data(), 32));
+  EXPECT_EQ(q64[0], 133);
+  EXPECT_TRUE(std::equal(q.begin() + 1, q.end(), q64.begin() + 1));
+}
+
 // ---- round trips -------------------------------------------------------------
 
 struct RoundTripCase {
@@ -311,7 +355,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, RoundTrip,
                                            RoundTripCase{DType::Q5_1, 0.046}, RoundTripCase{DType::Q5_K, 0.044},
                                            RoundTripCase{DType::Q4_0, 0.105}, RoundTripCase{DType::Q4_1, 0.095},
                                            RoundTripCase{DType::Q4_K, 0.09}, RoundTripCase{DType::Q3_K, 0.19},
-                                           RoundTripCase{DType::Q2_K, 0.34}),
+                                           RoundTripCase{DType::Q2_K, 0.34}, RoundTripCase{DType::MXFP4, 0.2}),
                          [](const auto& info) { return std::string(dtype_name(info.param.type)); });
 
 TEST(Quantize, Q8_1StoresScaledSum) {

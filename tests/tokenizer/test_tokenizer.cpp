@@ -2,6 +2,8 @@
 // fixtures (../shared/fixtures, see its README.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -49,8 +51,8 @@ struct VocabCase {
 // As llama.cpp's test-tokenizer-0: the .inp strings are separated by
 // "\n__ggml_vocab_test__\n" (the piece after the last separator is not a test);
 // line i of the .out holds the ids of string i.
-std::vector<VocabCase> read_cases(const std::string& stem) {
-  const std::string inp = read_file(stem + ".inp");
+std::vector<std::string> read_test_strings(const std::string& path) {
+  const std::string inp = read_file(path);
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   size_t start = 0;
@@ -58,6 +60,11 @@ std::vector<VocabCase> read_cases(const std::string& stem) {
     texts.push_back(inp.substr(start, end - start));
     start = end + sep.size();
   }
+  return texts;
+}
+
+std::vector<VocabCase> read_cases(const std::string& stem) {
+  const std::vector<std::string> texts = read_test_strings(stem + ".inp");
   std::ifstream out(stem + ".out");
   std::vector<VocabCase> cases;
   std::string line;
@@ -176,43 +183,75 @@ struct CompactGguf {
   std::vector<int32_t> original_id;     // the other way
 };
 
-// Writes fixtures/NAME.vocab as a GGUF vocabulary (ids renumbered densely, in order).
-CompactGguf write_compact_gguf(const std::string& name) {
+// Writes fixtures/NAME.vocab as a GGUF vocabulary (ids renumbered densely, in
+// order). Byte-level BPE files (make_compact_vocab.py): `pre`, `t` tokens, `m`
+// merges. SentencePiece files (make_spm_vocab.py): `model llama`, `s` tokens
+// with scores, `u` runs of <unusedN>, special ids and add_* flags.
+// drop_unused: leave out the `u` runs (a vocabulary with few special tokens).
+CompactGguf write_compact_gguf(const std::string& name, bool drop_unused = false) {
   std::ifstream in(kCompactDir + name + ".vocab");
   if (!in) throw std::runtime_error("cannot open " + kCompactDir + name + ".vocab");
   CompactGguf out;
-  std::string pre, line;
+  std::string model = "gpt2", pre, line;
   std::vector<std::string> tokens, merges;
   std::vector<int32_t> types;
+  std::vector<float> scores;
+  std::map<std::string, int64_t> keys;  // bos, eos, unk, pad (original ids), add_* flags
+  const auto add_token = [&](int32_t id, int32_t type, float score, std::string text) {
+    out.dense_id[id] = static_cast<int32_t>(tokens.size());
+    out.original_id.push_back(id);
+    tokens.push_back(std::move(text));
+    types.push_back(type);
+    scores.push_back(score);
+  };
   while (std::getline(in, line)) {
     std::istringstream f(line);
     std::string kind;
     f >> kind;
+    if (kind.empty() || kind[0] == '#') continue;
     if (kind == "pre") {
       f >> pre;
-    } else if (kind == "t") {
+    } else if (kind == "model") {
+      f >> model;
+    } else if (kind == "t" || kind == "s") {
       int32_t id = 0, type = 0;
+      float score = 0.0f;
       std::string hex;
-      f >> id >> type >> hex;
-      out.dense_id[id] = static_cast<int32_t>(tokens.size());
-      out.original_id.push_back(id);
-      tokens.push_back(unhex(hex));
-      types.push_back(type);
+      f >> id >> type;
+      if (kind == "s") f >> score;
+      f >> hex;
+      add_token(id, type, score, unhex(hex));
+    } else if (kind == "u") {
+      if (drop_unused) continue;
+      int32_t id = 0, first = 0, count = 0, type = 0;
+      f >> id >> first >> count >> type;
+      for (int32_t i = 0; i < count; ++i) add_token(id + i, type, -1000.0f, "<unused" + std::to_string(first + i) + ">");
     } else if (kind == "m") {
       std::string l, r;
       f >> l >> r;
       merges.push_back(unhex(l) + " " + unhex(r));
+    } else {
+      f >> keys[kind];
     }
   }
   atelier::formats::GgufWriter w;
   w.set_string("general.architecture", "llama");
-  w.set_string("tokenizer.ggml.model", "gpt2");
-  w.set_string("tokenizer.ggml.pre", pre);
+  w.set_string("tokenizer.ggml.model", model);
+  if (!pre.empty()) w.set_string("tokenizer.ggml.pre", pre);
   w.set_string_array("tokenizer.ggml.tokens", tokens);
   w.set_i32_array("tokenizer.ggml.token_type", types);
-  w.set_string_array("tokenizer.ggml.merges", merges);
+  if (model == "gpt2") w.set_string_array("tokenizer.ggml.merges", merges);
+  if (model == "llama") w.set_f32_array("tokenizer.ggml.scores", scores);
+  for (const auto& [key, gguf_key] : std::map<std::string, std::string>{{"bos", "tokenizer.ggml.bos_token_id"},
+                                                                        {"eos", "tokenizer.ggml.eos_token_id"},
+                                                                        {"unk", "tokenizer.ggml.unknown_token_id"},
+                                                                        {"pad", "tokenizer.ggml.padding_token_id"}})
+    if (keys.count(key)) w.set_u32(gguf_key, static_cast<uint32_t>(out.dense_id.at(static_cast<int32_t>(keys[key]))));
+  for (const char* key : {"add_bos", "add_eos"})
+    if (keys.count(key)) w.set_bool(std::string("tokenizer.ggml.") + key + "_token", keys[key] != 0);
+  if (keys.count("add_space_prefix")) w.set_bool("tokenizer.ggml.add_space_prefix", keys["add_space_prefix"] != 0);
   out.path = (std::filesystem::temp_directory_path() /
-              ("atelier-tok-compact-" + name + "-" + std::to_string(::getpid()) + ".gguf"))
+              ("atelier-tok-compact-" + name + (drop_unused ? "-few" : "") + "-" + std::to_string(::getpid()) + ".gguf"))
                  .string();
   w.write(out.path);
   return out;
@@ -261,6 +300,218 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, CompactVocabVectors, testing::Values("qwen2",
                          [](const testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param) == "gpt-4o" ? std::string("gpt_4o") : std::string(info.param);
                          });
+
+// ---- Gemma 3: SentencePiece without a space prefix, ~6,400 added tokens ----
+//
+// fixtures/gemma3.vocab is Gemma 3's vocabulary as llama.cpp's converter writes
+// it (types, user-defined space runs as spaces, scores in the order of the
+// SentencePiece scores: make_spm_vocab.py says why), cut to the test strings
+// but with every added token. gemma3.out: the ids Hugging Face's tokenizer.json
+// gives (transformers.js, fixtures/README.md) for llama.cpp's 46 strings, then
+// fixtures/gemma3.inp (turn markers, code with tabs and newline runs, HTML,
+// CJK, emoji, runs longer than the longest run token, byte fallback).
+
+struct Gemma3 : testing::Test {
+  static void SetUpTestSuite() {
+    vocab = new CompactGguf(write_compact_gguf("gemma3"));
+    tok = load_gguf_tokenizer(vocab->path).release();
+    std::filesystem::remove(vocab->path);
+  }
+  static void TearDownTestSuite() {
+    delete tok;
+    delete vocab;
+  }
+  static int32_t id(int32_t original) { return vocab->dense_id.at(original); }
+  static std::vector<int32_t> originals(const std::vector<int32_t>& ids) {
+    std::vector<int32_t> out;
+    for (int32_t i : ids) out.push_back(vocab->original_id.at(static_cast<size_t>(i)));
+    return out;
+  }
+  static std::vector<std::string> strings() {
+    auto texts = read_test_strings(kVocabDir + "ggml-vocab-gpt-2.gguf.inp");
+    for (auto& t : read_test_strings(kCompactDir + "gemma3.inp")) texts.push_back(t);
+    return texts;
+  }
+  static inline CompactGguf* vocab = nullptr;
+  static inline Tokenizer* tok = nullptr;
+};
+
+TEST_F(Gemma3, EveryStringTokenizesAsTheModelsTokenizerJson) {
+  const auto texts = strings();
+  std::ifstream out(kCompactDir + "gemma3.out");
+  ASSERT_EQ(texts.size(), 46u + 19u);
+  size_t passed = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    std::string line;
+    ASSERT_TRUE(std::getline(out, line)) << "gemma3.out has fewer lines than there are strings";
+    const auto want = parse_ids(line);
+    const auto got = originals(tok->encode(texts[i], /*add_bos=*/false, /*parse_special=*/true));
+    if (got != want) {
+      ADD_FAILURE() << "string " << i << " " << escaped(texts[i]) << "\n  expected " << ids_str(want) << "\n  got      "
+                    << ids_str(got);
+      continue;
+    }
+    ++passed;
+    // Without control tokens (which stream as ""), the pieces give the text back.
+    const bool has_control = std::any_of(got.begin(), got.end(), [](int32_t o) {
+      return tok->token_type(id(o)) == TokenType::Control;
+    });
+    if (!has_control) {
+      EXPECT_EQ(tok->decode(tok->encode(texts[i], false, true)), texts[i]) << "string " << i;
+    }
+  }
+  std::printf("[   INFO   ] gemma3: %zu/%zu strings pass\n", passed, texts.size());
+}
+
+TEST_F(Gemma3, NoSpacePrefixBosAndEndOfTurn) {
+  EXPECT_EQ(tok->model_name(), "llama");
+  // "Hello" is the piece without U+2581: no space is put before the text.
+  const auto hello = originals(tok->encode("Hello", true, true));
+  ASSERT_EQ(hello.size(), 2u);
+  EXPECT_EQ(hello[0], 2);  // <bos>
+  EXPECT_EQ(tok->token_text(id(hello[1])), "Hello");
+  EXPECT_EQ(originals(tok->encode("<start_of_turn>user\n", false, true)), (std::vector<int32_t>{105, 2364, 107}));
+  EXPECT_TRUE(tok->is_eog(id(106)));  // <end_of_turn>
+  EXPECT_TRUE(tok->is_eog(id(1)));    // <eos>
+  EXPECT_EQ(tok->token_to_piece(id(106)), "");
+  // User-defined runs of spaces stream as spaces, newline runs as newlines.
+  EXPECT_EQ(tok->token_to_piece(id(140)), "    ");
+  EXPECT_EQ(tok->token_to_piece(id(109)), "\n\n\n");
+  EXPECT_EQ(tok->token_to_piece(id(255969)), "\t\t");
+}
+
+TEST_F(Gemma3, ControlTokensAreTextUnlessParsedUserDefinedOnesAlwaysCut) {
+  // Without parse_special, <start_of_turn> (control) is plain text, while the
+  // user-defined newline and <b> are still cut out, as llama.cpp does.
+  const auto plain = originals(tok->encode("<start_of_turn>\n<b>", false, false));
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 105), 0);
+  ASSERT_GE(plain.size(), 3u);
+  EXPECT_EQ(plain[plain.size() - 2], 107);
+  EXPECT_EQ(plain.back(), 200);
+  EXPECT_EQ(tok->decode(tok->encode("<start_of_turn>\n<b>", false, false)), "<start_of_turn>\n<b>");
+}
+
+// A long chat prompt through the whole special set (6,414 control and
+// user-defined tokens) against the same vocabulary without the 6,242 <unusedN>:
+// llama.cpp's partition tries each special text in turn over every fragment,
+// so its time grows with the set; here only the texts the prompt holds are
+// tried, and the two take about as long. (A ratio, not a time: CI runs this
+// under sanitizers on shared cores.)
+TEST_F(Gemma3, LongPromptTimeDoesNotGrowWithTheSpecialSet) {
+  const CompactGguf few_vocab = write_compact_gguf("gemma3", /*drop_unused=*/true);
+  auto few = load_gguf_tokenizer(few_vocab.path);
+  std::filesystem::remove(few_vocab.path);
+  ASSERT_EQ(tok->n_vocab() - few->n_vocab(), 6242);
+  std::string prompt;
+  const auto texts = strings();
+  while (prompt.size() < 200000)
+    for (const auto& t : texts)
+      prompt += "<start_of_turn>user\n" + t + "<end_of_turn>\n<start_of_turn>model\n" + t + "<end_of_turn>\n";
+  const auto best_ms = [&](const Tokenizer& t, std::vector<int32_t>& ids) {
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      ids = t.encode(prompt, true, true);
+      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+  };
+  std::vector<int32_t> ids, few_ids;
+  const double all_ms = best_ms(*tok, ids);
+  const double few_ms = best_ms(*few, few_ids);
+  std::printf("[   INFO   ] gemma3: %zu bytes -> %zu tokens in %.1f ms (%.1f ms without the <unusedN>)\n", prompt.size(),
+              ids.size(), all_ms, few_ms);
+  EXPECT_LT(all_ms, 2.0 * few_ms + 5.0);
+  EXPECT_EQ(tok->decode(tok->encode(prompt, false, false)), prompt);
+}
+
+// llama.cpp's tokenizer_st_partition as it reads (llama-vocab.cpp): each
+// special text, longest first, cut out of every raw fragment left to right;
+// a token marked rstrip also takes the whitespace after it. Not leftmost-longest:
+// with "bcd" and "ab", "abcd" gives "a" [bcd], not [ab] "cd".
+std::vector<std::pair<int32_t, std::string>> reference_partition(
+    const std::string& text, const std::vector<std::pair<std::string, int32_t>>& longest_first, bool rstrip) {
+  std::vector<std::pair<int32_t, std::string>> frags{{-1, text}};
+  for (const auto& [special, id] : longest_first) {
+    std::vector<std::pair<int32_t, std::string>> next;
+    for (const auto& [fid, raw] : frags) {
+      if (fid >= 0) {
+        next.push_back({fid, raw});
+        continue;
+      }
+      std::string rest = raw;
+      for (size_t pos; (pos = rest.find(special)) != std::string::npos;) {
+        if (pos > 0) next.push_back({-1, rest.substr(0, pos)});
+        next.push_back({id, special});
+        rest = rest.substr(pos + special.size());
+        if (rstrip)
+          while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest[0]))) rest.erase(0, 1);
+      }
+      if (!rest.empty()) next.push_back({-1, rest});
+    }
+    frags = std::move(next);
+  }
+  return frags;
+}
+
+TEST(SpecialTokens, PartitionIsLlamaCppsOnRandomOverlappingSets) {
+  // A SentencePiece vocabulary of single characters plus random special texts
+  // over the same alphabet: a raw fragment then encodes character by
+  // character, so the ids show the partition exactly. With the name "phi3",
+  // llama.cpp (and the tokenizer) mark every special token rstrip.
+  std::mt19937 rng(36);
+  const std::string alphabet = "abc ";
+  for (int round = 0; round < 24; ++round) {
+    const bool phi3 = round % 2 == 1;
+    std::vector<std::string> texts{"<unk>", "a", "b", "c", "\xE2\x96\x81"};
+    std::vector<int32_t> types{2, 1, 1, 1, 1};
+    std::vector<std::pair<std::string, int32_t>> specials;
+    if (round == 0) {  // where leftmost-longest differs: "abcd" is "a" [bcd]
+      texts.insert(texts.end(), {"bcd", "ab"});
+      types.insert(types.end(), {4, 4});
+      specials = {{"bcd", 5}, {"ab", 6}};
+    }
+    while (round > 0 && specials.size() < 10) {
+      std::string t;
+      for (size_t n = 2 + rng() % 4; t.size() < n;) t += alphabet[rng() % alphabet.size()];
+      if (std::find(texts.begin(), texts.end(), t) != texts.end()) continue;
+      specials.push_back({t, static_cast<int32_t>(texts.size())});
+      texts.push_back(t);
+      types.push_back(rng() % 2 ? 3 : 4);  // control or user-defined
+    }
+    std::stable_sort(specials.begin(), specials.end(),
+                     [](const auto& l, const auto& r) { return l.first.size() > r.first.size(); });
+    atelier::formats::GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    if (phi3) w.set_string("general.name", "phi3");
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.set_string_array("tokenizer.ggml.tokens", texts);
+    w.set_i32_array("tokenizer.ggml.token_type", types);
+    w.set_bool("tokenizer.ggml.add_space_prefix", false);
+    const auto path = (std::filesystem::temp_directory_path() /
+                       ("atelier-tok-partition-" + std::to_string(::getpid()) + ".gguf"))
+                          .string();
+    w.write(path);
+    auto tok = load_gguf_tokenizer(path);
+    std::filesystem::remove(path);
+    if (round == 0) {
+      EXPECT_EQ(tok->encode("abcd", false, true), (std::vector<int32_t>{1, 5}));
+    }
+    for (int i = 0; i < 100; ++i) {
+      std::string text;
+      for (size_t n = rng() % 40; text.size() < n;) text += alphabet[rng() % alphabet.size()];
+      std::vector<int32_t> want;
+      for (const auto& [id, piece] : reference_partition(text, specials, phi3)) {
+        if (id >= 0) {
+          want.push_back(id);
+          continue;
+        }
+        for (char c : piece) want.push_back(c == ' ' ? 4 : 1 + (c - 'a'));
+      }
+      ASSERT_EQ(tok->encode(text, false, true), want) << "round " << round << " " << escaped(text);
+    }
+  }
+}
 
 // ---- stories260K: GGUF vocabulary, llama2.c tok512.bin, golden ids ----
 

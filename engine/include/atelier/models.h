@@ -35,7 +35,10 @@ struct ModelInfo {
   std::string tokenizer;     // "llama", "gpt2", "bert"
   std::string weight_types;  // e.g. "q8_0 (85), f32 (25)"
   int64_t n_params = 0;
-  int64_t weight_bytes = 0;  // bytes of every matrix read once per generated token
+  int64_t weight_bytes = 0;  // bytes of every matrix (resident; a dense model reads them all per generated token)
+  // What one generated token reads: weight_bytes, but of a mixture of experts
+  // only expert_used_count of expert_count experts (weight_bytes is what is resident).
+  int64_t active_weight_bytes = 0;
   int n_vocab = 0, n_ctx_train = 0, n_embd = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, n_ff = 0;
   std::string chat_template;        // GGUF tokenizer.chat_template ("" when the model has none)
   std::string bos_token, eos_token; // the texts of the BOS and EOS tokens ("" when the vocabulary has none)

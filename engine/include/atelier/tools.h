@@ -160,17 +160,19 @@ Result<MixedBenchResult> bench_mixed(const std::string& text_model_path, const s
 // ---------------------------------------------------------------- synthetic models
 
 struct SynthTextSpec {
-  std::string arch = "llama";
+  std::string arch = "llama";   // llama, qwen3, gemma3, phi3, mixtral, qwen3moe, gpt-oss (synth_text_archs)
   std::string params = "110M";  // 260K, 15M, 42M, 110M, 1B (llama2.c / TinyLlama shapes)
   std::string type = "q8_0";    // f32, f16, bf16, q8_0, q4_0, q4_K, q6_K
   uint64_t seed = 1;
   std::string chat_template;    // written as tokenizer.chat_template when not empty
   // Further control tokens (a chat format's markers, e.g. gpt-oss's <|channel|>),
-  // after <unk> <s> </s>, so that a template's markers are single tokens.
+  // after the byte tokens, so that a template's markers are single tokens.
   std::vector<std::string> special_tokens;
 };
-// Writes a LLaMA-shaped GGUF with deterministic random weights.
+// Writes a GGUF of spec.arch's tensor layout, names and keys (as llama.cpp
+// reads them) with deterministic random weights: the same spec, the same bytes.
 Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path);
+std::vector<std::string> synth_text_archs();
 std::vector<std::string> synth_param_presets();
 
 // A Stable Diffusion-shaped single-file checkpoint (.safetensors, original

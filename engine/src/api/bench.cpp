@@ -111,7 +111,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
     r.peak_rss_bytes = process_peak_rss_bytes();
     r.prompt_tokens_per_s = mean_sd(pp);
     r.gen_tokens_per_s = mean_sd(tg);
-    r.gen_bandwidth_gb_per_s = static_cast<double>(m.info.weight_bytes) * r.gen_tokens_per_s.mean / 1e9;
+    r.gen_bandwidth_gb_per_s = static_cast<double>(m.info.active_weight_bytes) * r.gen_tokens_per_s.mean / 1e9;
     int64_t matmul_params = 0;  // per prompt token; the output matrix runs once per prompt, not per token
     for (const auto& L : m.weights.layers)
       for (const auto* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matmul_params += w->rows * w->cols;

@@ -59,7 +59,7 @@ constexpr const char* kDefaultText =
 std::vector<DType> supported_types() {
   std::vector<DType> out;
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                  DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+                  DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4})
     if (kernels::matmul_supports(t)) out.push_back(t);
   return out;
 }
@@ -235,10 +235,18 @@ std::string read_text(const std::string& path) {
   return s;
 }
 
+// The weight bytes a token reads: every matrix, but of a mixture of experts'
+// 3-D expert tensors only its share (expert_used_count of expert_count).
 int64_t bytes_per_token(const formats::GgufFile& f) {
   int64_t n = 0;
   const bool tied = f.find_tensor("output.weight") == nullptr;
+  const std::string p = f.get_string("general.architecture", "") + ".";
+  const int64_t experts = f.get_int(p + "expert_count", 0), used = f.get_int(p + "expert_used_count", 0);
   for (const auto& t : f.tensors()) {
+    if (t.shape.size() == 3 && experts > 0 && t.shape[2] == experts) {
+      n += static_cast<int64_t>(t.bytes) / experts * used;
+      continue;
+    }
     if (t.shape.size() != 2) continue;
     if (t.name == "token_embd.weight" && !tied) continue;  // one row of it per token
     n += static_cast<int64_t>(t.bytes);
@@ -412,8 +420,15 @@ Result<QuantizeResult> quantize_model(const std::string& ref, const QuantizeSpec
       qt.name = t.name;
       qt.cols = cols;
       qt.rows = rows;
-      DType out = DType::F32;  // 1-D tensors (norms, biases) stay F32
-      if (t.shape.size() >= 2) {
+      // 1-D tensors (norms, biases) stay F32, and so do a mixture of experts'
+      // router (ffn_gate_inp, as llama-quantize leaves it) and per-expert
+      // biases (2-D, not matrices): only `.weight` matrices are quantized. A
+      // 3-D expert tensor is rows of its experts' matrices one after another,
+      // so each row, and each expert, is encoded on its own.
+      DType out = DType::F32;
+      const bool matrix = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
+                          !contains(t.name, "ffn_gate_inp.");
+      if (t.shape.size() >= 2 && matrix) {
         const Plan p = planner.plan(t.name, cols);
         out = p.type;
         if (p.type != p.wanted) {

@@ -1,6 +1,11 @@
 // `atelier models synth`: LLaMA-shaped GGUF files with deterministic random
 // weights, for benchmarks and tests that need a model of a given size and type
 // without a download. Shapes follow llama2.c's TinyStories models and TinyLlama.
+// --arch qwen3, gemma3 and phi3 write those architectures' tensors and keys
+// as llama.cpp reads them (llama-arch.cpp, llama-model.cpp) at a preset's size;
+// the mixtures of experts (--arch mixtral, qwen3moe, gpt-oss) write their
+// architectures' real tensor layout (3-D expert tensors, gpt-oss's MXFP4
+// experts, biases and sinks) at a tiny size or a few layers of the real width.
 #include <atelier/tools.h>
 
 #include <algorithm>
@@ -48,20 +53,22 @@ kernels::DType parse_type(const std::string& t) {
 
 // A SentencePiece-style vocabulary: specials, 256 byte tokens, printable
 // characters with and without the space marker, then made-up words.
-void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng, const std::vector<std::string>& specials) {
+// `specials`: more control tokens after the byte tokens (a phi3 vocabulary
+// has <|endoftext|>, which llama.cpp looks up by name for models named phi3).
+void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng, const std::vector<std::string>& specials = {}) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
-  for (const auto& t : specials) {
-    if (t.empty() || std::find(tokens.begin(), tokens.end(), t) != tokens.end())
-      throw InvalidArgumentError("synth --special-token: '" + t + "' is empty or given twice");
-    tokens.push_back(t);
-    types.push_back(3);
-  }
   char buf[8];
   for (int b = 0; b < 256; ++b) {
     std::snprintf(buf, sizeof buf, "<0x%02X>", b);
     tokens.push_back(buf);
     types.push_back(6);
+  }
+  for (const std::string& t : specials) {
+    if (t.empty() || std::find(tokens.begin(), tokens.end(), t) != tokens.end())
+      throw InvalidArgumentError("synth --special-token: '" + t + "' is empty or given twice");
+    tokens.push_back(t);
+    types.push_back(3);
   }
   std::set<std::string> seen(tokens.begin(), tokens.end());
   auto add = [&](const std::string& t) {
@@ -93,14 +100,157 @@ void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng, const std::vector<
 
 }  // namespace
 
+namespace {
+
+// Mixtures of experts: "tiny" for the golden-logit tests; the others keep
+// one real model's layer widths (Qwen3-30B-A3B, gpt-oss-20b) over a few
+// layers and a 32000-token vocabulary, for the speed comparison.
+struct MoePreset {
+  const char* arch;
+  const char* name;
+  int dim, layers, heads, kv_heads, head_dim, n_expert, n_used, ff_exp, vocab, ctx, window;
+};
+constexpr MoePreset kMoePresets[] = {
+    {"mixtral", "tiny", 64, 3, 4, 2, 16, 4, 2, 96, 512, 512, 0},
+    {"qwen3moe", "tiny", 64, 3, 4, 2, 16, 8, 2, 32, 512, 512, 0},
+    {"gpt-oss", "tiny", 64, 4, 4, 2, 16, 8, 2, 64, 512, 512, 4},
+    {"qwen3moe", "A3B-2L", 2048, 2, 32, 4, 128, 128, 8, 768, 32000, 4096, 0},
+    {"gpt-oss", "20B-2L", 2880, 2, 64, 8, 64, 32, 4, 2880, 32000, 4096, 128},
+};
+
+Status synth_moe_model(const SynthTextSpec& spec, const std::string& out_path) {
+  const MoePreset* preset = nullptr;
+  std::string names;
+  for (const auto& p : kMoePresets)
+    if (spec.arch == p.arch) {
+      names += (names.empty() ? "" : ", ") + std::string(p.name);
+      if (spec.params == p.name) preset = &p;
+    }
+  if (!preset)
+    return Status::error(StatusCode::InvalidArgument,
+                         "synth --params '" + spec.params + "' is not a preset of --arch " + spec.arch + " (allowed: " + names + ")");
+  return guarded([&]() -> Status {
+    using kernels::DType;
+    const DType type = parse_type(spec.type);
+    const MoePreset& P = *preset;
+    const bool oss = spec.arch == "gpt-oss", qwen = spec.arch == "qwen3moe";
+    const std::string arch = spec.arch == "mixtral" ? "llama" : spec.arch;  // Mixtral is llama with experts
+    const std::string k = arch + ".";
+    formats::GgufWriter w;
+    Rng vocab_rng{spec.seed};
+    w.set_string("general.architecture", arch);
+    w.set_string("general.name", "synthetic-" + spec.arch + "-" + P.name + "-" + spec.type);
+    w.set_u64("atelier.synthetic.seed", spec.seed);
+    if (!spec.chat_template.empty()) w.set_string("tokenizer.chat_template", spec.chat_template);
+    w.set_u32(k + "context_length", static_cast<uint32_t>(P.ctx));
+    w.set_u32(k + "embedding_length", static_cast<uint32_t>(P.dim));
+    w.set_u32(k + "feed_forward_length", static_cast<uint32_t>(P.ff_exp));
+    w.set_u32(k + "block_count", static_cast<uint32_t>(P.layers));
+    w.set_u32(k + "attention.head_count", static_cast<uint32_t>(P.heads));
+    w.set_u32(k + "attention.head_count_kv", static_cast<uint32_t>(P.kv_heads));
+    w.set_u32(k + "attention.key_length", static_cast<uint32_t>(P.head_dim));
+    w.set_u32(k + "attention.value_length", static_cast<uint32_t>(P.head_dim));
+    w.set_u32(k + "rope.dimension_count", static_cast<uint32_t>(P.head_dim));
+    w.set_f32(k + "attention.layer_norm_rms_epsilon", 1e-6f);
+    w.set_u32(k + "expert_count", static_cast<uint32_t>(P.n_expert));
+    w.set_u32(k + "expert_used_count", static_cast<uint32_t>(P.n_used));
+    if (qwen || oss) w.set_u32(k + "expert_feed_forward_length", static_cast<uint32_t>(P.ff_exp));
+    if (oss) {  // gpt-oss-20b's RoPE: base 150000, YaRN x32 over 4096 positions; windows on every other layer
+      w.set_f32(k + "rope.freq_base", 150000.0f);
+      w.set_string(k + "rope.scaling.type", "yarn");
+      w.set_f32(k + "rope.scaling.factor", 32.0f);
+      w.set_u32(k + "rope.scaling.original_context_length", 4096);
+      w.set_u32(k + "attention.sliding_window", static_cast<uint32_t>(P.window));
+    } else {
+      w.set_f32(k + "rope.freq_base", qwen ? 1000000.0f : 10000.0f);
+    }
+    add_vocab(w, P.vocab, vocab_rng, spec.special_tokens);
+
+    // Uniform weights of std 1/sqrt(cols) (activations keep their scale);
+    // `planes` > 1: a 3-D expert tensor [cols, rows, planes].
+    auto tensor = [&](const std::string& name, int64_t cols, int64_t rows, int64_t planes, DType t) {
+      if (cols % kernels::dtype_block_elems(t) != 0) t = cols % 32 == 0 ? DType::Q8_0 : DType::F16;
+      const int64_t row_bytes = kernels::dtype_row_bytes(t, cols);
+      std::vector<uint8_t> data(static_cast<size_t>(row_bytes * rows * planes));
+      std::vector<float> row(static_cast<size_t>(cols));
+      Rng rng{name_hash(name, spec.seed)};
+      const float a = std::sqrt(3.0f / static_cast<float>(cols));
+      for (int64_t r = 0; r < rows * planes; ++r) {
+        for (auto& v : row) v = a * rng.uniform_pm1();
+        if (!kernels::quantize_row(t, row.data(), data.data() + r * row_bytes, cols))
+          throw Error("no quantizer for type " + std::string(kernels::dtype_name(t)));
+      }
+      std::vector<int64_t> shape = {cols, rows};
+      if (planes > 1) shape.push_back(planes);
+      w.add_tensor(name, shape, t, data.data(), data.size());
+    };
+    // Norm weights near 1, biases and sinks small (F32, as llama.cpp keeps them).
+    auto vec = [&](const std::string& name, std::vector<int64_t> shape, float center, float spread) {
+      int64_t n = 1;
+      for (int64_t x : shape) n *= x;
+      std::vector<float> v(static_cast<size_t>(n));
+      Rng rng{name_hash(name, spec.seed)};
+      for (auto& x : v) x = center + spread * rng.uniform_pm1();
+      w.add_tensor(name, shape, DType::F32, v.data(), v.size() * sizeof(float));
+    };
+    const int64_t d = P.dim, qd = int64_t{P.heads} * P.head_dim, kvd = int64_t{P.kv_heads} * P.head_dim;
+    const int64_t ne = P.n_expert, fe = P.ff_exp;
+    const DType experts = oss ? DType::MXFP4 : type;  // gpt-oss ships its experts in MXFP4
+    tensor("token_embd.weight", d, P.vocab, 1, type);
+    vec("output_norm.weight", {d}, 1.0f, 0.1f);
+    tensor("output.weight", d, P.vocab, 1, type);
+    for (int l = 0; l < P.layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      vec(b + "attn_norm.weight", {d}, 1.0f, 0.1f);
+      tensor(b + "attn_q.weight", d, qd, 1, type);
+      tensor(b + "attn_k.weight", d, kvd, 1, type);
+      tensor(b + "attn_v.weight", d, kvd, 1, type);
+      tensor(b + "attn_output.weight", qd, d, 1, type);
+      if (qwen) {
+        vec(b + "attn_q_norm.weight", {P.head_dim}, 1.0f, 0.1f);
+        vec(b + "attn_k_norm.weight", {P.head_dim}, 1.0f, 0.1f);
+      }
+      if (oss) {
+        for (const auto& [n, len] : {std::pair{"attn_q.bias", qd}, std::pair{"attn_k.bias", kvd},
+                                     std::pair{"attn_v.bias", kvd}, std::pair{"attn_output.bias", d}})
+          vec(b + n, {len}, 0.0f, 0.1f);
+        vec(b + "attn_sinks.weight", {P.heads}, 0.0f, 1.0f);
+      }
+      vec(b + (oss ? "post_attention_norm.weight" : "ffn_norm.weight"), {d}, 1.0f, 0.1f);
+      tensor(b + "ffn_gate_inp.weight", d, ne, 1, DType::F32);  // the router stays F32 (llama-quantize leaves it)
+      tensor(b + "ffn_gate_exps.weight", d, fe, ne, experts);
+      tensor(b + "ffn_up_exps.weight", d, fe, ne, experts);
+      tensor(b + "ffn_down_exps.weight", fe, d, ne, experts);
+      if (oss) {
+        vec(b + "ffn_gate_inp.bias", {ne}, 0.0f, 0.1f);
+        vec(b + "ffn_gate_exps.bias", {fe, ne}, 0.0f, 0.1f);
+        vec(b + "ffn_up_exps.bias", {fe, ne}, 0.0f, 0.1f);
+        vec(b + "ffn_down_exps.bias", {d, ne}, 0.0f, 0.1f);
+      }
+    }
+    w.write(out_path);
+    return Status{};
+  });
+}
+
+}  // namespace
+
 std::vector<std::string> synth_param_presets() {
   std::vector<std::string> r;
   for (const auto& p : kPresets) r.emplace_back(p.name);
+  for (const auto& p : kMoePresets)
+    if (std::find(r.begin(), r.end(), p.name) == r.end()) r.emplace_back(p.name);
   return r;
 }
 
+std::vector<std::string> synth_text_archs() { return {"llama", "qwen3", "gemma3", "phi3", "mixtral", "qwen3moe", "gpt-oss"}; }
+
 Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) {
-  if (spec.arch != "llama") return Status::error(StatusCode::InvalidArgument, "synth --arch: only 'llama' is supported for text models");
+  if (spec.arch == "mixtral" || spec.arch == "qwen3moe" || spec.arch == "gpt-oss") return synth_moe_model(spec, out_path);
+  const std::vector<std::string> archs = synth_text_archs();
+  if (std::find(archs.begin(), archs.end(), spec.arch) == archs.end())
+    return Status::error(StatusCode::InvalidArgument,
+                         "synth --arch '" + spec.arch + "' is not a text architecture (allowed: llama, qwen3, gemma3, phi3, mixtral, qwen3moe, gpt-oss)");
   const Preset* preset = nullptr;
   for (const auto& p : kPresets)
     if (spec.params == p.name) preset = &p;
@@ -111,23 +261,45 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
   }
   return guarded([&]() -> Status {
     const kernels::DType type = parse_type(spec.type);
-    const Preset& P = *preset;
+    const std::string& arch = spec.arch;
+    Preset P = *preset;
+    // gemma3's every 6th layer is global: at least one of them.
+    if (arch == "gemma3") P.layers = (P.layers + 5) / 6 * 6;
+    if (arch == "gemma3") P.tied = true;  // Gemma's output matrix is its embedding table
+    // qwen3 and gemma3 heads are wider than n_embd / n_head (Qwen3-0.6B: 16 x 128 over 1024).
+    const bool wide_heads = arch == "qwen3" || arch == "gemma3";
+    const int64_t hd = (wide_heads ? 2 : 1) * (P.dim / P.heads), qd = hd * P.heads, kvd = hd * P.kv_heads;
     formats::GgufWriter w;
     Rng vocab_rng{spec.seed};
-    w.set_string("general.architecture", "llama");
-    w.set_string("general.name", std::string("synthetic-llama-") + P.name + "-" + spec.type);
+    const std::string k = arch + ".";
+    w.set_string("general.architecture", arch);
+    w.set_string("general.name", "synthetic-" + arch + "-" + P.name + "-" + spec.type);
     w.set_u64("atelier.synthetic.seed", spec.seed);
     if (!spec.chat_template.empty()) w.set_string("tokenizer.chat_template", spec.chat_template);
-    w.set_u32("llama.context_length", static_cast<uint32_t>(P.ctx));
-    w.set_u32("llama.embedding_length", static_cast<uint32_t>(P.dim));
-    w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(P.hidden));
-    w.set_u32("llama.block_count", static_cast<uint32_t>(P.layers));
-    w.set_u32("llama.attention.head_count", static_cast<uint32_t>(P.heads));
-    w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(P.kv_heads));
-    w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(P.dim / P.heads));
-    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    w.set_f32("llama.rope.freq_base", 10000.0f);
-    add_vocab(w, P.vocab, vocab_rng, spec.special_tokens);
+    w.set_u32(k + "context_length", static_cast<uint32_t>(P.ctx));
+    w.set_u32(k + "embedding_length", static_cast<uint32_t>(P.dim));
+    w.set_u32(k + "feed_forward_length", static_cast<uint32_t>(P.hidden));
+    w.set_u32(k + "block_count", static_cast<uint32_t>(P.layers));
+    w.set_u32(k + "attention.head_count", static_cast<uint32_t>(P.heads));
+    w.set_u32(k + "attention.head_count_kv", static_cast<uint32_t>(P.kv_heads));
+    if (wide_heads) {
+      w.set_u32(k + "attention.key_length", static_cast<uint32_t>(hd));
+      w.set_u32(k + "attention.value_length", static_cast<uint32_t>(hd));
+    }
+    w.set_u32(k + "rope.dimension_count", static_cast<uint32_t>(hd));
+    w.set_f32(k + "attention.layer_norm_rms_epsilon", arch == "llama" || arch == "phi3" ? 1e-5f : 1e-6f);
+    w.set_f32(k + "rope.freq_base", arch == "gemma3" || arch == "qwen3" ? 1000000.0f : 10000.0f);
+    if (arch == "gemma3")  // local layers see the last few tokens (Gemma 3: 512 or 1024); their RoPE base is 10000
+      w.set_u32(k + "attention.sliding_window", static_cast<uint32_t>(std::max(4, P.ctx / 128)));
+    if (arch == "phi3") {  // LongRoPE: trained at half the context, stretched to all of it
+      const int orig = P.ctx / 2;
+      w.set_u32(k + "rope.scaling.original_context_length", static_cast<uint32_t>(orig));
+      w.set_f32(k + "rope.scaling.attn_factor",
+                static_cast<float>(std::sqrt(1.0 + std::log(double(P.ctx) / orig) / std::log(double(orig)))));
+    }
+    std::vector<std::string> specials = arch == "phi3" ? std::vector<std::string>{"<|endoftext|>", "<|end|>"} : std::vector<std::string>{};
+    specials.insert(specials.end(), spec.special_tokens.begin(), spec.special_tokens.end());
+    add_vocab(w, P.vocab, vocab_rng, specials);
 
     // Matrices: uniform weights with std 1/sqrt(cols), so activations keep their scale.
     auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
@@ -146,27 +318,51 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
       }
       w.add_tensor(name, {cols, rows}, t, data.data(), data.size());
     };
-    auto norm = [&](const std::string& name) {
-      std::vector<float> v(static_cast<size_t>(P.dim));
+    // Norm weights near 1 (Gemma's GGUF stores 1 + w, as llama.cpp's converter writes it).
+    auto norm = [&](const std::string& name, int64_t n = 0) {
+      std::vector<float> v(static_cast<size_t>(n > 0 ? n : P.dim));
       Rng rng{name_hash(name, spec.seed)};
       for (auto& x : v) x = 1.0f + 0.1f * rng.uniform_pm1();
-      w.add_tensor(name, {P.dim}, kernels::DType::F32, v.data(), v.size() * sizeof(float));
+      w.add_tensor(name, {static_cast<int64_t>(v.size())}, kernels::DType::F32, v.data(), v.size() * sizeof(float));
     };
-    const int64_t hd = P.dim / P.heads, kvd = hd * P.kv_heads;
     matrix("token_embd.weight", P.dim, P.vocab);
     norm("output_norm.weight");
     if (!P.tied) matrix("output.weight", P.dim, P.vocab);
+    if (arch == "phi3") {  // divisors of each pair's frequency: near 1 (short), growing to 8 (long)
+      std::vector<float> s_f(static_cast<size_t>(hd / 2)), l_f(s_f.size());
+      Rng rng{name_hash("rope_factors", spec.seed)};
+      for (size_t i = 0; i < s_f.size(); ++i) {
+        s_f[i] = 1.0f + 0.1f * (rng.uniform_pm1() + 1.0f);
+        l_f[i] = 1.0f + 7.0f * static_cast<float>(i) / static_cast<float>(s_f.size()) + 0.1f * (rng.uniform_pm1() + 1.0f);
+      }
+      w.add_tensor("rope_factors_short.weight", {hd / 2}, kernels::DType::F32, s_f.data(), s_f.size() * sizeof(float));
+      w.add_tensor("rope_factors_long.weight", {hd / 2}, kernels::DType::F32, l_f.data(), l_f.size() * sizeof(float));
+    }
     for (int l = 0; l < P.layers; ++l) {
       const std::string b = "blk." + std::to_string(l) + ".";
       norm(b + "attn_norm.weight");
-      matrix(b + "attn_q.weight", P.dim, P.dim);
-      matrix(b + "attn_k.weight", P.dim, kvd);
-      matrix(b + "attn_v.weight", P.dim, kvd);
-      matrix(b + "attn_output.weight", P.dim, P.dim);
+      if (arch == "phi3") {
+        matrix(b + "attn_qkv.weight", P.dim, qd + 2 * kvd);
+      } else {
+        matrix(b + "attn_q.weight", P.dim, qd);
+        matrix(b + "attn_k.weight", P.dim, kvd);
+        matrix(b + "attn_v.weight", P.dim, kvd);
+      }
+      if (wide_heads) {
+        norm(b + "attn_q_norm.weight", hd);
+        norm(b + "attn_k_norm.weight", hd);
+      }
+      matrix(b + "attn_output.weight", qd, P.dim);
+      if (arch == "gemma3") norm(b + "post_attention_norm.weight");
       norm(b + "ffn_norm.weight");
-      matrix(b + "ffn_gate.weight", P.dim, P.hidden);
-      matrix(b + "ffn_up.weight", P.dim, P.hidden);
+      if (arch == "phi3") {
+        matrix(b + "ffn_up.weight", P.dim, 2 * int64_t{P.hidden});  // gate rows, then up rows
+      } else {
+        matrix(b + "ffn_gate.weight", P.dim, P.hidden);
+        matrix(b + "ffn_up.weight", P.dim, P.hidden);
+      }
       matrix(b + "ffn_down.weight", P.hidden, P.dim);
+      if (arch == "gemma3") norm(b + "post_ffw_norm.weight");
     }
     w.write(out_path);
     return Status{};

@@ -172,12 +172,20 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
     info.bos_token = token_text(impl->tokenizer->bos_id());
     info.eos_token = token_text(impl->tokenizer->eos_id());
     info.weight_bytes = kernels::weight_bytes(w.output);
-    for (const auto& L : w.layers)
-      for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+    for (const auto& L : w.layers) {
+      for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.gate_inp})
         info.weight_bytes += kernels::weight_bytes(*m);
+      int64_t experts = 0;
+      for (const auto* set : {&L.gate_exps, &L.up_exps, &L.down_exps})  // every expert is resident, used or not
+        for (const auto& e : *set) experts += kernels::weight_bytes(e);
+      info.weight_bytes += experts;
+      if (w.hp.n_expert > 0) info.active_weight_bytes -= experts - experts / w.hp.n_expert * w.hp.n_expert_used;
+    }
+    info.active_weight_bytes += info.weight_bytes;
     // The model's own training length: the KV budget (the queue) or the
     // cache this request needs (generate) decide what fits, not a cap.
     impl->n_ctx = options.context_tokens > 0 ? options.context_tokens : default_context_tokens(w.hp.n_ctx_train);
+    text::select_rope_factors(impl->weights, impl->n_ctx);  // phi3 LongRoPE: short or long factors for this context
     impl->pool = std::make_unique<ThreadPool>(options.threads);
     return impl;
   });

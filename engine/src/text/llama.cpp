@@ -40,7 +40,10 @@ void prepare_matrices(kernels::Backend& be, LlamaWeights& w, const std::vector<W
   std::vector<int64_t> at;
   int64_t total = 0;
   for (const WeightView* m : ms) {
-    const bool from_file = std::none_of(w.owned.begin(), w.owned.end(), [&](const auto& o) { return o->data() == m->data; });
+    // A view anywhere in a converted buffer (a fused matrix's rows) is not the file's.
+    const auto* p = static_cast<const uint8_t*>(m->data);
+    const bool from_file = std::none_of(w.owned.begin(), w.owned.end(),
+                                        [&](const auto& o) { return p >= o->data() && p < o->data() + o->size(); });
     at.push_back(from_file ? total : -1);
     if (from_file) total += be.prepared_weight_bytes(*m);
   }
@@ -74,8 +77,13 @@ void prepare_all(kernels::Backend& be, LlamaWeights& w) {
   const bool tied = w.output.data == w.tok_embd.data;
   std::vector<WeightView*> matrices = {&w.output};
   if (!tied && !be.device().host_memory) matrices.push_back(&w.tok_embd);
-  for (LlamaLayer& L : w.layers)
-    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
+  for (LlamaLayer& L : w.layers) {
+    for (WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      if (m->data) matrices.push_back(m);
+    if (L.gate_inp.data) matrices.push_back(&L.gate_inp);
+    for (auto* set : {&L.gate_exps, &L.up_exps, &L.down_exps})  // each expert prepared as a matrix of its own
+      for (WeightView& e : *set) matrices.push_back(&e);
+  }
   prepare_matrices(be, w, matrices);
   if (tied) w.tok_embd = w.output;
 }
@@ -104,8 +112,41 @@ class GgufLoader {
     return out;
   }
 
+  // Rows [first, first + n) of a matrix: a view into the same memory.
+  static WeightView rows_of(const WeightView& m, int64_t first, int64_t n) {
+    return WeightView{m.type, static_cast<const uint8_t*>(m.data) + first * m.row_stride_bytes, n, m.cols,
+                      m.row_stride_bytes};
+  }
+
   std::vector<float> optional_vector(const std::string& name, int64_t n) {
     return f_.find_tensor(name) ? vector(name, n) : std::vector<float>{};
+  }
+
+  // A 3-D expert tensor [cols, rows, n_expert] (GGUF order): n_expert
+  // matrices of `rows` rows of `cols`, expert e's rows right after expert
+  // e - 1's (ggml's mul_mat_id layout), each viewed as a 2-D matrix.
+  std::vector<WeightView> experts(const std::string& name, int64_t cols, int64_t rows, int64_t n_expert) {
+    const formats::GgufTensor& t = f_.tensor(name);
+    check_shape(t, {cols, rows, n_expert});
+    count(t);
+    const int64_t row_bytes = kernels::dtype_row_bytes(t.type, cols);
+    std::vector<WeightView> out;
+    for (int64_t e = 0; e < n_expert; ++e) {
+      WeightView v{t.type, static_cast<const uint8_t*>(t.data) + e * rows * row_bytes, rows, cols, row_bytes};
+      out.push_back(kernels::matmul_supports(t.type) ? v : convert(v));
+    }
+    return out;
+  }
+  // n_expert rows of n (a per-expert bias, [n, n_expert] in GGUF order), flattened.
+  std::vector<float> expert_vectors(const std::string& name, int64_t n, int64_t n_expert) {
+    const formats::GgufTensor& t = f_.tensor(name);
+    check_shape(t, {n, n_expert});
+    count(t);
+    std::vector<float> out(static_cast<size_t>(n * n_expert));
+    const int64_t row_bytes = kernels::dtype_row_bytes(t.type, n);
+    for (int64_t e = 0; e < n_expert; ++e)
+      kernels::dequantize_row(t.type, static_cast<const uint8_t*>(t.data) + e * row_bytes, out.data() + e * n, n);
+    return out;
   }
 
   std::string type_summary() const {
@@ -154,9 +195,12 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
   LlamaHparams& hp = w.hp;
   hp.architecture = f.get_string("general.architecture");
   const std::string& arch = hp.architecture;
-  if (arch != "llama" && arch != "qwen2")
+  const bool gpt_oss = arch == "gpt-oss";
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma3" && arch != "phi3" &&
+      arch != "qwen3moe" && !gpt_oss)
     throw UnsupportedError(f.path() + ": architecture '" + arch +
-                "' is not supported (supported: llama — Llama 2/3, Mistral, TinyLlama — and qwen2)");
+                "' is not supported (supported: llama — Llama 2/3, Mistral, TinyLlama, Mixtral — qwen2, qwen3, qwen3moe, "
+                "gemma3, phi3 and gpt-oss)");
   hp.name = f.get_string("general.name", "");
   const std::string p = arch + ".";
   hp.n_embd = static_cast<int>(f.get_int(p + "embedding_length"));
@@ -168,8 +212,36 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
   hp.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5));
   hp.rope_freq_base = static_cast<float>(f.get_float(p + "rope.freq_base", 10000.0));
   hp.sliding_window = static_cast<int>(f.get_int(p + "attention.sliding_window", 0));
-  hp.rope_neox = arch == "qwen2";
-  hp.has_qkv_bias = arch == "qwen2";
+  hp.rope_neox = arch != "llama";
+  hp.has_qkv_bias = arch == "qwen2" || gpt_oss;
+  // issue 36's dense architectures, as llama.cpp builds them (src/models/*.cpp).
+  hp.has_qk_norm = arch == "qwen3" || arch == "gemma3" || arch == "qwen3moe";
+  if (arch == "gemma3") {
+    hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
+    hp.has_post_norms = true;
+    hp.ffn_gelu = true;
+    // Every 6th layer global, the others local with RoPE base 10000 (llama.cpp
+    // fixes both for gemma3; later files may name them).
+    hp.swa_pattern = static_cast<int>(f.get_int(p + "attention.sliding_window_pattern", 6));
+    hp.rope_freq_base_swa = static_cast<float>(f.get_float(p + "rope.freq_base_swa", 10000.0));
+    hp.final_logit_softcap = static_cast<float>(f.get_float(p + "final_logit_softcapping", 0.0));
+    if (hp.swa_pattern < 0 || !(hp.final_logit_softcap >= 0) || !(hp.rope_freq_base_swa > 0))
+      throw Error(f.path() + ": gemma3 sliding_window_pattern, rope.freq_base_swa or final_logit_softcapping out of range; "
+                  "the file is inconsistent");
+  }
+  // llama.cpp does not apply phi3's attention.sliding_window (its converter
+  // wrote values the models were not trained with; llama.cpp PR 13676): nor do we.
+  if (arch == "phi3") hp.sliding_window = 0;
+  if (gpt_oss) hp.swa_pattern = 2;  // llama.cpp's set_swa_pattern(2): even layers slide, odd ones see everything
+  // Experts: llama (Mixtral) and qwen3moe softmax then renormalise the
+  // chosen k; gpt-oss takes the top k logits and softmaxes them (llama.cpp's
+  // gating per architecture).
+  hp.n_expert = static_cast<int>(f.get_int(p + "expert_count", 0));
+  hp.n_expert_used = static_cast<int>(f.get_int(p + "expert_used_count", 0));
+  hp.n_ff_exp = static_cast<int>(f.get_int(p + "expert_feed_forward_length", 0));
+  hp.moe_gating = gpt_oss ? kernels::MoeGating::softmax_weights : kernels::MoeGating::softmax;
+  hp.moe_norm = !gpt_oss;
+  hp.moe_swiglu_oai = gpt_oss;
   auto bad = [&](const std::string& what) { return Error(f.path() + ": " + what + "; the file is inconsistent"); };
   if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
       hp.n_embd > (1 << 16) || hp.n_layer > 1024 || hp.n_ff > (1 << 18) || hp.n_head > 1024)
@@ -177,8 +249,17 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
               std::to_string(hp.n_layer) + ", heads " + std::to_string(hp.n_head) + ")");
   if (hp.n_head % hp.n_head_kv != 0) throw bad("head_count is not a multiple of head_count_kv");
   if (hp.sliding_window < 0) throw bad("attention.sliding_window is negative");
+  if ((arch == "qwen3moe" || gpt_oss) && hp.n_expert <= 0) throw bad(arch + " needs expert_count > 0");
+  if (hp.n_expert > 0) {
+    if (hp.n_ff_exp <= 0) hp.n_ff_exp = hp.n_ff;  // Mixtral: the experts are feed_forward_length wide
+    if (hp.n_expert > 1024 || hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert || hp.n_ff_exp > (1 << 18))
+      throw bad("expert_count " + std::to_string(hp.n_expert) + " / expert_used_count " +
+                std::to_string(hp.n_expert_used) + " out of range (1 <= used <= count <= 1024)");
+  }
   hp.head_dim = static_cast<int>(f.get_int(p + "attention.key_length", hp.n_embd / hp.n_head));
   if (hp.head_dim <= 0 || hp.head_dim % 2 != 0) throw bad("attention head size must be even and positive");
+  if (arch == "gemma3")  // Gemma 3 27B (62 layers) scales scores by its n_embd / n_head, not its head size
+    hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_layer == 62 ? hp.n_embd / hp.n_head : hp.head_dim));
   hp.n_rot = static_cast<int>(f.get_int(p + "rope.dimension_count", hp.head_dim));
   if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) throw bad("rope.dimension_count out of range");
   // Linear RoPE scaling (position interpolation); the older key name too.
@@ -190,6 +271,17 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
                            "' is not supported (supported: none, linear, yarn, and Llama 3.1 frequency factors)");
   if (factor > 0 && (scaling.empty() || scaling == "linear" || scaling == "yarn"))
     hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  hp.rope_ctx_orig = static_cast<int>(f.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train));
+  // A RoPE magnitude factor without YaRN (phi3's LongRoPE): YaRN's cos/sin
+  // scaling with no extrapolation mix, as llama.cpp's attn_factor.
+  const double attn_factor = f.get_float(p + "rope.scaling.attn_factor", 1.0);
+  if (scaling != "yarn" && attn_factor != 1.0) {
+    if (!(attn_factor > 0) || !std::isfinite(attn_factor)) throw bad("rope.scaling.attn_factor must be positive");
+    hp.rope_yarn = true;
+    hp.yarn.ext_factor = 0.0f;
+    hp.yarn.attn_factor = static_cast<float>(attn_factor);
+    hp.yarn.n_ctx_orig = std::max(hp.rope_ctx_orig, 1);
+  }
   if (scaling == "yarn") {
     hp.rope_yarn = true;
     hp.yarn.n_ctx_orig = static_cast<int>(f.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train));
@@ -213,29 +305,82 @@ LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file, kernels::B
   w.rope_freq_factors = ld.optional_vector("rope_freqs.weight", hp.n_rot / 2);
   for (float f : w.rope_freq_factors)
     if (!(f > 0.0f) || !std::isfinite(f)) throw bad("rope_freqs.weight holds a non-positive or non-finite factor");
+  w.rope_factors_short = ld.optional_vector("rope_factors_short.weight", hp.n_rot / 2);
+  w.rope_factors_long = ld.optional_vector("rope_factors_long.weight", hp.n_rot / 2);
+  for (const auto* fs : {&w.rope_factors_short, &w.rope_factors_long})
+    for (float f : *fs)
+      if (!(f > 0.0f) || !std::isfinite(f)) throw bad("rope_factors_short/long hold a non-positive or non-finite factor");
+  if (w.rope_factors_short.empty() != w.rope_factors_long.empty())
+    throw bad("rope_factors_short.weight and rope_factors_long.weight come together");
+  if (w.rope_freq_factors.empty()) w.rope_freq_factors = w.rope_factors_short;  // select_rope_factors may change it
   w.output = f.find_tensor("output.weight") ? ld.matrix("output.weight", d, hp.n_vocab) : w.tok_embd;
   w.layers.resize(static_cast<size_t>(hp.n_layer));
   for (int l = 0; l < hp.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LlamaLayer& L = w.layers[static_cast<size_t>(l)];
     L.attn_norm = ld.vector(b + "attn_norm.weight", d);
-    L.wq = ld.matrix(b + "attn_q.weight", d, qd);
-    L.wk = ld.matrix(b + "attn_k.weight", d, kvd);
-    L.wv = ld.matrix(b + "attn_v.weight", d, kvd);
+    if (arch == "phi3" && f.find_tensor(b + "attn_qkv.weight")) {
+      // Fused q|k|v rows: three views of one matrix (each output row is its own dot product, so nothing changes).
+      const WeightView qkv = ld.matrix(b + "attn_qkv.weight", d, qd + 2 * kvd);
+      L.wq = ld.rows_of(qkv, 0, qd);
+      L.wk = ld.rows_of(qkv, qd, kvd);
+      L.wv = ld.rows_of(qkv, qd + kvd, kvd);
+    } else {
+      L.wq = ld.matrix(b + "attn_q.weight", d, qd);
+      L.wk = ld.matrix(b + "attn_k.weight", d, kvd);
+      L.wv = ld.matrix(b + "attn_v.weight", d, kvd);
+    }
     L.wo = ld.matrix(b + "attn_output.weight", qd, d);
+    if (hp.has_qk_norm) {
+      L.q_norm = ld.vector(b + "attn_q_norm.weight", hp.head_dim);
+      L.k_norm = ld.vector(b + "attn_k_norm.weight", hp.head_dim);
+    }
+    if (hp.has_post_norms) {
+      L.attn_post_norm = ld.vector(b + "post_attention_norm.weight", d);
+      L.ffn_post_norm = ld.vector(b + "post_ffw_norm.weight", d);
+    }
     if (hp.has_qkv_bias) {
       L.bq = ld.optional_vector(b + "attn_q.bias", qd);
       L.bk = ld.optional_vector(b + "attn_k.bias", kvd);
       L.bv = ld.optional_vector(b + "attn_v.bias", kvd);
     }
-    L.ffn_norm = ld.vector(b + "ffn_norm.weight", d);
-    L.w_gate = ld.matrix(b + "ffn_gate.weight", d, hp.n_ff);
-    L.w_up = ld.matrix(b + "ffn_up.weight", d, hp.n_ff);
+    L.ffn_norm = ld.vector(b + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), d);
+    if (gpt_oss) {
+      L.bo = ld.vector(b + "attn_output.bias", d);
+      L.sinks = ld.vector(b + "attn_sinks.weight", hp.n_head);
+    }
+    if (hp.n_expert > 0) {
+      const int64_t ne = hp.n_expert, fe = hp.n_ff_exp;
+      L.gate_inp = ld.matrix(b + "ffn_gate_inp.weight", d, ne);
+      L.gate_exps = ld.experts(b + "ffn_gate_exps.weight", d, fe, ne);
+      L.up_exps = ld.experts(b + "ffn_up_exps.weight", d, fe, ne);
+      L.down_exps = ld.experts(b + "ffn_down_exps.weight", fe, d, ne);
+      if (gpt_oss) {
+        L.gate_inp_b = ld.vector(b + "ffn_gate_inp.bias", ne);
+        L.gate_exps_b = ld.expert_vectors(b + "ffn_gate_exps.bias", fe, ne);
+        L.up_exps_b = ld.expert_vectors(b + "ffn_up_exps.bias", fe, ne);
+        L.down_exps_b = ld.expert_vectors(b + "ffn_down_exps.bias", d, ne);
+      }
+      continue;
+    }
+    if (arch == "phi3") {  // fused gate|up rows (llama.cpp's ggml_swiglu: the first half is the gate)
+      const WeightView gate_up = ld.matrix(b + "ffn_up.weight", d, 2 * int64_t{hp.n_ff});
+      L.w_gate = ld.rows_of(gate_up, 0, hp.n_ff);
+      L.w_up = ld.rows_of(gate_up, hp.n_ff, hp.n_ff);
+    } else {
+      L.w_gate = ld.matrix(b + "ffn_gate.weight", d, hp.n_ff);
+      L.w_up = ld.matrix(b + "ffn_up.weight", d, hp.n_ff);
+    }
     L.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, d);
   }
   w.weight_types = ld.type_summary();
   prepare_all(backend, w);
   return w;
+}
+
+void select_rope_factors(LlamaWeights& w, int n_ctx) {
+  if (w.rope_factors_long.empty()) return;
+  w.rope_freq_factors = n_ctx > w.hp.rope_ctx_orig ? w.rope_factors_long : w.rope_factors_short;
 }
 
 LlamaWeights load_llama2c(const std::string& path, kernels::Backend& backend) {
@@ -301,8 +446,12 @@ void LlamaRunner::upload_vectors() {
   // Each vector 64-byte aligned (16 floats), in one buffer; an empty one stays nullptr.
   auto round = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16); };
   std::vector<const std::vector<float>*> all = {&w_.output_norm, &w_.rope_freq_factors};
+  constexpr size_t kPerLayer = 15;
   for (const LlamaLayer& L : w_.layers)
-    for (const std::vector<float>* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv}) all.push_back(v);
+    for (const std::vector<float>* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                                        &L.attn_post_norm, &L.ffn_post_norm, &L.bo, &L.sinks, &L.gate_inp_b,
+                                        &L.gate_exps_b, &L.up_exps_b, &L.down_exps_b})
+      all.push_back(v);
   int64_t total = 0;
   for (const auto* v : all) total += round(v->size());
   vectors_ = be_.alloc(std::max<int64_t>(total, 16) * int64_t{sizeof(float)});
@@ -321,9 +470,10 @@ void LlamaRunner::upload_vectors() {
   rope_factors_ = where[1];
   layer_vectors_.resize(w_.layers.size());
   for (size_t l = 0; l < w_.layers.size(); ++l) {
-    const float* const* p = &where[2 + 5 * l];
-    layer_vectors_[l] = {p[0], p[1], p[2], p[3], p[4]};
+    const float* const* p = &where[2 + kPerLayer * l];
+    layer_vectors_[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], {p[11], p[12], p[13], p[14]}};
   }
+  if (w_.hp.n_expert > 0) moe_ = std::make_unique<MoeFfn>(be_);
 }
 
 void LlamaRunner::ensure_workspace(int n, int n_logits) {
@@ -398,13 +548,14 @@ int64_t LlamaRunner::workspace_bytes(const LlamaHparams& hp, int rows, int logit
   // The metadata: ids, positions, table offsets, slots and lengths of one
   // storage (5 rows' worth), the logit rows, 1024 block-table entries.
   total += (5 * N + logits_rows + 1024) * int64_t{sizeof(int32_t)};
-  return total;
+  return total + MoeFfn::workspace_bytes(hp, N, act);
 }
 
 void LlamaRunner::reserve(int rows, int logits_rows) {
   const int rr = host_memory_ ? rows : bucket_rows(rows), lr = host_memory_ ? logits_rows : bucket_rows(logits_rows);
   ensure_workspace(rr, lr);
   ensure_meta(1, 1);  // block tables: their initial capacity (1024 entries)
+  if (moe_) moe_->reserve(w_.hp, rr);
 }
 
 void LlamaRunner::forward(const int32_t* tokens, int n, int pos0, KvSeq& cache, float* logits) {
@@ -535,7 +686,13 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   att.block_tables = dm + o_tables;
 
   be_.get_rows(w_.tok_embd, dm + o_ids, x_, rr);
+  if (hp.embd_scale > 0) {
+    kernels::Affine scale;
+    scale.mul = hp.embd_scale;
+    be_.affine(x_, x_, rr * d, scale);
+  }
   be_.rms_norm(x_, layer_vectors_[0].attn_norm, xn_, rr, d, hp.rms_eps);
+  if (hp.attn_scale > 0) att.scale = hp.attn_scale;
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
     const LayerVectors& V = layer_vectors_[static_cast<size_t>(l)];
@@ -547,7 +704,19 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     if (V.bq) be_.add_bias(q_, V.bq, rr, qd);
     if (V.bk) be_.add_bias(k_, V.bk, rr, kvd);
     if (V.bv) be_.add_bias(v_, V.bv, rr, kvd);
+    if (V.q_norm) {  // each head of q and k normalized on its own (rows of head_dim)
+      be_.rms_norm(q_, V.q_norm, q_, rr * hp.n_head, hp.head_dim, hp.rms_eps);
+      be_.rms_norm(k_, V.k_norm, k_, rr * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+    }
+    // Local layers: the window, and their own RoPE base where the model has one.
+    const bool local = is_local_layer(hp, l);
+    att.window = local ? hp.sliding_window : 0;
+    if (hp.rope_freq_base_swa > 0) {
+      rq.freq_base = rk.freq_base = local ? hp.rope_freq_base_swa : hp.rope_freq_base;
+      rq.freq_scale = rk.freq_scale = local ? 1.0f : hp.rope_freq_scale;
+    }
     att.layer = l;
+    att.sinks = V.sinks;
     if (n_storages == 1) {  // the usual step: every row in one pool
       be_.rope_store_kv(q_, k_, v_, rr, dm + o_pos, rq, rk, storages_[0]->layout(), l, dm + o_slots);
     } else {
@@ -561,14 +730,22 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       be_.paged_attention(storages_[static_cast<size_t>(g)]->layout(), att, q_, att_);
     }
     be_.matmul(L.wo, att_, tmp_, rr);
+    if (V.bo) be_.add_bias(tmp_, V.bo, rr, d);
+    if (V.attn_post_norm) be_.rms_norm(tmp_, V.attn_post_norm, tmp_, rr, d, hp.rms_eps);
     be_.add_rms_norm(x_, tmp_, V.ffn_norm, xn_, rr, d, hp.rms_eps);
-    {
+    if (moe_) {
+      moe_->forward(hp, L, V.moe, xn_, tmp_, rr);
+    } else {
       const WeightView* w[] = {&L.w_gate, &L.w_up};
       const kernels::Act y[] = {gate_, up_};
       be_.matmul_many(w, y, 2, xn_, rr);
+      if (hp.ffn_gelu)
+        be_.glu(kernels::Activation::gelu_tanh, gate_, up_, gate_, rr, ff);
+      else
+        be_.swiglu(gate_, up_, gate_, rr, ff);
+      be_.matmul(L.w_down, gate_, tmp_, rr);
     }
-    be_.swiglu(gate_, up_, gate_, rr, ff);
-    be_.matmul(L.w_down, gate_, tmp_, rr);
+    if (V.ffn_post_norm) be_.rms_norm(tmp_, V.ffn_post_norm, tmp_, rr, d, hp.rms_eps);
     // The residual, and the next layer's attention norm with it.
     const float* next_norm = l + 1 < hp.n_layer ? layer_vectors_[static_cast<size_t>(l) + 1].attn_norm : nullptr;
     be_.add_rms_norm(x_, tmp_, next_norm, xn_, rr, d, hp.rms_eps);
@@ -579,6 +756,7 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   be_.copy_rows(x_, dm + o_logit, tmp_, lr, d);
   be_.rms_norm(tmp_, output_norm_, xn_, lr, d, hp.rms_eps);
   be_.matmul(w_.output, xn_, logits_, lr);
+  if (hp.final_logit_softcap > 0) be_.tanh_clamp(logits_, logits_, lr * hp.n_vocab, hp.final_logit_softcap);
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = logits_offset_;
   // A device apart from the host: the step's logits in one download (one

@@ -2,7 +2,10 @@
 // llama2.c checkpoint, and a forward pass over a step of one or more sequences,
 // each with its own KV cache (contiguous or paged, text/kv_cache.h).
 // Embeddings, RMSNorm, RoPE (normal or NeoX pairing), grouped-query
-// attention, SwiGLU feed-forward, tied or separate output matrix.
+// attention, SwiGLU feed-forward, tied or separate output matrix; qwen3's
+// per-head Q/K RMSNorm; mixtures of experts (text/moe.h: Mixtral's llama
+// with experts, qwen3moe, gpt-oss with its biases, sinks and alternating
+// sliding windows).
 #pragma once
 
 #include <atelier/backend.h>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "text/kv_cache.h"
+#include "text/moe.h"
 
 namespace atelier::formats {
 class GgufFile;
@@ -38,12 +42,45 @@ struct LlamaHparams {
   kernels::RopeYarn yarn;
   int sliding_window = 0;        // > 0: each position attends only the last this many (Mistral's attention.sliding_window)
   bool has_qkv_bias = false;     // qwen2
+  // ---- qwen3, gemma3, phi3, qwen3moe, gpt-oss (issue 36)
+  bool has_qk_norm = false;      // qwen3, qwen3moe, gemma3: RMSNorm over each head of q and k before RoPE (attn_q_norm / attn_k_norm)
+  float embd_scale = 0.0f;       // > 0: the looked-up embeddings times this (gemma3: sqrt(n_embd))
+  bool has_post_norms = false;   // gemma3: RMSNorm of the attention's and the feed-forward's outputs before each residual
+  bool ffn_gelu = false;         // gemma3: gelu_tanh(gate) * up instead of silu(gate) * up
+  float attn_scale = 0.0f;       // > 0: the attention's score scale instead of 1/sqrt(head_dim)
+  // > 0: layers alternate local (sliding_window) and global: layer l is
+  // global when l % swa_pattern == swa_pattern - 1 (gemma3: every 6th). 0:
+  // sliding_window, if any, applies to every layer (Mistral).
+  int swa_pattern = 0;
+  float rope_freq_base_swa = 0.0f;  // > 0: the local layers' RoPE base (with freq_scale 1), gemma3's 10000
+  float final_logit_softcap = 0.0f;  // > 0: logits = tanh(logits / c) * c (where the file says so)
+  int rope_ctx_orig = 0;          // phi3 LongRoPE: a context above it takes rope_factors_long
+  // Mixture of experts: n_expert > 0 replaces every layer's feed-forward by
+  // n_expert_used of n_expert experts of n_ff_exp (text/moe.h).
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  kernels::MoeGating moe_gating = kernels::MoeGating::softmax;
+  bool moe_norm = false;         // weights renormalised over the chosen experts
+  bool moe_swiglu_oai = false;   // gpt-oss's clamped SwiGLU (alpha 1.702, limit 7)
 };
+
+// True when layer l attends a sliding window (hp.sliding_window > 0 and the
+// layer is not one of swa_pattern's global layers).
+inline bool is_local_layer(const LlamaHparams& hp, int l) {
+  return hp.sliding_window > 0 && (hp.swa_pattern <= 0 || l % hp.swa_pattern < hp.swa_pattern - 1);
+}
 
 struct LlamaLayer {
   kernels::WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
   std::vector<float> attn_norm, ffn_norm;
   std::vector<float> bq, bk, bv;  // empty unless has_qkv_bias
+  std::vector<float> q_norm, k_norm;  // head_dim each, when has_qk_norm
+  std::vector<float> attn_post_norm, ffn_post_norm;  // n_embd each, when has_post_norms
+  std::vector<float> bo, sinks;       // gpt-oss: attention output bias (n_embd), per-head sink logits (n_head)
+  // Experts (n_expert > 0): the router (n_expert x n_embd) and each expert's
+  // slice of the 3-D ffn_{gate,up,down}_exps tensors; biases n_expert x rows (gpt-oss).
+  kernels::WeightView gate_inp;
+  std::vector<kernels::WeightView> gate_exps, up_exps, down_exps;
+  std::vector<float> gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
 };
 
 struct LlamaWeights {
@@ -52,6 +89,9 @@ struct LlamaWeights {
   kernels::WeightView output;    // n_vocab rows of n_embd (== tok_embd when tied)
   std::vector<float> output_norm;
   std::vector<float> rope_freq_factors;  // n_rot/2 divisors (Llama 3.1+ rope_freqs.weight) or empty
+  // phi3 LongRoPE: both sets of divisors (rope_factors_short/long.weight);
+  // select_rope_factors puts one of them in rope_freq_factors.
+  std::vector<float> rope_factors_short, rope_factors_long;
   std::vector<LlamaLayer> layers;
   std::string format;            // "gguf" or "llama2c"
   std::string weight_types;      // summary for ModelInfo
@@ -70,6 +110,11 @@ struct LlamaWeights {
 // a file mapping or a host vector.
 LlamaWeights load_llama_gguf(std::shared_ptr<formats::GgufFile> file,
                              kernels::Backend& backend = kernels::default_cpu_backend());
+// phi3's LongRoPE: the long factors for a context of more than
+// hp.rope_ctx_orig tokens per sequence, else the short ones (llama.cpp's
+// choice by its context size). Call before any runner is made; a model
+// without them is left as it is.
+void select_rope_factors(LlamaWeights& w, int n_ctx);
 LlamaWeights load_llama2c(const std::string& path, kernels::Backend& backend = kernels::default_cpu_backend());
 
 // One sequence's share of a forward_batch step.
@@ -133,7 +178,11 @@ class LlamaRunner {
   // are the backend's own through prepare_weights).
   struct LayerVectors {
     const float *attn_norm = nullptr, *ffn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
+    const float *q_norm = nullptr, *k_norm = nullptr, *attn_post_norm = nullptr, *ffn_post_norm = nullptr;
+    const float *bo = nullptr, *sinks = nullptr;
+    MoeVectors moe;
   };
+  std::unique_ptr<MoeFfn> moe_;  // the experts' workspace and step (n_expert > 0)
   std::unique_ptr<kernels::Buffer> vectors_;
   std::vector<LayerVectors> layer_vectors_;
   const float *output_norm_ = nullptr, *rope_factors_ = nullptr;

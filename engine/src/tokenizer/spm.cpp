@@ -1,9 +1,9 @@
 // SentencePiece-style tokenizer ("llama"), as llama.cpp's llm_tokenizer_spm:
 // spaces become U+2581, a space is put before the text (and after every
-// special token), then adjacent symbols are merged by the score of the merged
-// piece, highest first; pieces that never form a token fall back to <0xNN>.
+// special token) when the vocabulary adds a space prefix (not Gemma 3), then
+// adjacent symbols are merged by the score of the merged piece, highest first;
+// characters that are no piece fall back to <0xNN>.
 #include <cctype>
-#include <map>
 #include <queue>
 
 #include "tokenizer_impl.h"
@@ -62,18 +62,16 @@ int32_t SpmTokenizer::byte_token(uint8_t byte) const {
 
 void SpmTokenizer::encode_fragment(const std::string& text, std::vector<int32_t>& out) const {
   std::vector<Symbol> symbols = split_symbols(text);
+  const std::string_view view(text);
 
   std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue;
-  std::map<std::string, std::pair<int, int>> rev_merge;
   const auto try_add = [&](int left, int right) {
     if (left == -1 || right == -1) return;
     const Symbol& l = symbols[static_cast<size_t>(left)];
     const Symbol& r = symbols[static_cast<size_t>(right)];
-    std::string piece = text.substr(l.offset, l.n + r.n);
-    const int32_t id = find_token(piece);
+    const int32_t id = find_token(view.substr(l.offset, l.n + r.n));
     if (id < 0) return;
-    queue.push({left, right, scores_[static_cast<size_t>(id)], piece.size()});
-    rev_merge[std::move(piece)] = {left, right};
+    queue.push({left, right, scores_[static_cast<size_t>(id)], l.n + r.n});
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
 
@@ -91,28 +89,23 @@ void SpmTokenizer::encode_fragment(const std::string& text, std::vector<int32_t>
     try_add(bigram.left, left.next);
   }
 
-  // Symbols that are no token are split back along the merges that built them,
-  // down to bytes.
-  const auto resegment = [&](auto&& self, const Symbol& sym) -> void {
-    const std::string piece = text.substr(sym.offset, sym.n);
+  // A merged symbol is a token (a pair merges only into one), so a symbol that
+  // is not is a single character outside the vocabulary: its bytes. (llama.cpp
+  // looks such a symbol up among the merges first, keyed by text; the merges
+  // are all tokens, so it never finds one.)
+  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[static_cast<size_t>(i)].next) {
+    const Symbol& sym = symbols[static_cast<size_t>(i)];
+    const std::string_view piece = view.substr(sym.offset, sym.n);
     const int32_t id = find_token(piece);
     if (id >= 0) {
       out.push_back(id);
-      return;
+      continue;
     }
-    const auto it = rev_merge.find(piece);
-    if (it == rev_merge.end()) {
-      for (char c : piece) {
-        const int32_t b = byte_token(static_cast<uint8_t>(c));
-        if (b >= 0) out.push_back(b);
-      }
-      return;
+    for (char c : piece) {
+      const int32_t b = byte_token(static_cast<uint8_t>(c));
+      if (b >= 0) out.push_back(b);
     }
-    self(self, symbols[static_cast<size_t>(it->second.first)]);
-    self(self, symbols[static_cast<size_t>(it->second.second)]);
-  };
-  if (symbols.empty()) return;
-  for (int i = 0; i != -1; i = symbols[static_cast<size_t>(i)].next) resegment(resegment, symbols[static_cast<size_t>(i)]);
+  }
 }
 
 std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {

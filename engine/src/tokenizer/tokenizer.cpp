@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <map>
 
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -136,6 +137,8 @@ void Tokenizer::init_vocab(VocabSpec& spec) {
     return texts_[static_cast<size_t>(a)].size() > texts_[static_cast<size_t>(b)].size();
   });
 
+  build_special_trie();
+
   // Per-model strip flags, as llama.cpp sets them by tokenizer and model name.
   const auto set_strip = [&](const char* text, uint8_t flag, bool on) {
     const int32_t id = find_token(text);
@@ -151,6 +154,39 @@ void Tokenizer::init_vocab(VocabSpec& spec) {
     set_strip("</s>", kRstrip, true);
     for (const char* t : {"<unk>", "<s>", "<|endoftext|>"}) set_strip(t, kRstrip, false);
   }
+}
+
+void Tokenizer::build_special_trie() {
+  // Built with a map per node, then flattened: children in byte order, each
+  // node's edges contiguous (most nodes have one child: a linear scan is fastest).
+  std::vector<std::map<uint8_t, int32_t>> children(1);
+  special_node_.clear();
+  special_node_.reserve(special_tokens_.size());
+  for (int32_t id : special_tokens_) {
+    int32_t node = 0;
+    for (char c : texts_[static_cast<size_t>(id)]) {
+      auto [it, inserted] = children[static_cast<size_t>(node)].try_emplace(static_cast<uint8_t>(c), 0);
+      if (inserted) {
+        it->second = static_cast<int32_t>(children.size());
+        children.emplace_back();
+      }
+      node = it->second;
+    }
+    special_node_.push_back(node);
+  }
+  root_child_.assign(256, -1);
+  for (const auto& [byte, child] : children[0]) root_child_[byte] = child;
+  edge_begin_.assign(children.size() + 1, 0);
+  edge_byte_.clear();
+  edge_child_.clear();
+  for (size_t k = 0; k < children.size(); ++k) {
+    edge_begin_[k] = static_cast<uint32_t>(edge_byte_.size());
+    for (const auto& [byte, child] : children[k]) {
+      edge_byte_.push_back(byte);
+      edge_child_.push_back(child);
+    }
+  }
+  edge_begin_[children.size()] = static_cast<uint32_t>(edge_byte_.size());
 }
 
 int32_t Tokenizer::find_token(std::string_view text) const {
@@ -180,8 +216,30 @@ std::vector<Tokenizer::Fragment> Tokenizer::partition(std::string_view text, boo
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
+
+  // Which special texts occur anywhere in `text`: a text that does not cannot
+  // occur in a fragment of it, so skipping it leaves llama.cpp's result as is.
+  std::vector<uint8_t> seen(edge_begin_.size() - 1, 0);
+  bool any = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    int32_t node = root_child_[static_cast<uint8_t>(text[i])];
+    for (size_t j = i + 1; node >= 0; ++j) {
+      seen[static_cast<size_t>(node)] = 1;
+      any = true;
+      if (j == text.size()) break;
+      const uint8_t c = static_cast<uint8_t>(text[j]);
+      const uint32_t end = edge_begin_[static_cast<size_t>(node) + 1];
+      uint32_t e = edge_begin_[static_cast<size_t>(node)];
+      while (e < end && edge_byte_[e] != c) ++e;
+      node = e < end ? edge_child_[e] : -1;
+    }
+  }
+  if (!any) return frags;
+
   std::vector<Fragment> next;
-  for (int32_t id : special_tokens_) {
+  for (size_t rank = 0; rank < special_tokens_.size(); ++rank) {
+    if (!seen[static_cast<size_t>(special_node_[rank])]) continue;
+    const int32_t id = special_tokens_[rank];
     const TokenType type = types_[static_cast<size_t>(id)];
     if (!parse_special && (type == TokenType::Control || type == TokenType::Unknown)) continue;
     const std::string& special = texts_[static_cast<size_t>(id)];

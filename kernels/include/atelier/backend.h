@@ -146,6 +146,9 @@ struct PagedAttention {
   // > 0: sliding-window attention (Mistral): a row of length len attends only
   // its last `window` positions, [max(0, len - window), len).
   int window = 0;
+  // gpt-oss's attention sinks: n_head F32 logits (device memory), each
+  // joining its head's softmax denominator (kernels::softmax_sink); nullptr: none.
+  const float* sinks = nullptr;
   const int32_t* row_len = nullptr;
   const int32_t* row_table = nullptr;
   const int32_t* block_tables = nullptr;
@@ -248,6 +251,9 @@ class Backend {
   virtual void activation(Activation a, Act x, Act y, int64_t n) = 0;
   // out = silu(gate) * up, rows of dim elements (out may be gate).
   virtual void swiglu(Act gate, Act up, Act out, int64_t rows, int64_t dim) = 0;
+  // out = act(gate) * up, rows of dim elements (out may be gate): Gemma's
+  // gelu_tanh-gated feed-forward (see kernels::glu).
+  virtual void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) = 0;
   // x rows of 2*dim = [value | gate] -> y rows of dim = value * gelu(gate).
   virtual void geglu(Act x, Act y, int64_t rows, int64_t dim) = 0;
   // In-place softmax of rows of n elements.
@@ -257,7 +263,8 @@ class Backend {
   // so x passes bit for bit (-0 stays -0). y may be x.
   virtual void affine(Act x, Act y, int64_t n, const Affine& a) = 0;
   // y = max(x, 0) (nn.ReLU) and y = tanh(x / limit) * limit (TAESD's soft
-  // clamp), n elements; y may be x.
+  // clamp; Gemma's final logit soft-capping, so tanh_clamp also takes F32
+  // activations, the logits, on any device), n elements; y may be x.
   virtual void relu(Act x, Act y, int64_t n) = 0;
   virtual void tanh_clamp(Act x, Act y, int64_t n, float limit) = 0;
   // y = x, n elements, converted between x's and y's types (F32, F16,
@@ -278,6 +285,24 @@ class Backend {
   virtual void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) = 0;
   // n images of c channels, h x w -> (top + h + bottom) x (left + w + right), zeros around.
   virtual void pad2d(Act x, Act y, int64_t n, int64_t c, int64_t h, int64_t w, const Pad2d& p) = 0;
+
+  // ---- mixture of experts (llama.cpp's build_moe_ffn; ggml's mul_mat_id)
+  // Each row of logits (rows x r.n_expert) routed to its r.k experts
+  // (kernels::moe_route): ids (int32) and weights (F32), device arrays of
+  // rows * r.k.
+  virtual void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) = 0;
+  // kernels::matmul_id: each expert's matrix run once over the rows routed to
+  // it. experts[i]: a host array of n_expert views this backend prepared (one
+  // type, width and layout); y[i]: rows * k rows of experts[i][0].rows; bias[i]:
+  // nullptr or n_expert x experts[i][0].rows F32 device floats; ids: device
+  // int32 (rows * k). x_per_row 1: row r feeds its k slots; k: slot r * k + j
+  // reads row r * k + j. Each slot's row is what a one-row matmul gives it.
+  virtual void matmul_id(const WeightView* const* experts, const Act* y, const float* const* bias, int count,
+                         int n_expert, Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) = 0;
+  // out[r] = sum_j weights[r * k + j] * y[r * k + j], rows of dim (kernels::moe_combine).
+  virtual void moe_combine(Act y, const float* weights, Act out, int64_t rows, int k, int64_t dim) = 0;
+  // gpt-oss's clamped SwiGLU (kernels::swiglu_oai), rows of dim; out may be gate.
+  virtual void swiglu_oai(Act gate, Act up, Act out, int64_t rows, int64_t dim, float alpha, float limit) = 0;
 
   // ---- KV and attention
   // Stores row r of k and v (rows x kv.row_elems) at slot slots[r] of

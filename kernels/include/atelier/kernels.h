@@ -17,6 +17,10 @@ namespace atelier::kernels {
 enum class DType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
+  // OCP microscaling FP4 (gpt-oss's experts): blocks of 32 values, one E8M0
+  // scale byte (2^(e - 127)) then 16 bytes of 4-bit E2M1 codes (low nibbles
+  // the first 16 values, high nibbles the next 16), as GGML's block_mxfp4.
+  MXFP4 = 39,
 };
 
 // Whether `id` is a DType this library can read (dequantize).
@@ -135,6 +139,60 @@ void softmax_ref(float* x, int64_t n);
 // out[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 void swiglu_ref(const float* gate, const float* up, float* out, int64_t n);
+
+// gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai): with g = min(gate, limit)
+// and u = clamp(up, -limit, limit), out = g * sigmoid(alpha * g) * (u + 1).
+// gpt-oss: alpha 1.702, limit 7.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+void swiglu_oai_ref(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+
+// Softmax of n scores with an attention sink (gpt-oss): a learned logit
+// `sink` that joins the denominator and takes no value,
+//   x_i = exp(x_i - m) / (sum_j exp(x_j - m) + exp(sink - m)),  m = max(max x, sink)
+// (ggml's soft_max with sinks).
+void softmax_sink(float* x, int64_t n, float sink);
+void softmax_sink_ref(float* x, int64_t n, float sink);
+
+// ---- mixture of experts (llama.cpp's build_moe_ffn) --------------------------
+// Routing of one token over n_expert router logits to its k experts:
+//   softmax:         p = softmax(logits); the k largest p; w = those p
+//                    (Mixtral, Qwen3-MoE)
+//   sigmoid:         p = sigmoid(logits); the k largest p; w = those p
+//   softmax_weights: the k largest logits; w = softmax over those k (gpt-oss)
+// then, with norm, w /= max(sum w, 2^-14) (llama.cpp's clamp), and w *= scale
+// unless scale is 0 or 1. ids in descending order of the selection values, a
+// tie going to the lower expert. ids, weights: k each.
+enum class MoeGating : uint8_t { softmax, sigmoid, softmax_weights };
+struct MoeRouting {
+  int n_expert = 0, k = 0;
+  MoeGating gating = MoeGating::softmax;
+  bool norm = false;
+  float scale = 1.0f;
+};
+void moe_route(const float* logits, const MoeRouting& r, int32_t* ids, float* weights);
+void moe_route_ref(const float* logits, const MoeRouting& r, int32_t* ids, float* weights);
+
+// The experts' products of a step, each expert's matrix run once over the
+// rows routed to it (ggml's mul_mat_id): for r < rows, j < k, e = ids[r * k + j],
+//   y[i][r * k + j] = x_row(r, j) W_i[e]^T  (+ bias[i][e * W_i[e].rows ...] when bias[i])
+// where x_row(r, j) is x's row r when x_per_row is 1 (every expert of a token
+// reads its input: gate and up) or row r * k + j when it is k (each slot its
+// own input: down). experts[i] points to n_expert views of one type, width and
+// layout (an expert's slice of a 3-D GGUF tensor, prepared like any matrix).
+// A slot whose id is outside [0, n_expert) is left untouched. Bit for bit
+// what one matmul per (r, j) row gives (the tiles are batch-invariant), so a
+// token's result never depends on the others routed with it nor on threads.
+// Several sets (count: gate and up) share one routing and one activation
+// quantization per expert, and one split over the threads.
+void matmul_id(const WeightView* const* experts, float* const* y, const float* const* bias, int count, int n_expert,
+               const float* x, int x_per_row, const int32_t* ids, int64_t rows, int k, Executor* ex = nullptr);
+void matmul_id_ref(const WeightView* const* experts, float* const* y, const float* const* bias, int count,
+                   int n_expert, const float* x, int x_per_row, const int32_t* ids, int64_t rows, int k);
+
+// out[r] = sum over j < k, in order, of weights[r * k + j] * y[r * k + j]
+// (rows of dim), each product rounded before its add (ggml's mul then adds).
+void moe_combine(const float* y, const float* weights, float* out, int64_t rows, int k, int64_t dim);
+void moe_combine_ref(const float* y, const float* weights, float* out, int64_t rows, int k, int64_t dim);
 
 // Rotary position embedding, in place, on n_heads heads of head_dim floats each
 // (contiguous). Rotates the first rot_dim dims of every head.
@@ -323,6 +381,12 @@ void activation_ref(Activation a, const float* x, float* y, int64_t n);
 // y = value * gelu(gate) with the erf GELU.
 void geglu(const float* x, float* y, int64_t rows, int64_t dim, Executor* ex = nullptr);
 void geglu_ref(const float* x, float* y, int64_t rows, int64_t dim);
+
+// A gated linear unit over one row of n floats: out = act(gate) * up, the
+// activation as `activation` computes it (Gemma's feed-forward is
+// gelu_tanh(gate) * up; silu gives swiglu). out may be gate or up.
+void glu(Activation a, const float* gate, const float* up, float* out, int64_t n);
+void glu_ref(Activation a, const float* gate, const float* up, float* out, int64_t n);
 
 // Nearest-neighbour 2x upsampling (nn.Upsample(scale_factor=2)):
 // x: [planes][h][w] -> y: [planes][2h][2w].

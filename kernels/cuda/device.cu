@@ -1,0 +1,515 @@
+// The CUDA device: its backends (one stream each), buffers, memory, NVML
+// telemetry, device loss, and the module's C entry points (atelier/devices.h).
+#include <atelier/devices.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "attention.cuh"
+#include "elementwise.cuh"
+#include "matmul.cuh"
+#include "norm_rope.cuh"
+#include "policy.h"
+
+namespace atelier::kernels::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+std::atomic<bool> g_lost[kMaxDevices];
+std::mutex g_lost_mu;
+std::string g_lost_why[kMaxDevices];
+
+void mark_lost(int device, const std::string& why) {
+  if (device < 0 || device >= kMaxDevices) return;
+  std::lock_guard<std::mutex> lock(g_lost_mu);
+  if (!g_lost[device].load()) g_lost_why[device] = why;
+  g_lost[device].store(true);
+}
+
+}  // namespace
+
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorDeviceUninitialized:
+    case cudaErrorUnknown:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorCudartUnloading:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void cuda_fail(cudaError_t e, const char* stmt, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  std::string what = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ") from " + stmt + " at " +
+                     (base ? base + 1 : file) + ":" + std::to_string(line);
+  if (is_sticky(e)) {
+    int dev = -1;
+    cudaGetDevice(&dev);
+    mark_lost(dev, what);
+    throw std::runtime_error("CUDA device lost: cuda:" + std::to_string(dev) + ": " + what);
+  }
+  throw std::runtime_error("CUDA error: " + what);
+}
+
+void check_alive(int device) {
+  if (device >= 0 && device < kMaxDevices && g_lost[device].load()) {
+    std::lock_guard<std::mutex> lock(g_lost_mu);
+    throw std::runtime_error("CUDA device lost: cuda:" + std::to_string(device) + ": " + g_lost_why[device]);
+  }
+}
+
+namespace {
+
+// The calling thread's current device, set only when it changes.
+void use_device(int device) {
+  thread_local int current = -1;
+  if (current != device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    current = device;
+  }
+}
+
+class CudaBuffer final : public Buffer {
+ public:
+  CudaBuffer(int device, int64_t bytes) : device_(device), bytes_(bytes) {
+    use_device(device);
+    const cudaError_t e = cudaMalloc(&p_, static_cast<size_t>(std::max<int64_t>(bytes, 256)));
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it
+      throw std::bad_alloc();
+    }
+    if (e != cudaSuccess) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+  }
+  ~CudaBuffer() override {
+    if (p_) {
+      int cur = -1;
+      cudaGetDevice(&cur);
+      if (cur != device_) cudaSetDevice(device_);
+      cudaFree(p_);  // errors ignored: a lost device frees nothing
+    }
+  }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  void* data() override { return p_; }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  int device_;
+  int64_t bytes_;
+  void* p_ = nullptr;
+};
+
+// ---- NVML, opened at run time (the driver's libnvidia-ml.so.1)
+
+struct Nvml {
+  using Dev = void*;
+  struct Util {
+    unsigned gpu, memory;
+  };
+  struct Mem {
+    unsigned long long total, free, used;
+  };
+  int (*init)() = nullptr;
+  int (*by_pci)(const char*, Dev*) = nullptr;
+  int (*util)(Dev, Util*) = nullptr;
+  int (*temp)(Dev, int, unsigned*) = nullptr;
+  int (*mem)(Dev, Mem*) = nullptr;
+  bool ok = false;
+
+  static const Nvml& get() {
+    static const Nvml n = [] {
+      Nvml m;
+      void* h = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+      if (!h) return m;
+      m.init = reinterpret_cast<int (*)()>(::dlsym(h, "nvmlInit_v2"));
+      m.by_pci = reinterpret_cast<int (*)(const char*, Dev*)>(::dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2"));
+      m.util = reinterpret_cast<int (*)(Dev, Util*)>(::dlsym(h, "nvmlDeviceGetUtilizationRates"));
+      m.temp = reinterpret_cast<int (*)(Dev, int, unsigned*)>(::dlsym(h, "nvmlDeviceGetTemperature"));
+      m.mem = reinterpret_cast<int (*)(Dev, Mem*)>(::dlsym(h, "nvmlDeviceGetMemoryInfo"));
+      m.ok = m.init && m.by_pci && m.util && m.temp && m.mem && m.init() == 0;
+      return m;
+    }();
+    return n;
+  }
+};
+
+class CudaDevice;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaDevice& dev, int priority);
+  ~CudaBackend() override {
+    if (staged_) cudaEventDestroy(staged_);
+    if (pinned_) cudaFreeHost(pinned_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  DeviceInfo device() const override;
+  DType act_dtype() const override { return DType::BF16; }
+  Layout layout() const override { return Layout::NHWC; }
+
+  std::unique_ptr<Buffer> alloc(int64_t bytes) override {
+    enter();
+    return std::make_unique<CudaBuffer>(device_, bytes);
+  }
+  void upload(Buffer& dst, int64_t offset, const void* src, int64_t bytes) override {
+    enter();
+    if (bytes <= 0) return;
+    check_range(dst, offset, bytes, "upload");
+    if (bytes <= kPinnedBytes) {
+      // Through pinned memory: the copy is queued on the stream without a
+      // host synchronisation (the staging is reused once its last copy ran).
+      CUDA_CHECK(cudaEventSynchronize(staged_));
+      std::memcpy(pinned_, src, static_cast<size_t>(bytes));
+      CUDA_CHECK(cudaMemcpyAsync(dst.at<uint8_t>(offset), pinned_, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                                 stream_));
+      CUDA_CHECK(cudaEventRecord(staged_, stream_));
+      return;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dst.at<uint8_t>(offset), src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                               stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download(Buffer& src, int64_t offset, void* dst, int64_t bytes) override {
+    enter();
+    if (bytes <= 0) return;
+    check_range(src, offset, bytes, "download");
+    CUDA_CHECK(cudaMemcpyAsync(dst, src.at<uint8_t>(offset), static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                               stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void synchronize() override {
+    enter();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void clear(Buffer& b, uint8_t value) override {
+    enter();
+    CUDA_CHECK(cudaMemsetAsync(b.data(), value, static_cast<size_t>(b.bytes()), stream_));
+  }
+  // cudaMalloc commits at allocation: nothing to do.
+
+  WeightView prepare_weights(const WeightView& w, std::unique_ptr<Buffer>& storage) override {
+    storage = alloc(prepared_bytes(w));
+    return prepare_weights_at(w, *storage, 0);
+  }
+  int64_t prepared_weight_bytes(const WeightView& w) override { return prepared_bytes(w); }
+  WeightView prepare_weights_at(const WeightView& w, Buffer& dst, int64_t offset) override {
+    enter();
+    if (offset < 0 || offset % 64 != 0 || offset + prepared_bytes(w) > dst.bytes())
+      throw std::logic_error("CUDA prepare_weights_at: offset outside the buffer or not 64-byte aligned");
+    return cuda::prepare_weights_at(stream_, w, dst.at<uint8_t>(offset));
+  }
+
+  void matmul(const WeightView& w, Act x, Act y, int64_t rows) override {
+    enter();
+    cuda::matmul(stream_, gemm_, scratch_, deterministic_, w, x, y, rows);
+  }
+  void matmul_many(const WeightView* const* w, const Act* y, int count, Act x, int64_t rows) override {
+    enter();
+    for (int i = 0; i < count; ++i) cuda::matmul(stream_, gemm_, scratch_, deterministic_, *w[i], x, y[i], rows);
+  }
+  void get_rows(const WeightView& table, const int32_t* ids, Act y, int64_t rows) override {
+    enter();
+    cuda::get_rows(stream_, table, ids, y, rows);
+  }
+  void copy_rows(Act x, const int32_t* ids, Act y, int64_t rows, int64_t dim) override {
+    enter();
+    cuda::copy_rows(stream_, x, ids, y, rows, dim);
+  }
+  void rms_norm(Act x, const float* weight, Act y, int64_t rows, int64_t dim, float eps) override {
+    enter();
+    cuda::rms_norm(stream_, x, weight, y, rows, dim, eps);
+  }
+  void add_rms_norm(Act x, Act delta, const float* weight, Act y, int64_t rows, int64_t dim, float eps) override {
+    enter();
+    cuda::add_rms_norm(stream_, x, delta, weight, y, rows, dim, eps);
+  }
+  void layer_norm(Act x, Act y, int64_t rows, int64_t dim, const float* gamma, const float* beta, float eps) override {
+    enter();
+    cuda::layer_norm(stream_, x, y, rows, dim, gamma, beta, eps);
+  }
+  void rope(Act x, int64_t rows, const int32_t* positions, const RopeParams& p) override {
+    enter();
+    cuda::rope(stream_, x, rows, positions, p);
+  }
+  void add(Act a, Act b, Act y, int64_t n) override {
+    enter();
+    cuda::add(stream_, a, b, y, n);
+  }
+  void add_bias(Act x, const float* bias, int64_t rows, int64_t dim) override {
+    enter();
+    cuda::add_bias(stream_, x, bias, rows, dim);
+  }
+  void activation(Activation a, Act x, Act y, int64_t n) override {
+    enter();
+    cuda::activation(stream_, a, x, y, n);
+  }
+  void swiglu(Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
+    enter();
+    cuda::swiglu(stream_, gate, up, out, rows, dim);
+  }
+  void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
+    enter();
+    cuda::glu(stream_, a, gate, up, out, rows, dim);
+  }
+  void geglu(Act x, Act y, int64_t rows, int64_t dim) override {
+    enter();
+    cuda::geglu(stream_, x, y, rows, dim);
+  }
+  void softmax(Act x, int64_t rows, int64_t n) override {
+    enter();
+    cuda::softmax(stream_, x, rows, n);
+  }
+  void affine(Act x, Act y, int64_t n, const Affine& a) override {
+    enter();
+    cuda::affine(stream_, x, y, n, a);
+  }
+  void relu(Act x, Act y, int64_t n) override {
+    enter();
+    cuda::relu(stream_, x, y, n);
+  }
+  void tanh_clamp(Act x, Act y, int64_t n, float limit) override {
+    enter();
+    cuda::tanh_clamp(stream_, x, y, n, limit);
+  }
+  void copy(Act x, Act y, int64_t n) override {
+    enter();
+    cuda::copy(stream_, x, y, n);
+  }
+  void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) override {
+    enter();
+    cuda::relayout(stream_, x, from, y, to, n, c, hw);
+  }
+  void store_kv(const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) override {
+    enter();
+    cuda::store_kv(stream_, kv, layer, k, v, slots, rows);
+  }
+  void rope_store_kv(Act q, Act k, Act v, int64_t rows, const int32_t* positions, const RopeParams& rq,
+                     const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) override {
+    enter();
+    cuda::rope_store_kv(stream_, q, k, v, rows, positions, rq, rk, kv, layer, slots);
+  }
+  void paged_attention(const KvLayout& kv, const PagedAttention& a, Act q, Act out) override {
+    enter();
+    cuda::paged_attention(stream_, scratch_, kv, a, q, out);
+  }
+  void attention(const AttentionShape& s, Act q, Act k, Act v, Act out) override {
+    enter();
+    cuda::dense_attention(stream_, s, q, k, v, s.heads * s.head_dim, false, out);
+  }
+  void causal_attention(const AttentionShape& s, Act q, Act k, Act v, int64_t stride, Act out) override {
+    enter();
+    cuda::dense_attention(stream_, s, q, k, v, stride, true, out);
+  }
+
+  // ---- image-only ops: issue 34
+  void group_norm(Act, Act, int64_t, int64_t, int64_t, int64_t, const float*, const float*, float, bool) override {
+    image_op("group_norm");
+  }
+  void add_channel_bias(Act, Act, int64_t, int64_t, int64_t) override { image_op("add_channel_bias"); }
+  void concat_channels(Act, int64_t, Act, int64_t, Act, int64_t, int64_t) override { image_op("concat_channels"); }
+  void timestep_embedding(const float*, int64_t, int64_t, Act, bool, float, float) override {
+    image_op("timestep_embedding");
+  }
+  void pad2d(Act, Act, int64_t, int64_t, int64_t, int64_t, const Pad2d&) override { image_op("pad2d"); }
+  void conv2d(const Conv2dShape&, Act, DType, const void*, const float*, Act) override { image_op("conv2d"); }
+  void upsample_nearest2x(Act, Act, int64_t, int64_t, int64_t, int64_t) override { image_op("upsample_nearest2x"); }
+
+ private:
+  static constexpr int64_t kPinnedBytes = int64_t{1} << 20;
+
+  void enter() {
+    check_alive(device_);
+    use_device(device_);
+  }
+  [[noreturn]] static void image_op(const char* op) {
+    throw std::runtime_error(std::string(op) +
+                             " is not on the CUDA backend yet (issue 34): run image jobs with --device cpu");
+  }
+  static void check_range(Buffer& b, int64_t offset, int64_t bytes, const char* what) {
+    if (offset < 0 || offset + bytes > b.bytes())
+      throw std::logic_error(std::string("CUDA ") + what + ": bytes outside the buffer");
+  }
+
+  const CudaDevice& dev_;
+  int device_;
+  bool deterministic_;
+  cudaStream_t stream_ = nullptr;
+  void* pinned_ = nullptr;
+  cudaEvent_t staged_ = nullptr;
+  Gemm gemm_;
+  Scratch scratch_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int index) : index_(index) {
+    use_device(index);
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+    name_ = p.name;
+    cc_major_ = p.major;
+    cc_minor_ = p.minor;
+    total_ = static_cast<int64_t>(p.totalGlobalMem);
+    char pci[32] = {0};
+    if (cudaDeviceGetPCIBusId(pci, sizeof pci, index) == cudaSuccess) pci_ = pci;
+    // ATELIER_CUDA_DETERMINISTIC=1: every product on the matrix-vector
+    // kernels, so each op is batch-invariant (slower prefill).
+    const char* det = std::getenv("ATELIER_CUDA_DETERMINISTIC");
+    deterministic_ = det && *det && std::strcmp(det, "0") != 0;
+  }
+
+  int index() const { return index_; }
+  bool deterministic() const { return deterministic_; }
+
+  DeviceInfo info() const override {
+    DeviceInfo d;
+    d.name = "cuda:" + std::to_string(index_);
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(total_) / (1 << 30));
+    d.description = name_ + ", compute capability " + std::to_string(cc_major_) + "." + std::to_string(cc_minor_) +
+                    ", " + mem + (deterministic_ ? ", deterministic" : "");
+    if (g_lost[index_].load()) d.description += " (lost: " + lost_why() + ")";
+    d.host_memory = false;
+    // Batch invariance (kernels/README.md, CUDA): every op but matmul keeps
+    // it; matmul keeps it up to kMatvecRows rows (kMatvecRowsQuantized for
+    // quantized weights), beyond them cuBLASLt picks its kernel (and split)
+    // by the row count. Deterministic mode keeps it everywhere.
+    d.batch_invariant = deterministic_;
+    d.act_dtype = DType::BF16;
+    d.layout = Layout::NHWC;
+    return d;
+  }
+  DeviceMemory memory() const override {
+    check_alive(index_);
+    use_device(index_);
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    DeviceMemory m;
+    m.total_bytes = static_cast<int64_t>(total);
+    m.free_bytes = static_cast<int64_t>(free);
+    m.reserved_bytes = kReservedBytes;
+    return m;
+  }
+  std::unique_ptr<Backend> make_backend(Executor*, int priority) override {
+    check_alive(index_);
+    return std::make_unique<CudaBackend>(*this, priority);
+  }
+  DeviceTelemetry telemetry() const override {
+    DeviceTelemetry t;
+    const Nvml& n = Nvml::get();
+    if (!n.ok || pci_.empty()) return t;
+    Nvml::Dev h = nullptr;
+    Nvml::Util u{};
+    Nvml::Mem m{};
+    unsigned temp = 0;
+    if (n.by_pci(pci_.c_str(), &h) != 0 || n.util(h, &u) != 0 || n.temp(h, 0, &temp) != 0 || n.mem(h, &m) != 0)
+      return t;
+    t.available = true;
+    t.utilization_percent = u.gpu;
+    t.temperature_c = temp;
+    t.memory_used_bytes = static_cast<int64_t>(m.used);
+    t.memory_total_bytes = static_cast<int64_t>(m.total);
+    return t;
+  }
+
+ private:
+  std::string lost_why() const {
+    std::lock_guard<std::mutex> lock(g_lost_mu);
+    return g_lost_why[index_];
+  }
+  int index_;
+  std::string name_, pci_;
+  int cc_major_ = 0, cc_minor_ = 0;
+  int64_t total_ = 0;
+  bool deterministic_ = false;
+};
+
+CudaBackend::CudaBackend(const CudaDevice& dev, int priority)
+    : dev_(dev), device_(dev.index()), deterministic_(dev.deterministic()) {
+  use_device(device_);
+  // CUDA's priorities: lower numbers run first, from `least` (0) down to `greatest`.
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int p = std::clamp(least - priority, greatest, least);
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, p));
+  CUDA_CHECK(cudaMallocHost(&pinned_, static_cast<size_t>(kPinnedBytes)));
+  CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(staged_, stream_));
+}
+
+DeviceInfo CudaBackend::device() const { return dev_.info(); }
+
+std::mutex g_devices_mu;
+CudaDevice* g_devices[kMaxDevices] = {};
+
+void set_why(char* why, int why_len, const std::string& s) {
+  if (!why || why_len <= 0) return;
+  std::snprintf(why, static_cast<size_t>(why_len), "%s", s.c_str());
+}
+
+}  // namespace
+
+}  // namespace atelier::kernels::cuda
+
+using namespace atelier::kernels::cuda;
+
+extern "C" {
+
+__attribute__((visibility("default"))) int atelier_cuda_abi_version() { return ATELIER_CUDA_ABI_VERSION; }
+
+__attribute__((visibility("default"))) int atelier_cuda_device_count(char* why, int why_len) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    std::string what = std::string("the CUDA runtime found no usable GPU: ") + cudaGetErrorString(e) + " (" +
+                       cudaGetErrorName(e) + ")";
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+      what += ". No NVIDIA driver, or one older than CUDA 13 needs: install the NVIDIA driver (version 580 or newer for CUDA 13) and check nvidia-smi lists the GPU; "
+              "--device cpu runs without one.";
+    set_why(why, why_len, what);
+    return -1;
+  }
+  return n;
+}
+
+__attribute__((visibility("default"))) atelier::kernels::Device* atelier_cuda_open_device(int index, char* why,
+                                                                                         int why_len) {
+  if (index < 0 || index >= kMaxDevices) {
+    set_why(why, why_len, "cuda:" + std::to_string(index) + ": no such device");
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_devices_mu);
+  if (g_devices[index]) return g_devices[index];
+  try {
+    g_devices[index] = new CudaDevice(index);  // kept for the process
+    return g_devices[index];
+  } catch (const std::exception& e) {
+    set_why(why, why_len, "cuda:" + std::to_string(index) + " could not be opened: " + e.what());
+    return nullptr;
+  }
+}
+
+}  // extern "C"

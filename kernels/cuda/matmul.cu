@@ -1,0 +1,367 @@
+// Products: matrix-vector kernels with the dequantization fused (decode and
+// small batches), cuBLASLt BF16 GEMM for prefill and large batches; weight
+// preparation and embedding lookups.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "matmul.cuh"
+#include "policy.h"
+#include "quant.cuh"
+
+namespace atelier::kernels::cuda {
+
+#define CUBLAS_CHECK(stmt)                                                                                  \
+  do {                                                                                                      \
+    const cublasStatus_t atelier_st_ = (stmt);                                                              \
+    if (atelier_st_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      throw std::runtime_error(std::string("cuBLASLt: ") + #stmt + " failed with status " +                \
+                               std::to_string(static_cast<int>(atelier_st_)) + " at " + __FILE__ + ":" +   \
+                               std::to_string(__LINE__));                                                   \
+  } while (0)
+
+// ---------------------------------------------------------------- scratch
+
+Scratch::~Scratch() {
+  if (p_) cudaFree(p_);  // errors ignored: the device may be lost
+}
+
+void* Scratch::get(size_t bytes) {
+  if (bytes <= bytes_) return p_;
+  if (p_) CUDA_CHECK(cudaFree(p_));
+  p_ = nullptr;
+  bytes_ = 0;
+  bytes = (bytes + (size_t{1} << 20) - 1) >> 20 << 20;
+  CUDA_CHECK(cudaMalloc(&p_, bytes));
+  bytes_ = bytes;
+  return p_;
+}
+
+// ---------------------------------------------------------------- matrix-vector
+
+constexpr int kMvWarps = 4;  // weight rows per block, one warp each
+
+// Eight activations x[k0 .. k0+7] as floats (16-byte loads for BF16 / F16
+// rows when `vec`).
+template <class XT>
+__device__ __forceinline__ void load8x(const XT* x, bool vec, float (&v)[8]) {
+  if constexpr (sizeof(XT) == 2) {
+    if (vec) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(x));
+      const XT* e = reinterpret_cast<const XT*>(&u);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = to_f(e[i]);
+      return;
+    }
+  } else {
+    if (vec) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(x)), b = __ldg(reinterpret_cast<const float4*>(x) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = to_f(x[i]);
+}
+
+// One warp per weight row r; lane l takes the row's groups of 8 l, l + 32,
+// ... in order (one FMA chain per activation row), then a fixed butterfly.
+// Activation rows go in chunks of kMatvecRows through the same code, so a
+// row's bits depend on nothing but its own x and the weights.
+template <int WT, class XT>
+__global__ void __launch_bounds__(kMvWarps * 32)
+    matvec_kernel(const uint8_t* __restrict__ w, int64_t w_rows, int64_t row_bytes, int64_t cols, bool wvec,
+                  const XT* __restrict__ x, int64_t x_rows, bool xvec, void* __restrict__ y, int yt) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kMvWarps + (threadIdx.x >> 5);
+  if (r >= w_rows) return;
+  const uint8_t* row = w + r * row_bytes;
+  const int64_t groups = cols / 8;
+  for (int64_t m0 = 0; m0 < x_rows; m0 += kMatvecRows) {
+    const int nm = static_cast<int>(x_rows - m0 < kMatvecRows ? x_rows - m0 : kMatvecRows);
+    float acc[kMatvecRows];
+#pragma unroll
+    for (int m = 0; m < kMatvecRows; ++m) acc[m] = 0.0f;
+    for (int64_t g = lane; g < groups; g += 32) {
+      float wv[8];
+      load8<WT>(row, g, wvec, wv);
+#pragma unroll
+      for (int m = 0; m < kMatvecRows; ++m) {
+        if (m < nm) {
+          float xv[8];
+          load8x<XT>(x + (m0 + m) * cols + g * 8, xvec, xv);
+          float a = acc[m];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
+          acc[m] = a;
+        }
+      }
+    }
+    // Float rows whose length is not a multiple of 8: the last elements.
+    for (int64_t c = groups * 8 + lane; c < cols; c += 32) {
+      const float wv = load1(WT, row, c);
+#pragma unroll
+      for (int m = 0; m < kMatvecRows; ++m)
+        if (m < nm) acc[m] = fmaf(wv, to_f(x[(m0 + m) * cols + c]), acc[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < kMatvecRows; ++m) {
+      if (m < nm) {
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) st(y, yt, (m0 + m) * w_rows + r, v);
+      }
+    }
+  }
+}
+
+template <int WT>
+void launch_matvec(cudaStream_t s, const WeightView& w, Act x, Act y, int64_t rows) {
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  const bool wvec = reinterpret_cast<uintptr_t>(wp) % 16 == 0 && w.row_stride_bytes % 16 == 0;
+  const size_t xe = static_cast<size_t>(x.elem_bytes());
+  const bool xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (w.cols * xe) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>((w.rows + kMvWarps - 1) / kMvWarps));
+  const int yt = act_code(y);
+  switch (act_code(x)) {
+    case kF32:
+      matvec_kernel<WT, float><<<grid, kMvWarps * 32, 0, s>>>(wp, w.rows, w.row_stride_bytes, w.cols, wvec,
+                                                              static_cast<const float*>(x.data()), rows, xvec, y.data(), yt);
+      break;
+    case kF16:
+      matvec_kernel<WT, __half><<<grid, kMvWarps * 32, 0, s>>>(wp, w.rows, w.row_stride_bytes, w.cols, wvec,
+                                                               static_cast<const __half*>(x.data()), rows, xvec, y.data(), yt);
+      break;
+    default:
+      matvec_kernel<WT, __nv_bfloat16><<<grid, kMvWarps * 32, 0, s>>>(
+          wp, w.rows, w.row_stride_bytes, w.cols, wvec, static_cast<const __nv_bfloat16*>(x.data()), rows, xvec,
+          y.data(), yt);
+      break;
+  }
+  CUDA_LAUNCHED();
+}
+
+void matvec(cudaStream_t s, const WeightView& w, Act x, Act y, int64_t rows) {
+  switch (w.type) {
+    case DType::BF16: return launch_matvec<kWBF16>(s, w, x, y, rows);
+    case DType::F32: return launch_matvec<kWF32>(s, w, x, y, rows);
+    case DType::F16: return launch_matvec<kWF16>(s, w, x, y, rows);
+    case DType::Q8_0: return launch_matvec<kWQ8_0>(s, w, x, y, rows);
+    case DType::Q4_0: return launch_matvec<kWQ4_0>(s, w, x, y, rows);
+    case DType::Q4_K: return launch_matvec<kWQ4_K>(s, w, x, y, rows);
+    case DType::Q5_K: return launch_matvec<kWQ5_K>(s, w, x, y, rows);
+    case DType::Q6_K: return launch_matvec<kWQ6_K>(s, w, x, y, rows);
+    default:
+      throw std::logic_error("CUDA matmul: weights of type " + std::string(dtype_name(w.type)) +
+                             " were not prepared for this device (prepare_weights)");
+  }
+}
+
+// ---------------------------------------------------------------- conversions
+
+__global__ void convert_kernel(const void* x, int xt, void* y, int yt, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    st(y, yt, i, ld(x, xt, i));
+}
+
+// Rows of a weight matrix (type wt, src_stride bytes apart) decoded to BF16
+// rows of cols elements.
+__global__ void rows_to_bf16_kernel(const uint8_t* src, int wt, int64_t src_stride, int64_t cols, int64_t rows,
+                                    __nv_bfloat16* dst) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    dst[i] = __float2bfloat16_rn(load1(wt, src + r * src_stride, c));
+  }
+}
+
+// ---------------------------------------------------------------- cuBLASLt
+
+Gemm::Gemm() {
+  CUBLAS_CHECK(cublasLtCreate(&lt_));
+  ws_bytes_ = size_t{32} << 20;  // NVIDIA's recommendation for Hopper
+  CUDA_CHECK(cudaMalloc(&ws_, ws_bytes_));
+}
+
+Gemm::~Gemm() {
+  if (ws_) cudaFree(ws_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+namespace {
+int alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && a % static_cast<uintptr_t>(al) != 0) al /= 2;
+  return al;
+}
+}  // namespace
+
+void Gemm::bf16(cudaStream_t s, const void* w, int64_t ldw, const void* x, void* d, cudaDataType_t d_type,
+                int64_t ldd, int64_t m, int64_t n, int64_t k) {
+  // Column-major, as cuBLAS sees it: D (m x n, ld ldd) = W^T (W: k x m, ld
+  // ldw) times X (k x n, ld k).
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(m), ldw));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, d_type, static_cast<uint64_t>(m), static_cast<uint64_t>(n), ldd));
+  const int aw = alignment_of(w), ax = alignment_of(x), ad = alignment_of(d);
+  const Key key{m, n, k, ldw, ldd, static_cast<int>(d_type), aw * 1000000 + ax * 1000 + ad};
+  auto it = algos_.find(key);
+  if (it == algos_.end()) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t wsb = ws_bytes_;
+    const uint32_t ua = static_cast<uint32_t>(aw), ub = static_cast<uint32_t>(ax), ud = static_cast<uint32_t>(ad);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ua, sizeof ua));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ub, sizeof ub));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ud, sizeof ud));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ud, sizeof ud));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+      cublasLtMatmulDescDestroy(op);
+      throw std::runtime_error("cuBLASLt has no BF16 algorithm for " + std::to_string(m) + "x" + std::to_string(n) +
+                               "x" + std::to_string(k));
+    }
+    it = algos_.emplace(key, res.algo).first;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(lt_, op, &one, w, a, x, b, &zero, d, c, d, c, &it->second, ws_, ws_bytes_, s);
+  cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatmulDescDestroy(op);
+  CUBLAS_CHECK(st);
+}
+
+// ---------------------------------------------------------------- matmul
+
+namespace {
+size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+void matmul(cudaStream_t s, Gemm& gemm, Scratch& scratch, bool deterministic, const WeightView& w, Act x, Act y,
+            int64_t rows) {
+  if (rows <= 0 || w.rows <= 0) return;
+  if (w.layout != WeightLayout::rows) throw std::logic_error("CUDA matmul: a CPU-packed weight view");
+  const bool float_raw = w.type == DType::F32 || w.type == DType::F16;
+  if (float_raw || matmul_path(w.type, rows, deterministic) == MatmulPath::matvec) return matvec(s, w, x, y, rows);
+
+  // GEMM: X as BF16, D as F32 or BF16 (F16 outputs through an F32 copy).
+  const int64_t k = w.cols, m = w.rows;
+  const bool quant = w.type != DType::BF16;
+  const int64_t slice = quant ? gemm_slice_rows(m, k) : m;
+  const bool x_bf16 = x.type() == DType::BF16, y_direct = y.type() == DType::F32 || y.type() == DType::BF16;
+  const size_t x_bytes = x_bf16 ? 0 : round256(static_cast<size_t>(rows * k * 2));
+  const size_t w_bytes = quant ? round256(static_cast<size_t>(slice * k * 2)) : 0;
+  const size_t y_bytes = y_direct ? 0 : round256(static_cast<size_t>(rows * m * 4));
+  auto* base = static_cast<uint8_t*>(scratch.get(std::max<size_t>(x_bytes + w_bytes + y_bytes, 256)));
+  const void* xb = x.data();
+  if (!x_bf16) {
+    convert_kernel<<<grid_for(rows * k), 256, 0, s>>>(x.data(), act_code(x), base, kBF16, rows * k);
+    CUDA_LAUNCHED();
+    xb = base;
+  }
+  void* d = y_direct ? y.data() : base + x_bytes + w_bytes;
+  const cudaDataType_t dt = y.type() == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const int64_t d_elem = y.type() == DType::BF16 ? 2 : 4;
+  for (int64_t r0 = 0; r0 < m; r0 += slice) {
+    const int64_t mr = std::min(slice, m - r0);
+    const uint8_t* wp = static_cast<const uint8_t*>(w.data) + r0 * w.row_stride_bytes;
+    int64_t ldw = w.row_stride_bytes / 2;
+    if (quant) {
+      rows_to_bf16_kernel<<<grid_for(mr * k), 256, 0, s>>>(wp, static_cast<int>(w.type), w.row_stride_bytes, k, mr,
+                                                            reinterpret_cast<__nv_bfloat16*>(base + x_bytes));
+      CUDA_LAUNCHED();
+      wp = base + x_bytes;
+      ldw = k;
+    }
+    gemm.bf16(s, wp, ldw, xb, static_cast<uint8_t*>(d) + r0 * d_elem, dt, m, mr, rows, k);
+  }
+  if (!y_direct) {
+    convert_kernel<<<grid_for(rows * m), 256, 0, s>>>(d, kF32, y.data(), act_code(y), rows * m);
+    CUDA_LAUNCHED();
+  }
+}
+
+// ---------------------------------------------------------------- get_rows
+
+__global__ void get_rows_kernel(const uint8_t* table, int wt, int64_t stride, int64_t cols, const int32_t* ids,
+                                void* y, int yt) {
+  const int64_t r = blockIdx.x;
+  const uint8_t* row = table + int64_t{ids[r]} * stride;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) st(y, yt, r * cols + c, load1(wt, row, c));
+}
+
+void get_rows(cudaStream_t s, const WeightView& table, const int32_t* ids, Act y, int64_t rows) {
+  if (rows <= 0) return;
+  if (table.layout != WeightLayout::rows || !device_readable(table.type))
+    throw std::logic_error("CUDA get_rows: a table of type " + std::string(dtype_name(table.type)) +
+                           " not prepared for this device");
+  get_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, s>>>(static_cast<const uint8_t*>(table.data),
+                                                               static_cast<int>(table.type), table.row_stride_bytes,
+                                                               table.cols, ids, y.data(), act_code(y));
+  CUDA_LAUNCHED();
+}
+
+// ---------------------------------------------------------------- preparing weights
+
+WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst) {
+  const DType dt = device_weight_type(w);
+  const int64_t dst_row = dtype_row_bytes(dt, w.cols);
+  WeightView v = w;
+  v.type = dt;
+  v.data = dst;
+  v.row_stride_bytes = dst_row;
+  v.layout = WeightLayout::rows;
+  if (w.rows <= 0) return v;
+  if (dt == w.type && w.layout == WeightLayout::rows) {  // kept as it is: GGML's rows, back to back
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_row), w.data, static_cast<size_t>(w.row_stride_bytes),
+                                 static_cast<size_t>(dst_row), static_cast<size_t>(w.rows), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return v;
+  }
+  // To BF16 on the device, in slices of rows: F32 / F16 rows go up as they
+  // are; any other type or layout is decoded to F32 on the host first.
+  const bool raw = w.layout == WeightLayout::rows && (w.type == DType::F32 || w.type == DType::F16);
+  const int64_t src_row = raw ? dtype_row_bytes(w.type, w.cols) : w.cols * 4;
+  const int64_t slice = std::max<int64_t>(1, std::min<int64_t>(w.rows, (int64_t{32} << 20) / src_row));
+  void* stage = nullptr;
+  CUDA_CHECK(cudaMalloc(&stage, static_cast<size_t>(slice * src_row)));
+  std::vector<float> host;
+  try {
+    for (int64_t r0 = 0; r0 < w.rows; r0 += slice) {
+      const int64_t n = std::min(slice, w.rows - r0);
+      if (raw) {
+        CUDA_CHECK(cudaMemcpy2D(stage, static_cast<size_t>(src_row),
+                                static_cast<const uint8_t*>(w.data) + r0 * w.row_stride_bytes,
+                                static_cast<size_t>(w.row_stride_bytes), static_cast<size_t>(src_row),
+                                static_cast<size_t>(n), cudaMemcpyHostToDevice));
+      } else {
+        host.resize(static_cast<size_t>(n * w.cols));
+        for (int64_t r = 0; r < n; ++r) dequantize_weight_row(w, r0 + r, host.data() + r * w.cols);
+        CUDA_CHECK(cudaMemcpy(stage, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+      }
+      rows_to_bf16_kernel<<<grid_for(n * w.cols), 256, 0, s>>>(
+          static_cast<const uint8_t*>(stage), raw ? static_cast<int>(w.type) : kWF32, src_row, w.cols, n,
+          reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(dst) + r0 * dst_row));
+      CUDA_LAUNCHED();
+      CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+  } catch (...) {
+    cudaFree(stage);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(stage));
+  return v;
+}
+
+}  // namespace atelier::kernels::cuda

@@ -1,0 +1,64 @@
+// Products and weights on the device: the matrix-vector kernels (decode),
+// cuBLASLt BF16 GEMM (prefill, large batches), weight preparation, get_rows.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "common.cuh"
+
+namespace atelier::kernels::cuda {
+
+// Device memory reused by one stream's ops (the GEMM path's converted
+// activations and dequantized slices, attention partials). Grows to the
+// largest call seen and stays: a runner's first step of each shape bucket
+// allocates, the later ones (and a CUDA graph captured after a warm-up)
+// do not.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch();
+  void* get(size_t bytes);
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// cuBLASLt on one stream: its handle, a workspace allocated once, and the
+// algorithm chosen per shape (the heuristic's first, cached).
+class Gemm {
+ public:
+  Gemm();
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  // D[n][ldd] (row n of `n` activation rows, `m` outputs) = X[n][k] W[m][k]^T:
+  // W and X BF16 (W rows ldw elements apart, X rows k apart), D of type
+  // d_type (CUDA_R_32F or CUDA_R_16BF), FP32 accumulation.
+  void bf16(cudaStream_t s, const void* w, int64_t ldw, const void* x, void* d, cudaDataType_t d_type, int64_t ldd,
+            int64_t m, int64_t n, int64_t k);
+
+ private:
+  cublasLtHandle_t lt_ = nullptr;
+  void* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+  std::map<Key, cublasLtMatmulAlgo_t> algos_;
+};
+
+// y = x W^T for `rows` activation rows (Backend::matmul). w: a prepared view
+// (policy.h's device types) or raw device rows of F32 / F16.
+void matmul(cudaStream_t s, Gemm& gemm, Scratch& scratch, bool deterministic, const WeightView& w, Act x, Act y,
+            int64_t rows);
+// Backend::get_rows: decoded rows of a device table of any readable type.
+void get_rows(cudaStream_t s, const WeightView& table, const int32_t* ids, Act y, int64_t rows);
+// Writes w as the device keeps it (policy.h) at dst (device memory,
+// prepared_bytes(w) bytes); returns its view. Synchronous (load time).
+WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst);
+
+}  // namespace atelier::kernels::cuda

@@ -1,0 +1,154 @@
+// GGML's weight formats decoded on the device, 8 consecutive elements at a
+// time (the unit the product kernels stream): the definitions of
+// kernels/cpu/quants.cpp's dequantize_row, value for value.
+#pragma once
+
+#include "common.cuh"
+
+namespace atelier::kernels::cuda {
+
+// Weight type codes as kernel template arguments (DType's numbers).
+constexpr int kWF32 = 0, kWF16 = 1, kWQ4_0 = 2, kWQ8_0 = 8, kWQ4_K = 12, kWQ5_K = 13, kWQ6_K = 14, kWBF16 = 30;
+
+__device__ __forceinline__ float h2f(const uint8_t* p) {
+  // A 2-byte aligned fp16 (GGML's scales).
+  return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block.
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Elements 8g .. 8g+7 of a row (g < cols / 8, the row's start `row`) into w.
+// `vec`: the row start is 16-byte aligned and BF16 groups may be read as one
+// 16-byte load.
+template <int WT>
+__device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, float (&w)[8]) {
+  if constexpr (WT == kWBF16) {
+    const auto* p = reinterpret_cast<const __nv_bfloat16*>(row) + g * 8;
+    if (vec) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint32_t parts[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[2 * i] = __uint_as_float(parts[i] << 16);
+        w[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = __bfloat162float(p[i]);
+    }
+  } else if constexpr (WT == kWF32) {
+    const float* p = reinterpret_cast<const float*>(row) + g * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = p[i];
+  } else if constexpr (WT == kWF16) {
+    const __half* p = reinterpret_cast<const __half*>(row) + g * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __half2float(p[i]);
+  } else if constexpr (WT == kWQ8_0) {
+    // Block of 34 bytes: fp16 d, 32 int8. Groups of 8 lie inside one block.
+    const uint8_t* b = row + (g >> 2) * 34;
+    const float d = h2f(b);
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + (g & 3) * 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t two = q[i];
+      w[2 * i] = static_cast<float>(static_cast<int8_t>(two & 0xff)) * d;
+      w[2 * i + 1] = static_cast<float>(static_cast<int8_t>(two >> 8)) * d;
+    }
+  } else if constexpr (WT == kWQ4_0) {
+    // Block of 18 bytes: fp16 d, 16 bytes; element j < 16 the low nibble of
+    // byte j, element j >= 16 the high nibble of byte j - 16.
+    const uint8_t* b = row + (g >> 2) * 18;
+    const float d = h2f(b);
+    const int o = static_cast<int>(g & 3) * 8;
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + (o & 15));
+    const int shift = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t two = q[i];
+      w[2 * i] = static_cast<float>(((two >> shift) & 0xF) - 8) * d;
+      w[2 * i + 1] = static_cast<float>(((two >> (8 + shift)) & 0xF) - 8) * d;
+    }
+  } else if constexpr (WT == kWQ4_K || WT == kWQ5_K) {
+    // Super-blocks of 256 (144 / 176 bytes): fp16 d, dmin, 12 scale bytes,
+    // [Q5_K: 32 bytes of high bits], 128 nibble bytes. Element e: 64-chunk
+    // j = e / 64; within it the first 32 are low nibbles of bytes 32j..,
+    // the next 32 high nibbles of the same bytes.
+    constexpr int kBytes = WT == kWQ4_K ? 144 : 176;
+    const uint8_t* b = row + (g >> 5) * kBytes;
+    const int e0 = static_cast<int>(g & 31) * 8;
+    const int j = e0 >> 6, l0 = e0 & 63, hi = l0 >= 32, l = l0 & 31;
+    int sc, m;
+    scale_min_k4(2 * j + hi, b + 4, sc, m);
+    const float d = h2f(b) * static_cast<float>(sc), mn = h2f(b + 2) * static_cast<float>(m);
+    const uint8_t* qs = b + (WT == kWQ4_K ? 16 : 48) + j * 32 + l;
+    const uint2 u = *reinterpret_cast<const uint2*>(qs);  // 8-byte aligned: l is a multiple of 8
+    const uint8_t* qb = reinterpret_cast<const uint8_t*>(&u);
+    if constexpr (WT == kWQ4_K) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = d * static_cast<float>(hi ? qb[i] >> 4 : qb[i] & 0xF) - mn;
+    } else {
+      const uint2 h = *reinterpret_cast<const uint2*>(b + 16 + l);
+      const uint8_t* hb = reinterpret_cast<const uint8_t*>(&h);
+      const int bit = 2 * j + hi;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int q = (hi ? qb[i] >> 4 : qb[i] & 0xF) + (((hb[i] >> bit) & 1) << 4);
+        w[i] = d * static_cast<float>(q) - mn;
+      }
+    }
+  } else if constexpr (WT == kWQ6_K) {
+    // Super-blocks of 256 (210 bytes): ql[128], qh[64], int8 scales[16], fp16 d.
+    // Element e: half n = e / 128, r = e % 128, quarter k = r / 32, l = r % 32:
+    // low 4 bits from ql[64n + l (+32 for k odd)] (>> 4 for k >= 2), high 2
+    // bits from qh[32n + l] >> 2k; scale scales[8n + l / 16 + 2k].
+    const uint8_t* b = row + (g >> 5) * 210;
+    const int e0 = static_cast<int>(g & 31) * 8;
+    const int n = e0 >> 7, r = e0 & 127, k = r >> 5, l = r & 31;
+    const float d = h2f(b + 208) * static_cast<float>(reinterpret_cast<const int8_t*>(b + 192)[8 * n + (l >> 4) + 2 * k]);
+    const uint8_t* ql = b + 64 * n + l + (k & 1) * 32;
+    const uint8_t* qh = b + 128 + 32 * n + l;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int lo = k >= 2 ? ql[i] >> 4 : ql[i] & 0xF;
+      const int q = (lo | (((qh[i] >> (2 * k)) & 3) << 4)) - 32;
+      w[i] = d * static_cast<float>(q);
+    }
+  }
+}
+
+// Element c of a row of type wt (any of the types above), for get_rows and
+// the tails of float rows.
+__device__ __forceinline__ float load1(int wt, const uint8_t* row, int64_t c) {
+  if (wt == kWF32) return reinterpret_cast<const float*>(row)[c];
+  if (wt == kWF16) return __half2float(reinterpret_cast<const __half*>(row)[c]);
+  if (wt == kWBF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[c]);
+  float w[8];
+  switch (wt) {
+    case kWQ8_0: load8<kWQ8_0>(row, c / 8, false, w); break;
+    case kWQ4_0: load8<kWQ4_0>(row, c / 8, false, w); break;
+    case kWQ4_K: load8<kWQ4_K>(row, c / 8, false, w); break;
+    case kWQ5_K: load8<kWQ5_K>(row, c / 8, false, w); break;
+    default: load8<kWQ6_K>(row, c / 8, false, w); break;
+  }
+  return w[c % 8];
+}
+
+inline bool device_readable(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
+    default: return false;
+  }
+}
+
+}  // namespace atelier::kernels::cuda
