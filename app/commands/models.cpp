@@ -761,6 +761,8 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   add_seed_option(*synth, s->spec.seed, "Seed of the weights, 0..18446744073709551614 (default: 1)");  // as every --seed: '' and -1 refused
   synth->add_option("--chat-template", s->chat_template_file, "Text models: a Jinja chat template file to embed (tokenizer.chat_template)")
       ->check(CLI::ExistingFile);
+  synth->add_option("--special-token", s->spec.special_tokens,
+                    "llama: a control token to add to the vocabulary (repeatable), e.g. a chat format's markers such as <|channel|>");
   synth->add_option("-o,--output", s->out, "Output file (.gguf or .safetensors)")->required();
   synth->callback([s, type, &exit_code] {
     Status st;

@@ -107,7 +107,7 @@ std::vector<ChatMessage> chat_messages(const json& body) {
     if (!m.is_object()) throw bad_field("messages[" + std::to_string(i) + "]", "must be an object");
     auto role = opt_string(m, "role");
     if (!role) throw bad_field("messages[" + std::to_string(i) + "].role", "is required");
-    out.push_back({*role, message_text(m, i)});
+    out.push_back({*role, message_text(m, i), ""});
   }
   return out;
 }
@@ -327,7 +327,9 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
       const int n = common.n;
       // Followed on the stream's one thread: no lock needed, but the provider is copied, so shared.
       auto parses = std::make_shared<std::vector<ChoiceParse>>();
-      for (int i = 0; i < n; ++i) parses->push_back({ChatOutputParser(syntax, parse_options), 0});
+      ChatOutputOptions streamed = parse_options;
+      streamed.stream_calls = true;
+      for (int i = 0; i < n; ++i) parses->push_back({ChatOutputParser(syntax, streamed), 0});
       stream_run(
           res, run, watch, head, common,
           [vocab, parses, parallel](const TextChoice* c, const std::string& text, const std::string& finish) {
@@ -345,12 +347,19 @@ void add_openai_routes(httplib::Server& http, Context& ctx) {
               if (!d.content.empty()) delta["content"] = d.content;
               chunk(delta, nullptr, nullptr);
             }
-            // Each call as the openai SDK accumulates it: index, id and name first, then its arguments.
-            for (json& call : tool_calls_json(c->job, d.calls, p.calls)) {
-              const std::string args = call["function"]["arguments"];
-              call["function"]["arguments"] = "";
+            // Each call as the openai SDK accumulates it: index, id and name first, then its
+            // arguments in fragments as the model writes them (llama-server's and OpenAI's layout).
+            for (const ToolCallPiece& piece : d.call_pieces) {
+              if (!parallel && piece.index > 0) continue;
+              json call = {{"index", piece.index}};
+              if (!piece.name.empty()) {
+                call["id"] = piece.id.empty() ? "call_" + std::to_string(c->job) + "_" + std::to_string(piece.index) : piece.id;
+                call["type"] = "function";
+                call["function"] = {{"name", piece.name}, {"arguments", ""}};
+              } else {
+                call["function"] = {{"arguments", piece.arguments}};
+              }
               chunk({{"tool_calls", json::array({call})}}, nullptr, nullptr);
-              chunk({{"tool_calls", json::array({{{"index", call["index"]}, {"function", {{"arguments", args}}}}})}}, nullptr, nullptr);
             }
             p.calls += static_cast<int>(d.calls.size());
             if (!finish.empty()) {

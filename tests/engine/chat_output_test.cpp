@@ -258,3 +258,149 @@ TEST(ToolPlan, ForcedAndLazyConstraints) {
   const ToolPlan oss = plan_tool_calls(ToolFormat::GptOss, tools, "get_weather");
   EXPECT_EQ(oss.prompt_suffix, "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>");
 }
+
+// stream_calls: each call's name as soon as it is written, then its arguments
+// in fragments as they are written, as OpenAI's streamed tool_calls deltas.
+namespace {
+
+struct Streamed {
+  std::vector<ToolCallPiece> pieces;
+  std::vector<ToolCall> calls;
+  std::string content;
+  int pushes_before_first_call_end = -1;  // the push after which the first call ended
+};
+
+Streamed stream(ChatSyntax syntax, ChatOutputOptions options, const std::string& text, size_t step) {
+  options.stream_calls = true;
+  ChatOutputParser parser(syntax, options);
+  Streamed s;
+  int pushes = 0;
+  auto take = [&](ChatDelta d) {
+    for (auto& p : d.call_pieces) s.pieces.push_back(std::move(p));
+    s.content += d.content;
+    if (!d.calls.empty() && s.calls.empty()) s.pushes_before_first_call_end = pushes;
+    for (auto& c : d.calls) s.calls.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < text.size(); i += step, ++pushes) take(parser.push(text.substr(i, step)));
+  take(parser.finish());
+  return s;
+}
+
+// The pieces of call INDEX: its name (the first piece's), its arguments joined, and how many argument fragments.
+struct Assembled {
+  std::string name, id, arguments;
+  int fragments = 0;
+  bool name_first = true;
+};
+Assembled assemble(const Streamed& s, int index) {
+  Assembled a;
+  bool started = false;
+  for (const auto& p : s.pieces) {
+    if (p.index != index) continue;
+    if (!p.name.empty()) {
+      a.name_first = a.name_first && !started;
+      a.name = p.name;
+      a.id = p.id;
+      started = true;
+    } else {
+      a.name_first = a.name_first && started;
+      a.arguments += p.arguments;
+      ++a.fragments;
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+TEST(ChatOutput, StreamedCallArgumentsComeInFragments) {
+  ChatSyntax hermes = think();
+  hermes.tools = ToolFormat::Hermes;
+  ChatOutputOptions o;
+  o.tools = true;
+  const std::string args0 = "{\"location\": \"San Francisco, CA, USA\", \"unit\": \"celsius\"}";
+  const std::string args1 = "{\"location\": \"Lyon\", \"nested\": {\"a\": [1, 2, {\"b\": \"}\"}]}}";
+  const std::string text = "<think>\nhm\n</think>\n\nchecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + args0 +
+                           "}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": " + args1 + "}\n</tool_call>";
+  for (size_t step : {1, 3, 8, 1000}) {
+    const Streamed s = stream(hermes, o, text, step);
+    ASSERT_EQ(s.calls.size(), 2u) << step;
+    const Assembled a = assemble(s, 0), b = assemble(s, 1);
+    EXPECT_EQ(a.name, "get_weather");
+    EXPECT_TRUE(a.name_first && b.name_first);
+    EXPECT_EQ(a.arguments, args0) << step;  // the text as written, whole
+    EXPECT_EQ(b.name, "get_time");
+    EXPECT_EQ(b.arguments, args1) << step;
+    EXPECT_EQ(s.calls[0].arguments, args0);  // the whole call agrees with its pieces
+    EXPECT_EQ(s.content, "checking.\n");
+    if (step == 1) {
+      EXPECT_GT(a.fragments, 20) << "one fragment per byte pushed, not the call at its end";
+      // The first call's arguments started before the call ended.
+      EXPECT_GT(a.fragments, 1);
+    }
+  }
+  // The call's name goes out before its arguments are whole: after the push that completes the name.
+  const std::string head = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"loc";
+  ChatOutputOptions so = o;
+  so.stream_calls = true;
+  ChatOutputParser parser(hermes, so);
+  ChatDelta d = parser.push(head);
+  ASSERT_EQ(d.call_pieces.size(), 2u);
+  EXPECT_EQ(d.call_pieces[0].name, "get_weather");
+  EXPECT_EQ(d.call_pieces[1].arguments, "{\"loc");
+  EXPECT_TRUE(d.calls.empty());
+
+  // Mistral: a list of calls, the model's ids; Llama 3: one object with "parameters".
+  ChatSyntax mistral;
+  mistral.tools = ToolFormat::Mistral;
+  const std::string list = "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}, \"id\": \"abcdefghi\"}, {\"id\": \"zyxwvutsr\", \"name\": \"b\", \"arguments\": {\"y\": [2]}}]";
+  for (size_t step : {1, 5, 1000}) {
+    const Streamed m = stream(mistral, o, list, step);
+    ASSERT_EQ(m.calls.size(), 2u);
+    EXPECT_EQ(assemble(m, 0).arguments, "{\"x\": 1}");
+    EXPECT_EQ(assemble(m, 1).arguments, "{\"y\": [2]}");
+    EXPECT_EQ(assemble(m, 1).id, "zyxwvutsr");  // written before the name: known at the call's start
+    EXPECT_EQ(m.calls[0].id, "abcdefghi");
+  }
+  ChatSyntax llama;
+  llama.tools = ToolFormat::Llama3;
+  const Streamed l = stream(llama, o, "{\"name\": \"f\", \"parameters\": {\"q\": \"x y\"}}", 2);
+  ASSERT_EQ(l.calls.size(), 1u);
+  EXPECT_EQ(assemble(l, 0).arguments, "{\"q\": \"x y\"}");
+  EXPECT_GT(assemble(l, 0).fragments, 3);
+
+  // gpt-oss: the header names the tool, the body is the arguments.
+  const ChatSyntax harmony = detect_chat_syntax("<|channel|>");
+  const std::string call = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+                           "to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}<|call|>";
+  const Streamed g = stream(harmony, o, call, 2);
+  ASSERT_EQ(g.calls.size(), 1u);
+  EXPECT_EQ(assemble(g, 0).name, "get_weather");
+  EXPECT_EQ(assemble(g, 0).arguments, "{\"location\":\"San Francisco\"}");
+  EXPECT_GT(assemble(g, 0).fragments, 5);
+
+  // gpt-oss with a forced call: the prefill names the tool; its start comes with the first piece.
+  ChatOutputOptions forced = o;
+  forced.stream_calls = true;
+  forced.prefill = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+  ChatOutputParser fp(harmony, forced);
+  ChatDelta first = fp.push("{\"lo");
+  ASSERT_EQ(first.call_pieces.size(), 2u);
+  EXPECT_EQ(first.call_pieces[0].name, "get_weather");
+  EXPECT_EQ(first.call_pieces[1].arguments, "{\"lo");
+}
+
+// gpt-oss through a SentencePiece vocabulary (a synthetic model's): each
+// control token is followed by a word marker, so the text has a space after
+// every marker. The channel is still read, and no body starts with the space.
+TEST(ChatOutput, GptOssChannelsWithSpacesAfterMarkers) {
+  const ChatSyntax s = detect_chat_syntax("<|channel|>");
+  ChatOutputOptions o;
+  o.tools = true;
+  const std::string answer =
+      "<|channel|> analysis<|message|> the user asks.<|end|><|start|> assistant<|channel|> final<|message|> it is mild.";
+  const Parsed a = parse(s, o, answer);
+  EXPECT_EQ(a.reasoning, "the user asks.");
+  EXPECT_EQ(a.content, "it is mild.");
+  expect_split_invariant(s, o, answer);
+}

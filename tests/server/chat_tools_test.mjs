@@ -203,3 +203,35 @@ test('bad tools and tool_choice get a 400 naming the field', async () => {
     assert.equal((await r.json()).error.param, param);
   }
 });
+
+test('streamed tool-call arguments come in fragments as the model writes them, and the SDK accumulates them', async () => {
+  force(ANSWER);
+  const stream = await client.chat.completions.create({ model: 'qwen3-synth', messages: USER, tools: [WEATHER], temperature: 0,
+                                                        max_tokens: 200, stream: true });
+  let nameChunks = 0, argChunks = 0, args = '', sawArgsBeforeFinish = false, finished = false;
+  for await (const c of stream) {
+    const ch = c.choices[0];
+    if (!ch) continue;
+    for (const tc of ch.delta.tool_calls ?? []) {
+      assert.equal(tc.index, 0);
+      if (tc.function?.name) {
+        ++nameChunks;
+        assert.equal(args, '', 'the name comes before any argument');
+      } else {
+        ++argChunks;
+        args += tc.function.arguments;
+        if (!finished) sawArgsBeforeFinish = true;
+      }
+    }
+    if (ch.finish_reason) finished = true;
+  }
+  assert.equal(nameChunks, 1);
+  assert.ok(argChunks > 3, `arguments in ${argChunks} fragments, not one piece once the call is whole`);
+  assert.ok(sawArgsBeforeFinish);
+  assert.deepEqual(JSON.parse(args), { city: 'Paris' });
+  // The SDK's own accumulation (ChatCompletionStream) gives the same call.
+  force(ANSWER);
+  const done = await client.chat.completions.stream({ model: 'qwen3-synth', messages: USER, tools: [WEATHER], temperature: 0,
+                                                      max_tokens: 200 }).finalChatCompletion();
+  assert.equal(done.choices[0].message.tool_calls[0].function.arguments, args);
+});

@@ -148,3 +148,23 @@ TEST(ChatTemplate, GenerationBlock) {
   ASSERT_TRUE(r.ok()) << r.status().message;
   EXPECT_EQ(r.value(), "a1b");
 }
+
+// The chat templates of today's open models (tests/text/templates: Qwen3,
+// Gemma 3, Phi-4, Phi-4-mini, Mistral Small 3.2, gpt-oss, Llama 3.1/3.2) with
+// tools offered, tool calls, tool results and reasoning kept apart, rendered by
+// Python's Jinja2 (templates/render_template_cases.py).
+TEST(ChatTemplate, RealTemplates) {
+  const fs::path dir = fs::path(ATELIER_TESTS_DIR) / "text" / "templates";
+  int passed = 0, total = 0, files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 11 || name.substr(name.size() - 11) != ".cases.json") continue;
+    ++files;
+    auto [p, t] = check_cases(e.path(), dir);
+    passed += p;
+    total += t;
+  }
+  std::cout << "real template cases passing: " << passed << " / " << total << " in " << files << " templates\n";
+  EXPECT_GE(files, 9);
+  EXPECT_EQ(passed, total);
+}

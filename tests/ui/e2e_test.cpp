@@ -231,8 +231,8 @@ class EndToEndTest : public QObject {
         c.contextTokens = 160;
         c.overflow = policy;
         for (int i = 0; i < 8; ++i) {
-          c.turns.push_back({QStringLiteral("user"), {QStringLiteral("Story %1 about a cat and a dog in the park.").arg(i)}, 0});
-          c.turns.push_back({QStringLiteral("assistant"), {QStringLiteral("Once upon a time a cat and a dog played ball in the park all day.")}, 0});
+          c.turns.push_back({QStringLiteral("user"), {QStringLiteral("Story %1 about a cat and a dog in the park.").arg(i)}, 0, {}});
+          c.turns.push_back({QStringLiteral("assistant"), {QStringLiteral("Once upon a time a cat and a dog played ball in the park all day.")}, 0, {}});
         }
         store.save(c);
         store.flush();

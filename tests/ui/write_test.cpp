@@ -375,12 +375,12 @@ class WriteTest : public QObject {
       return static_cast<int>(vocab.value()->tokenize(text, bos, true).value().size());
     };
     ChatFitInput in;
-    in.messages.push_back({"system", "Be kind."});
+    in.messages.push_back({"system", "Be kind.", ""});
     for (int i = 0; i < 10; ++i) {
-      in.messages.push_back({"user", "Question " + std::to_string(i) + " about the moon and the stars?"});
-      in.messages.push_back({"assistant", "Answer " + std::to_string(i) + ": the moon is bright and the stars are far."});
+      in.messages.push_back({"user", "Question " + std::to_string(i) + " about the moon and the stars?", ""});
+      in.messages.push_back({"assistant", "Answer " + std::to_string(i) + ": the moon is bright and the stars are far.", ""});
     }
-    in.messages.push_back({"user", "Last question?"});
+    in.messages.push_back({"user", "Last question?", ""});
     in.context_tokens = 400;
     in.max_new_tokens = 30;
     for (Overflow policy : {Overflow::TruncateMiddle, Overflow::RollingWindow}) {
@@ -404,7 +404,7 @@ class WriteTest : public QObject {
     QVERIFY(refused.status().message.find("context holds 400") != std::string::npos);
     // ... and near the limit the answer gets only what is left.
     in.messages.resize(3);
-    in.messages.push_back({"user", "Last question?"});
+    in.messages.push_back({"user", "Last question?", ""});
     auto whole = fit_chat(info.value(), in, count);
     QVERIFY(whole.ok());
     QCOMPARE(whole->dropped_messages, 0);
@@ -581,6 +581,110 @@ class WriteTest : public QObject {
     const QString last = stats.back().at(0).toString();
     QVERIFY2(last.endsWith(QStringLiteral("/8192")), qPrintable(last));
     QCOMPARE(lastJob().state, JobState::Completed);
+  }
+
+  // A thinking model (Qwen3's real template; its answer forced through the
+  // engine's test hook, as a random model writes no <think> block): the
+  // reasoning streams folded under a "Thinking..." header with its time, the
+  // answer below it; a click on the header opens it and another folds it; it
+  // is kept with the conversation, and the template leaves it out of the next
+  // turn's prompt.
+  void thinkingStreamsFoldedAndStaysOutOfTheNextPrompt() {
+    const QString model = home_->path(QStringLiteral("qwen3-think.gguf"));
+    QCOMPARE(uitest::runCli({QStringLiteral("models"), QStringLiteral("synth"), QStringLiteral("--params"), QStringLiteral("260K"),
+                             QStringLiteral("--type"), QStringLiteral("f32"), QStringLiteral("--chat-template"),
+                             QStringLiteral(ATELIER_TESTS_DIR) + QStringLiteral("/text/templates/Qwen-Qwen3-0.6B.jinja"),
+                             QStringLiteral("-o"), model}),
+             0);
+    const QString forced = home_->path(QStringLiteral("forced.txt"));
+    auto force = [&](const QByteArray& text) {
+      QFile f(forced);
+      QVERIFY(f.open(QIODevice::WriteOnly | QIODevice::Truncate));
+      f.write(text);
+    };
+    qputenv("ATELIER_TEST_FORCED_OUTPUT", forced.toUtf8());
+    struct Unset {
+      ~Unset() { qunsetenv("ATELIER_TEST_FORCED_OUTPUT"); }
+    } unset;
+    const QString reasoning = QStringLiteral("the user greets me.\nsecret plan: answer kindly.");
+    force("<think>\n" + reasoning.toUtf8() + "\n</think>\n\nhello there, friend.");
+    tab_->newConversation();
+    tab_->setMode(QStringLiteral("chat"));
+    useModel(model);
+    child<QSpinBox>("maxTokens")->setValue(200);  // the synthetic vocabulary spells the answer nearly byte by byte
+    auto* view = child<QTextBrowser>("chatView");
+    int tokens = 0, shownWhileStreaming = 0, headerWhileStreaming = 0, answerBelowHeader = 0;
+    const QString shots = qEnvironmentVariable("ATELIER_TEST_SHOTS");
+    bool shot = false;
+    QObject scope;
+    connect(bridge_.get(), &bridge::EngineBridge::event, &scope, [&](const Event& ev) {
+      if (ev.type != EventType::Token) return;
+      ++tokens;
+      const QString seen = view->toPlainText();
+      if (seen.contains(QStringLiteral("secret plan"))) ++shownWhileStreaming;
+      if (seen.contains(QStringLiteral("Thinking\u2026"))) ++headerWhileStreaming;
+      const qsizetype header = seen.indexOf(QStringLiteral("Thought for"));
+      if (header >= 0 && seen.indexOf(QStringLiteral("hello"), header) > header) ++answerBelowHeader;
+      if (!shots.isEmpty() && !shot && seen.contains(QStringLiteral("hello there"))) {
+        shot = tab_->grab().save(shots + QStringLiteral("/write-thinking-streaming.png"));
+      }
+    });
+    auto* prompt = child<PromptEdit>("prompt");
+    prompt->setFocus();
+    QTest::keyClicks(prompt, QStringLiteral("hi"));
+    QTest::keyClick(prompt, Qt::Key_Return, Qt::ControlModifier);
+    waitIdle();
+    QVERIFY2(tokens > 20, qPrintable(QString::number(tokens)));
+    QCOMPARE(shownWhileStreaming, 0);  // folded: the reasoning's text never showed
+    QVERIFY2(headerWhileStreaming > 5, qPrintable(QString::number(headerWhileStreaming)));
+    QVERIFY(answerBelowHeader > 0);
+    const ChatTurn answer = tab_->conversation().turns.at(1);
+    QCOMPARE(answer.text(), QStringLiteral("hello there, friend."));
+    QCOMPARE(answer.reasoningText(), reasoning);
+    QString seen = view->toPlainText();
+    QVERIFY2(!seen.contains(QStringLiteral("secret plan")) && !seen.contains(QStringLiteral("<think>")), qPrintable(seen));
+    QVERIFY(seen.contains(QStringLiteral("hello there, friend.")));
+
+    // A click on the header opens the block; another folds it.
+    auto clickText = [&](const QString& text) {
+      const QTextCursor found = view->document()->find(text);
+      QVERIFY2(!found.isNull(), qPrintable(text));
+      QTextCursor at(view->document());
+      at.setPosition(found.selectionStart() + 2);
+      QTest::mouseClick(view->viewport(), Qt::LeftButton, {}, view->cursorRect(at).center());
+    };
+    clickText(QStringLiteral("Thought"));
+    QTRY_VERIFY(view->toPlainText().contains(QStringLiteral("secret plan: answer kindly.")));
+    if (!shots.isEmpty()) QVERIFY(tab_->grab().save(shots + QStringLiteral("/write-thinking-open.png")));
+    clickText(QStringLiteral("Thought"));
+    QTRY_VERIFY(!view->toPlainText().contains(QStringLiteral("secret plan")));
+
+    // Kept with the conversation (a new store reads it back).
+    store_->flush();
+    {
+      ConversationStore again(home_->home());
+      bool found = false;
+      for (const Conversation& c : again.loadAll())
+        if (c.id == tab_->conversation().id) {
+          found = true;
+          QCOMPARE(c.turns.at(1).reasoningText(), reasoning);
+          QCOMPARE(c.turns.at(1).text(), QStringLiteral("hello there, friend."));
+        }
+      QVERIFY(found);
+    }
+
+    // The next turn: the earlier answer is in the prompt, its thinking is not.
+    force("fine.");
+    QTest::keyClicks(prompt, QStringLiteral("and you?"));
+    QTest::keyClick(prompt, Qt::Key_Return, Qt::ControlModifier);
+    waitIdle();
+    const JobInfo job = lastJob();
+    QCOMPARE(job.state, JobState::Completed);
+    const QString sent = QString::fromStdString(job.request.prompt);
+    QVERIFY2(sent.contains(QStringLiteral("<|im_start|>assistant\nhello there, friend.<|im_end|>")), qPrintable(sent));
+    QVERIFY2(!sent.contains(QStringLiteral("secret plan")), qPrintable(sent));
+    QCOMPARE(tab_->conversation().turns.at(3).text(), QStringLiteral("fine."));
+    QVERIFY(tab_->conversation().turns.at(3).reasoningText().isEmpty());
   }
 
   void cleanupTestCase() {

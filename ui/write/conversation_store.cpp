@@ -44,7 +44,8 @@ ConversationStore::ConversationStore(const QString& dataDir) {
        " PRIMARY KEY (conversation, idx))");
   // Added later: a database from before has these columns added once (the error for an existing column is expected).
   for (const char* sql : {"ALTER TABLE conversations ADD COLUMN context_tokens INTEGER NOT NULL DEFAULT 0",
-                          "ALTER TABLE conversations ADD COLUMN overflow TEXT NOT NULL DEFAULT 'truncate-middle'"})
+                          "ALTER TABLE conversations ADD COLUMN overflow TEXT NOT NULL DEFAULT 'truncate-middle'",
+                          "ALTER TABLE turns ADD COLUMN reasoning TEXT NOT NULL DEFAULT '[]'"})
     sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
 }
 
@@ -82,7 +83,7 @@ QVector<Conversation> ConversationStore::loadAll() {
     out.push_back(c);
   }
   sqlite3_finalize(st);
-  sqlite3_prepare_v2(db_, "SELECT role, variants, current FROM turns WHERE conversation = ? ORDER BY idx", -1, &st, nullptr);
+  sqlite3_prepare_v2(db_, "SELECT role, variants, current, reasoning FROM turns WHERE conversation = ? ORDER BY idx", -1, &st, nullptr);
   for (Conversation& c : out) {
     sqlite3_reset(st);
     sqlite3_bind_int64(st, 1, c.id);
@@ -92,6 +93,7 @@ QVector<Conversation> ConversationStore::loadAll() {
       for (const auto& v : QJsonDocument::fromJson(columnText(st, 1).toUtf8()).array()) t.variants << v.toString();
       if (t.variants.isEmpty()) t.variants << QString();
       t.current = std::clamp(sqlite3_column_int(st, 2), 0, static_cast<int>(t.variants.size()) - 1);
+      for (const auto& v : QJsonDocument::fromJson(columnText(st, 3).toUtf8()).array()) t.reasoning << v.toString();
       c.turns.push_back(t);
     }
   }
@@ -140,7 +142,7 @@ void ConversationStore::save(const Conversation& conversation) {
     sqlite3_bind_int64(st, 1, c.id);
     ok = ok && sqlite3_step(st) == SQLITE_DONE;
     sqlite3_finalize(st);
-    sqlite3_prepare_v2(db_, "INSERT INTO turns (conversation, idx, role, variants, current) VALUES (?,?,?,?,?)", -1, &st, nullptr);
+    sqlite3_prepare_v2(db_, "INSERT INTO turns (conversation, idx, role, variants, current, reasoning) VALUES (?,?,?,?,?,?)", -1, &st, nullptr);
     for (int i = 0; ok && i < c.turns.size(); ++i) {
       sqlite3_reset(st);
       sqlite3_bind_int64(st, 1, c.id);
@@ -148,6 +150,7 @@ void ConversationStore::save(const Conversation& conversation) {
       bindText(st, 3, c.turns[i].role);
       bindText(st, 4, QString::fromUtf8(QJsonDocument(QJsonArray::fromStringList(c.turns[i].variants)).toJson(QJsonDocument::Compact)));
       sqlite3_bind_int(st, 5, c.turns[i].current);
+      bindText(st, 6, QString::fromUtf8(QJsonDocument(QJsonArray::fromStringList(c.turns[i].reasoning)).toJson(QJsonDocument::Compact)));
       ok = sqlite3_step(st) == SQLITE_DONE;
     }
     sqlite3_finalize(st);

@@ -18,7 +18,9 @@ struct ChatTurn {
   QString role;          // "user", "assistant"
   QStringList variants;  // regenerations keep every answer; edits replace the current one
   int current = 0;
+  QStringList reasoning; // an assistant variant's thinking (<think>, gpt-oss's analysis), beside variants ("" or missing: none)
   QString text() const { return variants.value(current); }
+  QString reasoningText() const { return reasoning.value(current); }
 };
 
 struct Conversation {

@@ -26,6 +26,7 @@
 #include <QStackedWidget>
 #include <QTextBrowser>
 #include <QTextCursor>
+#include <QTimer>
 #include <QUrl>
 #include <QVBoxLayout>
 
@@ -243,6 +244,9 @@ WriteTab::WriteTab(bridge::EngineBridge* bridge, ConversationStore* store, QWidg
   chatView_->setOpenLinks(false);
   chatView_->setAccessibleName(tr("Conversation"));
   connect(chatView_, &QTextBrowser::anchorClicked, this, &WriteTab::onAnchor);
+  thinkingTick_ = new QTimer(this);
+  thinkingTick_->setInterval(250);
+  connect(thinkingTick_, &QTimer::timeout, this, &WriteTab::render);
   notebook_ = new QPlainTextEdit(views_);
   notebook_->setObjectName(QStringLiteral("notebook"));
   notebook_->setAccessibleName(tr("Notebook document"));
@@ -410,6 +414,7 @@ void WriteTab::selectConversation(int row) {
     emit statusMessage(tr("Stop the generation before switching conversations"));
     return;
   }
+  if (row != current_) expanded_.clear();
   current_ = row;
   {
     const QSignalBlocker b1(mode_), b2(system_), b3(notebook_);
@@ -552,14 +557,59 @@ void WriteTab::render() {
                     .arg(t.current + 1)
                     .arg(t.variants.size());
     }
+    html += QStringLiteral("</p>");
+    // A thinking model's reasoning: a header that folds it (open on click), above the answer.
+    const QString reasoning = streaming && parser_ ? streamReasoning_ : t.reasoningText();
+    if (!reasoning.isEmpty()) {
+      html += QStringLiteral("<p style='color:#8a8f98'><a href='think:%1' style='color:#8a8f98; text-decoration:none'>%2</a></p>")
+                  .arg(i)
+                  .arg(htmlText(thinkingHeader(i, streaming)));
+      if (expanded_.contains(i))
+        html += QStringLiteral("<p style='color:#8a8f98; white-space:pre-wrap; margin-left:18px'>%1</p>").arg(htmlText(reasoning));
+    }
     // pre-wrap keeps the model's newlines and spaces as they are (and as the text copies out).
-    html += QStringLiteral("</p><p style='white-space:pre-wrap'>%1</p>").arg(htmlText(t.text()));
+    const QString text = streaming && parser_ ? t.text() + streamContent_ : t.text();
+    html += QStringLiteral("<p style='white-space:pre-wrap'>%1</p>").arg(htmlText(text));
   }
   if (!chatError_.isEmpty())
     html += QStringLiteral("<p style='color:#e06c60; white-space:pre-wrap'><b>%1</b> %2</p>").arg(tr("Not answered:"), htmlText(chatError_));
   html += QStringLiteral("</body></html>");
   chatView_->setHtml(html);
   chatView_->moveCursor(QTextCursor::End);
+}
+
+QString WriteTab::thinkingHeader(int turn, bool streaming) const {
+  const QString arrow = expanded_.contains(turn) ? QStringLiteral("\u25BE ") : QStringLiteral("\u25B8 ");
+  if (!streaming) return arrow + tr("Thought");
+  const qint64 ms = thinkingMs_ >= 0 ? thinkingMs_ : thinkingClock_.isValid() ? thinkingClock_.elapsed() : 0;
+  const QString seconds = QString::number(ms / 1000.0, 'f', 1);
+  return arrow + (thinkingMs_ >= 0 ? tr("Thought for %1 s").arg(seconds) : tr("Thinking\u2026 %1 s").arg(seconds));
+}
+
+void WriteTab::takeDelta(const ChatDelta& d) {
+  if (!d.reasoning.empty()) {
+    streamReasoning_ += QString::fromStdString(d.reasoning);
+    if (!thinkingClock_.isValid()) {
+      thinkingClock_.start();
+      thinkingTick_->start();
+      render();  // the header appears at once; the tick keeps its time (and an open block's text) current
+    }
+  }
+  QString content = QString::fromStdString(d.content);
+  // Tool calls are not offered here; a model that writes one anyway shows it as plain text.
+  for (const ToolCall& c : d.calls)
+    content += QStringLiteral("%1(%2)").arg(QString::fromStdString(c.name), QString::fromStdString(c.arguments));
+  if (content.isEmpty()) return;
+  if (thinkingTick_->isActive()) {
+    // The answer starts: the header says how long it thought and stops ticking.
+    thinkingTick_->stop();
+    thinkingMs_ = thinkingClock_.elapsed();
+    streamContent_ += content;
+    render();
+    return;
+  }
+  streamContent_ += content;
+  appendStreamText(content);
 }
 
 void WriteTab::appendStreamText(const QString& text) {
@@ -609,7 +659,13 @@ bool WriteTab::saveMarkdown(const QString& path) {
 void WriteTab::onAnchor(const QUrl& url) {
   const QString what = url.scheme();
   const int i = url.path().toInt();
-  if (i < 0 || i >= conv().turns.size() || phase_ != Phase::Idle) return;
+  if (i < 0 || i >= conv().turns.size()) return;
+  if (what == QLatin1String("think")) {  // opens and folds the thinking, while it streams too
+    if (!expanded_.remove(i)) expanded_.insert(i);
+    render();
+    return;
+  }
+  if (phase_ != Phase::Idle) return;
   ChatTurn& t = conv().turns[i];
   if (what == QLatin1String("copy")) {
     QApplication::clipboard()->setText(t.text());
@@ -713,7 +769,7 @@ void WriteTab::start(Action action, bool interactive) {
       emit statusMessage(tr("Type a message first"));
       return;
     }
-    conv().turns.push_back({QStringLiteral("user"), {typed}, 0});
+    conv().turns.push_back({QStringLiteral("user"), {typed}, 0, {}});
     prompt_->remember(typed);
     prompt_->clear();
     if (conv().turns.size() == 1) conv().title = typed.simplified().left(40);
@@ -728,13 +784,18 @@ void WriteTab::start(Action action, bool interactive) {
     }
   }
   if (!notebook && (action == Action::Reply || conv().turns.back().role == QLatin1String("user")))
-    conv().turns.push_back({QStringLiteral("assistant"), {QString()}, 0});
+    conv().turns.push_back({QStringLiteral("assistant"), {QString()}, 0, {}});
   conv().model = model_->reference();
   conv().system = system_->toPlainText();
   jobConversation_ = conv().id;
   jobTurn_ = notebook ? -1 : static_cast<int>(conv().turns.size()) - 1;
   streamPrefix_ = notebook ? conv().document : conv().turns.back().text();
   streamed_.clear();
+  streamReasoning_.clear();
+  streamContent_.clear();
+  thinkingClock_.invalidate();
+  thinkingMs_ = -1;
+  parser_.reset();
   tokens_ = 0;
   promptTokens_ = 0;
   finalRate_ = 0;
@@ -800,8 +861,11 @@ void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& 
   in.max_new_tokens = r.max_new_tokens;
   in.policy = overflow_from_name(conv().overflow.toStdString());
   if (!notebook) {
-    if (!conv().system.trimmed().isEmpty()) in.messages.push_back({"system", conv().system.toStdString()});
-    for (int i = 0; i < jobTurn_; ++i) in.messages.push_back({conv().turns[i].role.toStdString(), conv().turns[i].text().toStdString()});
+    if (!conv().system.trimmed().isEmpty()) in.messages.push_back({"system", conv().system.toStdString(), ""});
+    // Earlier thinking goes to the template as the message's reasoning: the template decides what stays in the prompt.
+    for (int i = 0; i < jobTurn_; ++i)
+      in.messages.push_back({conv().turns[i].role.toStdString(), conv().turns[i].text().toStdString(),
+                             conv().turns[i].reasoningText().toStdString()});
     if (info.chat_template.empty()) r.stop.push_back("\nUser:");
   }
   const std::string document = conv().document.toStdString();
@@ -843,7 +907,8 @@ void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& 
       p.status = fit.status();
     }
     return p;
-  }).then(this, [this, r, path = QString::fromStdString(info.path), policy = conv().overflow](Prepared p) mutable {
+  }).then(this, [this, r, notebook, path = QString::fromStdString(info.path), policy = conv().overflow,
+                 syntax = detect_chat_syntax(info.chat_template)](Prepared p) mutable {
     if (p.vocab) {
       vocab_ = p.vocab;
       vocabFor_ = path;
@@ -854,6 +919,14 @@ void WriteTab::submitPrepared(Action action, bool interactive, const ModelInfo& 
     r.add_bos = p.fit.add_bos;
     r.max_new_tokens = p.fit.max_new_tokens;
     promptTokens_ = p.counted ? p.fit.prompt_tokens : 0;
+    // A new answer of a thinking model is taken apart as it streams (Continue writes on plain text).
+    parser_.reset();
+    if (!notebook && streamPrefix_.isEmpty() && (syntax.think_tags || syntax.harmony)) {
+      syntax_ = syntax;
+      parseOptions_ = ChatOutputOptions{};
+      parseOptions_.starts_in_reasoning = prompt_opens_reasoning(syntax, r.prompt);
+      parser_ = std::make_unique<ChatOutputParser>(syntax_, parseOptions_);
+    }
     if (p.fit.dropped_messages > 0)
       emit statusMessage(tr("Write: %n earlier message(s) left out to fit the context (%1)", nullptr, p.fit.dropped_messages).arg(policy));
     submitFitted(std::move(r));
@@ -911,7 +984,8 @@ void WriteTab::onEvent(const Event& ev) {
       tokens_ = ev.index + 1;
       const QString text = QString::fromStdString(ev.text);
       streamed_ += text;
-      appendStreamText(text);
+      if (parser_) takeDelta(parser_->push(ev.text));
+      else appendStreamText(text);
       updateStats();
       break;
     }
@@ -945,6 +1019,18 @@ void WriteTab::finishJob(const QString& finalText, const QString& note, bool err
     else if (jobTurn_ >= 0 && jobTurn_ < c.turns.size()) {
       ChatTurn& t = c.turns[jobTurn_];
       QString text = finalText;
+      QString reasoning;
+      if (parser_) {  // the whole answer taken apart again: the stream's pieces may have stopped mid-marker
+        ChatOutputParser whole(syntax_, parseOptions_);
+        ChatDelta a = whole.push(finalText.toStdString());
+        const ChatDelta b = whole.finish();
+        a.reasoning += b.reasoning;
+        a.content += b.content;
+        for (const ToolCall& call : b.calls) a.calls.push_back(call);
+        for (const ToolCall& call : a.calls) a.content += call.name + "(" + call.arguments + ")";
+        text = QString::fromStdString(a.content);
+        reasoning = QString::fromStdString(a.reasoning);
+      }
       // A new answer starts at its first word (the plain format leaves a space after "Assistant:").
       if (streamPrefix_.isEmpty()) {
         qsizetype i = 0;
@@ -952,17 +1038,22 @@ void WriteTab::finishJob(const QString& finalText, const QString& note, bool err
         text = text.mid(i);
       }
       t.variants[t.current] = streamPrefix_ + text;
+      while (t.reasoning.size() < t.variants.size()) t.reasoning << QString();
+      if (parser_) t.reasoning[t.current] = reasoning;
       // An answer that never started leaves no empty variant, and no empty bubble, behind.
-      if (t.text().isEmpty() && t.variants.size() > 1) {
+      if (t.text().isEmpty() && t.reasoningText().isEmpty() && t.variants.size() > 1) {
         t.variants.removeAt(t.current);
+        t.reasoning.removeAt(t.current);
         t.current = static_cast<int>(t.variants.size()) - 1;
-      } else if (t.text().isEmpty()) {
+      } else if (t.text().isEmpty() && t.reasoningText().isEmpty()) {
         c.turns.removeAt(jobTurn_);
       }
     }
   }
   // An error belongs in the chat, where the answer would have been.
   chatError_ = error ? note : QString();
+  thinkingTick_->stop();
+  parser_.reset();
   job_ = 0;
   jobTurn_ = -1;
   setPhase(Phase::Idle);

@@ -6,7 +6,10 @@
 #include <QElapsedTimer>
 #include <QPlainTextEdit>
 #include <QPointer>
+#include <QSet>
 #include <QWidget>
+
+#include <atelier/chat.h>
 
 #include <memory>
 #include <optional>
@@ -25,6 +28,7 @@ class QSettings;
 class QSpinBox;
 class QStackedWidget;
 class QTextBrowser;
+class QTimer;
 
 namespace atelier::ui {
 
@@ -105,6 +109,8 @@ class WriteTab : public QWidget {
   void setPhase(Phase p);
   void render();  // the whole conversation into the view
   void appendStreamText(const QString& text);
+  void takeDelta(const atelier::ChatDelta& d);  // a thinking model's answer as it streams
+  QString thinkingHeader(int turn, bool streaming) const;
   void onAnchor(const QUrl& url);
   void editTurn(int index);
   void selectConversation(int row);
@@ -169,6 +175,17 @@ class WriteTab : public QWidget {
   int promptBytes_ = 0;              // the submitted prompt's size: the estimate until then
   int contextTokens_ = 0;
   QElapsedTimer firstToken_;
+  // A thinking model's answer (its template has <think> or gpt-oss's channels):
+  // parsed as it streams; the reasoning shows folded under a header (its
+  // elapsed time while it streams), click to open; the content below it.
+  std::unique_ptr<atelier::ChatOutputParser> parser_;
+  atelier::ChatSyntax syntax_;
+  atelier::ChatOutputOptions parseOptions_;
+  QString streamReasoning_, streamContent_;
+  QElapsedTimer thinkingClock_;     // from the reasoning's first piece
+  qint64 thinkingMs_ = -1;          // how long it thought, once the answer started
+  QTimer* thinkingTick_ = nullptr;  // redraws the header's time while thinking
+  QSet<int> expanded_;              // turns whose thinking is open (this conversation)
   std::optional<atelier::ModelInfo> info_;  // of model_->reference()
   QString infoFor_;
   std::shared_ptr<atelier::Vocabulary> vocab_;  // of info_'s model: counts prompts as the engine does

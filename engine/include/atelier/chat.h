@@ -40,11 +40,22 @@ struct ToolCall {
   std::string arguments;  // a JSON object's text
 };
 
+// A piece of a call as it streams (ChatOutputOptions::stream_calls): the
+// call's first piece has its name (and the model's id if it wrote one first),
+// the others only a fragment of its arguments' text, as OpenAI's streamed
+// delta.tool_calls[i] carry them. A call's fragments, joined, are its
+// ToolCall::arguments.
+struct ToolCallPiece {
+  int index = 0;  // the call's number in the answer, from 0
+  std::string id, name, arguments;
+};
+
 // What a piece of the answer added to each part.
 struct ChatDelta {
   std::string reasoning, content;
-  std::vector<ToolCall> calls;
-  bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+  std::vector<ToolCall> calls;              // calls that ended in this piece, whole
+  std::vector<ToolCallPiece> call_pieces;   // with stream_calls: the calls' pieces as they come
+  bool empty() const { return reasoning.empty() && content.empty() && calls.empty() && call_pieces.empty(); }
 };
 
 struct ChatOutputOptions {
@@ -52,6 +63,13 @@ struct ChatOutputOptions {
   bool starts_in_reasoning = false;  // the prompt opened the block (prompt_opens_reasoning)
   bool tools = false;                // the request offered tools: parse calls
   std::string prefill;               // the answer's start that the prompt already holds (a forced call's opening)
+  // Hand out each call's name as soon as it is written and its arguments as
+  // they are written (call_pieces), as the arguments' text the model wrote.
+  // A call whose name has streamed stays a call: if its end turns out
+  // malformed, its arguments are the text as written (false: a malformed
+  // call is content). With a tool's JSON schema constraining the arguments
+  // (plan_tool_calls) they are always whole JSON.
+  bool stream_calls = false;
 };
 
 // Incremental: push() each piece of new text as it streams, then finish()
@@ -74,7 +92,16 @@ class ChatOutputParser {
   std::string harmony_head_;  // gpt-oss: the current message's header (channel, recipient)
   std::string call_open_;     // the marker that opened the current call
   bool content_started_ = false, reasoning_started_ = false;
+  bool body_start_ = false;  // gpt-oss: at a message body's start (its leading whitespace is dropped)
+  int calls_made_ = 0;
+  ChatDelta carry_;  // what the prefill made, handed out with the first piece  // calls handed out (or started, streaming)
+  // stream_calls: the calls of the current call marker's body that have
+  // started streaming, and how many bytes of each one's arguments went out.
+  struct Streamed { std::string id, name, arguments; };
+  std::vector<Streamed> streaming_;
   void run(ChatDelta& out, bool final);
+  void stream_call(ChatDelta& out, std::string_view body);
+  void emit_whole(ChatDelta& out, ToolCall call);
   void close_call(ChatDelta& out, const std::string& body, bool final);
   void harmony(ChatDelta& out, bool final);
 };

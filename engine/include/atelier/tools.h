@@ -173,6 +173,9 @@ struct SynthTextSpec {
   std::string type = "q8_0";    // f32, f16, bf16, q8_0, q4_0, q4_K, q6_K
   uint64_t seed = 1;
   std::string chat_template;    // written as tokenizer.chat_template when not empty
+  // Further control tokens (a chat format's markers, e.g. gpt-oss's <|channel|>),
+  // after the byte tokens, so that a template's markers are single tokens.
+  std::vector<std::string> special_tokens;
 };
 // Writes a GGUF of spec.arch's tensor layout, names and keys (as llama.cpp
 // reads them) with deterministic random weights: the same spec, the same bytes.

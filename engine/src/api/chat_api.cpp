@@ -62,6 +62,18 @@ Result<std::string> format_chat_prompt(const ModelInfo& model, const std::string
   if (!model.chat_template.empty()) {
     o.bos_token = model.bos_token;
     o.eos_token = model.eos_token;
+    if (model.chat_template.find("<|channel|>") != std::string::npos) {
+      // gpt-oss's template reads an assistant's reasoning as `thinking`, and keeps
+      // it only before a tool call (as llama.cpp passes reasoning_content to it).
+      auto list = parse_json<nlohmann::ordered_json>(messages_text, "the messages");
+      if (list.ok() && list.value().is_array()) {
+        for (auto& m : list.value())
+          if (m.is_object() && m.contains("reasoning_content") && m["reasoning_content"].is_string() && m.contains("tool_calls") &&
+              !m.contains("thinking"))
+            m["thinking"] = m["reasoning_content"];
+        return render_chat_template(model.chat_template, dump(list.value()), o);
+      }
+    }
     return render_chat_template(model.chat_template, messages_text, o);
   }
   auto parsed = parse_json<nlohmann::ordered_json>(messages_text, "the messages");

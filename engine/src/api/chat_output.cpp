@@ -102,6 +102,97 @@ bool parse_calls(std::string_view body, std::vector<ToolCall>* calls, std::strin
   return true;
 }
 
+// Where the JSON string that opens at TEXT[i] ends (after its closing quote), or npos.
+size_t string_end(std::string_view t, size_t i) {
+  for (size_t k = i + 1; k < t.size(); ++k) {
+    if (t[k] == '\\') ++k;
+    else if (t[k] == '"') return k + 1;
+  }
+  return std::string_view::npos;
+}
+
+// Where the JSON value that starts at TEXT[i] ends, or npos while it may go on.
+size_t value_end(std::string_view t, size_t i) {
+  if (i >= t.size()) return std::string_view::npos;
+  if (t[i] == '"') return string_end(t, i);
+  if (t[i] == '{' || t[i] == '[') {
+    const size_t e = json_value_end(t.substr(i));
+    return e == std::string_view::npos ? e : i + e;
+  }
+  size_t k = i;  // a number or a literal: ends where a separator starts
+  while (k < t.size() && !is_space(t[k]) && t[k] != ',' && t[k] != '}' && t[k] != ']') ++k;
+  return k == t.size() ? std::string_view::npos : k;
+}
+
+// What is known so far of one call object, {"name": ..., "arguments": {...}},
+// from text that may stop anywhere in it.
+struct CallScan {
+  std::string id, name;
+  size_t args_begin = std::string_view::npos, args_end = std::string_view::npos;  // npos end: still open
+  bool args_object = false;
+};
+
+// Scans the object that opens at TEXT[i]; returns where it ends, or npos
+// (not whole yet, or not a call object: BAD then).
+size_t scan_call_object(std::string_view t, size_t i, CallScan* c, bool* bad) {
+  const size_t npos = std::string_view::npos;
+  size_t k = i + 1;
+  auto skip = [&] { while (k < t.size() && is_space(t[k])) ++k; };
+  for (;;) {
+    skip();
+    if (k >= t.size()) return npos;
+    if (t[k] == '}') return k + 1;
+    if (t[k] == ',') { ++k; continue; }
+    if (t[k] != '"') { *bad = true; return npos; }
+    const size_t key_end = string_end(t, k);
+    if (key_end == npos) return npos;
+    const auto key = ordered_json::parse(t.substr(k, key_end - k), nullptr, false);
+    if (!key.is_string()) { *bad = true; return npos; }
+    k = key_end;
+    skip();
+    if (k >= t.size()) return npos;
+    if (t[k] != ':') { *bad = true; return npos; }
+    ++k;
+    skip();
+    if (k >= t.size()) return npos;
+    const std::string name = key.get<std::string>();
+    const bool args = (name == "arguments" || name == "parameters") && c->args_begin == npos;
+    if (args) {
+      c->args_begin = k;
+      c->args_object = t[k] == '{';
+    }
+    const size_t end = value_end(t, k);
+    if (end == npos) return npos;
+    if (args) c->args_end = end;
+    if ((name == "name" || name == "id") && t[k] == '"') {
+      const auto v = ordered_json::parse(t.substr(k, end - k), nullptr, false);
+      if (v.is_string()) (name == "name" ? c->name : c->id) = v.get<std::string>();
+    }
+    k = end;
+  }
+}
+
+// The call objects of a call's body so far: one object, or a list of them (Mistral).
+std::vector<CallScan> scan_calls(std::string_view t) {
+  std::vector<CallScan> out;
+  size_t k = 0;
+  while (k < t.size() && is_space(t[k])) ++k;
+  if (k >= t.size()) return out;
+  const bool list = t[k] == '[';
+  if (list) ++k;
+  for (;;) {
+    while (k < t.size() && (is_space(t[k]) || (list && t[k] == ','))) ++k;
+    if (k >= t.size() || t[k] != '{') return out;
+    CallScan c;
+    bool bad = false;
+    const size_t end = scan_call_object(t, k, &c, &bad);
+    if (bad) return out;
+    out.push_back(std::move(c));
+    if (end == std::string_view::npos || !list) return out;
+    k = end;
+  }
+}
+
 }  // namespace
 
 const char* tool_format_name(ToolFormat f) {
@@ -142,30 +233,84 @@ ChatOutputParser::ChatOutputParser(ChatSyntax syntax, ChatOutputOptions options)
   if (syntax_.harmony) state_ = State::HarmonyHeader;
   else if (options_.starts_in_reasoning && options_.split_reasoning) state_ = State::Reasoning;
   if (!options_.prefill.empty()) {
-    ChatDelta ignored;  // the prefill is the prompt's: it only moves the state (into a call)
+    // The prefill is the prompt's: it only moves the state (into a call). A
+    // streamed call's start it made (gpt-oss's header names the tool) goes out
+    // with the first piece.
     pending_ = options_.prefill;
-    run(ignored, false);
+    run(carry_, false);
+    carry_.content.clear();
+    carry_.reasoning.clear();
   }
 }
 
 ChatDelta ChatOutputParser::push(std::string_view text) {
-  ChatDelta out;
+  ChatDelta out = std::move(carry_);
+  carry_ = ChatDelta{};
   pending_.append(text);
   run(out, false);
   return out;
 }
 
 ChatDelta ChatOutputParser::finish() {
-  ChatDelta out;
+  ChatDelta out = std::move(carry_);
+  carry_ = ChatDelta{};
   run(out, true);
   return out;
 }
 
+void ChatOutputParser::emit_whole(ChatDelta& out, ToolCall call) {
+  if (options_.stream_calls) {
+    out.call_pieces.push_back({calls_made_, call.id, call.name, ""});
+    out.call_pieces.push_back({calls_made_, "", "", call.arguments});
+  }
+  ++calls_made_;
+  out.calls.push_back(std::move(call));
+}
+
+// stream_calls: the pieces of BODY's calls (a call marker's body so far) not yet handed out.
+void ChatOutputParser::stream_call(ChatDelta& out, std::string_view body) {
+  const std::vector<CallScan> scans = scan_calls(body);
+  for (size_t k = 0; k < scans.size(); ++k) {
+    const CallScan& s = scans[k];
+    // In order, and only object arguments (a string's text is not the arguments' text).
+    if (s.name.empty() || s.args_begin == std::string_view::npos || !s.args_object) return;
+    const int index = calls_made_ + static_cast<int>(k);
+    if (k >= streaming_.size()) {
+      streaming_.push_back({s.id, s.name, ""});
+      out.call_pieces.push_back({index, s.id, s.name, ""});
+    }
+    const size_t end = s.args_end == std::string_view::npos ? body.size() : s.args_end;
+    Streamed& st = streaming_[k];
+    const std::string_view args = body.substr(s.args_begin, end - s.args_begin);
+    if (args.size() > st.arguments.size()) {
+      const std::string piece(args.substr(st.arguments.size()));
+      st.arguments += piece;
+      out.call_pieces.push_back({index, "", "", piece});
+    }
+  }
+}
+
 void ChatOutputParser::close_call(ChatDelta& out, const std::string& body, bool closed) {
+  if (options_.stream_calls) stream_call(out, body);
   std::vector<ToolCall> calls;
   std::string rest;
-  if (parse_calls(body, &calls, &rest) && lstrip(rest).empty()) {
-    for (auto& c : calls) out.calls.push_back(std::move(c));
+  const bool ok = parse_calls(body, &calls, &rest) && lstrip(rest).empty();
+  if (!streaming_.empty()) {
+    // Calls already under way stay calls, their arguments as streamed.
+    const size_t n = streaming_.size();
+    for (size_t i = 0; i < n; ++i) {
+      Streamed& s = streaming_[i];
+      if (s.id.empty() && ok && i < calls.size()) s.id = calls[i].id;  // an id written after the arguments
+      out.calls.push_back({std::move(s.id), std::move(s.name), std::move(s.arguments)});
+    }
+    streaming_.clear();
+    calls_made_ += static_cast<int>(n);
+    if (ok)
+      for (size_t i = n; i < calls.size(); ++i) emit_whole(out, std::move(calls[i]));
+    return;
+  }
+  if (ok) {
+    for (auto& c : calls) emit_whole(out, std::move(c));
     return;
   }
   // Malformed: the text as the model wrote it.
@@ -268,14 +413,18 @@ void ChatOutputParser::run(ChatDelta& out, bool final) {
           std::vector<ToolCall> calls;
           std::string rest;
           if (end != std::string::npos && parse_calls(pending_.substr(0, end), &calls, &rest)) {
-            for (auto& c : calls) out.calls.push_back(std::move(c));
+            const std::string body = pending_.substr(0, end);
             pending_.erase(0, end);
+            close_call(out, body, true);
             state_ = State::Start;
             content_started_ = true;
             continue;
           }
         }
-        if (!final) return;
+        if (!final) {
+          if (options_.stream_calls) stream_call(out, pending_);
+          return;
+        }
         const std::string body = std::move(pending_);
         pending_.clear();
         close_call(out, body, false);
@@ -308,13 +457,24 @@ void ChatOutputParser::harmony(ChatDelta& out, bool final) {
       harmony_head_ += pending_.substr(0, at);
       pending_.erase(0, at + kMessage.size());
       state_ = State::HarmonyBody;
+      body_start_ = true;
       continue;
+    }
+    // A body's leading whitespace is not part of it (a SentencePiece vocabulary
+    // puts a word marker after each control token).
+    if (body_start_) {
+      size_t k = 0;
+      while (k < pending_.size() && is_space(pending_[k])) ++k;
+      pending_.erase(0, k);
+      if (pending_.empty() && !final) return;
+      body_start_ = false;
     }
     // The body's channel and recipient, from the header.
     const std::string& h = harmony_head_;
     std::string channel;
     if (const size_t c = h.find(kChannel); c != std::string::npos) {
       size_t i = c + kChannel.size();
+      while (i < h.size() && is_space(h[i])) ++i;
       while (i < h.size() && !is_space(h[i]) && h[i] != '<') channel += h[i++];
     }
     std::string recipient;
@@ -332,12 +492,28 @@ void ChatOutputParser::harmony(ChatDelta& out, bool final) {
     }
     const bool ends = at != std::string::npos || final;
     const size_t n = at != std::string::npos ? at : final ? pending_.size() : pending_.size() - hold;
-    if (call) {
+    if (call && options_.stream_calls) {
+      // The name is in the header, the body is the arguments: both go out as they come.
+      const std::string name = recipient.substr(10);
+      if (streaming_.empty()) {
+        streaming_.push_back({"", name, ""});
+        out.call_pieces.push_back({calls_made_, "", name, ""});
+      }
+      if (n > 0) {
+        streaming_[0].arguments += pending_.substr(0, n);
+        out.call_pieces.push_back({calls_made_, "", "", pending_.substr(0, n)});
+      }
+      if (ends) {
+        out.calls.push_back({"", name, std::move(streaming_[0].arguments)});
+        streaming_.clear();
+        ++calls_made_;
+      }
+    } else if (call) {
       if (!ends) return;  // a call is handed out whole
       const std::string body = pending_.substr(0, n);
       const auto args = ordered_json::parse(body, nullptr, false);
       if (!args.is_discarded() && (args.is_object() || args.is_string())) {
-        out.calls.push_back({"", recipient.substr(10), arguments_text(args)});
+        emit_whole(out, {"", recipient.substr(10), arguments_text(args)});
       } else {
         out.content += body;  // malformed arguments: the text as written
       }

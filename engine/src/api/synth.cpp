@@ -70,6 +70,8 @@ void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng, const std::vector<
     types.push_back(6);
   }
   for (const std::string& t : specials) {
+    if (t.empty() || std::find(tokens.begin(), tokens.end(), t) != tokens.end())
+      throw InvalidArgumentError("synth --special-token: '" + t + "' is empty or given twice");
     tokens.push_back(t);
     types.push_back(3);
   }
@@ -167,7 +169,7 @@ Status synth_moe_model(const SynthTextSpec& spec, const std::string& out_path) {
     } else {
       w.set_f32(k + "rope.freq_base", qwen ? 1000000.0f : 10000.0f);
     }
-    add_vocab(w, P.vocab, vocab_rng);
+    add_vocab(w, P.vocab, vocab_rng, spec.special_tokens);
 
     // Uniform weights of std 1/sqrt(cols) (activations keep their scale);
     // `planes` > 1: a 3-D expert tensor [cols, rows, planes].
@@ -300,7 +302,9 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
       w.set_f32(k + "rope.scaling.attn_factor",
                 static_cast<float>(std::sqrt(1.0 + std::log(double(P.ctx) / orig) / std::log(double(orig)))));
     }
-    add_vocab(w, P.vocab, vocab_rng, arch == "phi3" ? std::vector<std::string>{"<|endoftext|>", "<|end|>"} : std::vector<std::string>{});
+    std::vector<std::string> specials = arch == "phi3" ? std::vector<std::string>{"<|endoftext|>", "<|end|>"} : std::vector<std::string>{};
+    specials.insert(specials.end(), spec.special_tokens.begin(), spec.special_tokens.end());
+    add_vocab(w, P.vocab, vocab_rng, specials);
 
     // Matrices: uniform weights with std 1/sqrt(cols), so activations keep their scale.
     auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {

@@ -47,6 +47,19 @@ Generation::Generation(const tok::Tokenizer& tokenizer, const TextRequest& reque
       extra -= n;
       forced_.erase(forced_.begin());
     }
+    // They put one after each special token too: where that marker has no token of
+    // its own it comes as byte tokens (U+2581's bytes) that are not in the text either.
+    std::vector<int32_t> kept;
+    size_t at = 0;
+    for (int32_t t : forced_) {
+      const std::string piece = tokenizer.token_to_piece(t);
+      if (text.compare(at, piece.size(), piece) == 0) at += piece.size();
+      else if (tokenizer.token_type(t) == tok::TokenType::Byte) continue;
+      else if (!piece.empty() && piece[0] == ' ' && text.compare(at, piece.size() - 1, piece, 1) == 0) at += piece.size() - 1;
+      else at += piece.size();
+      kept.push_back(t);
+    }
+    forced_ = std::move(kept);
   }
 }
 

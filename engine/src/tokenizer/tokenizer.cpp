@@ -114,6 +114,18 @@ void Tokenizer::init_vocab(VocabSpec& spec) {
       eog_ids_.push_back(static_cast<int32_t>(i));
     }
   }
+  // gpt-oss's harmony format (o200k_harmony), as llama.cpp loads it: <|return|>
+  // and <|call|> end generation, <|end|> only ends one message (the analysis
+  // before the answer), and the markers between messages are printed as their
+  // text (user-defined), so that the chat output parser sees the channels.
+  const int32_t h_return = find_token("<|return|>"), h_call = find_token("<|call|>"), h_end = find_token("<|end|>");
+  if (h_return >= 0 && h_call >= 0) {
+    eog_ids_.push_back(h_return);
+    eog_ids_.push_back(h_call);
+    if (h_end >= 0) eog_ids_.erase(std::remove(eog_ids_.begin(), eog_ids_.end(), h_end), eog_ids_.end());
+    for (const char* t : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"})
+      if (const int32_t id = find_token(t); id >= 0) types_[static_cast<size_t>(id)] = TokenType::UserDefined;
+  }
   std::sort(eog_ids_.begin(), eog_ids_.end());
   eog_ids_.erase(std::unique(eog_ids_.begin(), eog_ids_.end()), eog_ids_.end());
 
