@@ -5,6 +5,7 @@
 // file (tests/text/arch_goldens/*.txt, made by make_goldens.sh there; see its
 // README for the commit and the tolerance). llama.cpp is not needed here.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atelier/tools.h>
 
@@ -34,7 +35,7 @@ std::string synth(const std::string& arch) {
   spec.params = "260K";
   spec.type = "f32";
   spec.seed = 7;
-  const auto path = (std::filesystem::temp_directory_path() / ("atelier_golden_" + arch + ".gguf")).string();
+  const auto path = (std::filesystem::temp_directory_path() / ("atelier_golden_" + arch + "_" + std::to_string(::getpid()) + ".gguf")).string();
   const Status st = synth_text_model(spec, path);
   EXPECT_TRUE(st.ok()) << st.message;
   return path;
@@ -150,7 +151,7 @@ TEST(ArchGoldens, Gemma3FinalLogitSoftCappingWhereTheFileSaysSo) {
   const text::LlamaWeights plain = text::load_llama_gguf(formats::GgufFile::open(path));
   EXPECT_EQ(plain.hp.final_logit_softcap, 0.0f);
   const std::vector<float> uncapped = all_logits(plain);
-  const auto capped_path = (std::filesystem::temp_directory_path() / "atelier_golden_gemma3_capped.gguf").string();
+  const auto capped_path = (std::filesystem::temp_directory_path() / ("atelier_golden_gemma3_capped_" + std::to_string(::getpid()) + ".gguf")).string();
   {
     auto src = formats::GgufFile::open(path);
     formats::GgufWriter wr;
