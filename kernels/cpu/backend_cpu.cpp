@@ -655,6 +655,14 @@ Backend& default_cpu_backend() {
 
 const char* layout_name(Layout l) { return l == Layout::NHWC ? "nhwc" : "nchw"; }
 
+const char* weight_precision_name(WeightPrecision p) {
+  switch (p) {
+    case WeightPrecision::fp16: return "fp16";
+    case WeightPrecision::fp8_e4m3: return "fp8-e4m3";
+    default: return "bf16";
+  }
+}
+
 void conv_weights_for(Layout layout, DType w_type, const void* oihw, void* dst, int64_t c_out, int64_t c_in, int64_t kh,
                       int64_t kw) {
   const int64_t e = w_type == DType::F32 ? 4 : 2, k = kh * kw;
