@@ -440,14 +440,14 @@ Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::st
     }
     // --precision (or --type fp8) on a device: float matrices drawn in the
     // plan's product type (what loading a file at that precision would give).
-    const text::PrecisionPlan plan =
+    const text::PrecisionPlan prec =
         be->device().host_memory ? text::PrecisionPlan{}
                                  : text::apply_precision(*be, fp8 ? "fp8" : options.precision, options.kv_type);
-    if (fp8 && !plan.gpu)
+    if (fp8 && !prec.gpu)
       throw InvalidArgumentError("--type fp8 runs on a GPU with FP8 (compute capability 8.9 or newer): add --device cuda");
     if (base == DType::BF16 || base == DType::F16 || base == DType::F32) {
-      if (plan.floats == text::MatrixPrecision::FP16) base = DType::F16;
-      if (plan.floats == text::MatrixPrecision::FP8_E4M3) base = DType::E4M3_ROWS;
+      if (prec.floats == text::MatrixPrecision::FP16) base = DType::F16;
+      if (prec.floats == text::MatrixPrecision::FP8_E4M3) base = DType::E4M3_ROWS;
     }
     text::LlamaWeights& w = m->weights;
     text::LlamaHparams& hp = w.hp;
