@@ -128,12 +128,23 @@ class FakeDevice final : public kernels::Backend {
     graphs_.clear();
   }
 
+  // The compute capability device() states (fake_gpu.h sets its own).
+  void set_compute_capability(int cc) { cc_ = cc; }
+  // The precision set_weight_precision last set (bf16 before any call), and
+  // the one in force at each prepare_weights / prepare_weights_at since.
+  kernels::WeightPrecision weight_precision() const { return precision_; }
+  std::vector<kernels::WeightPrecision> prepared_precisions() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prepared_;
+  }
+
   // ---- Backend
   kernels::DeviceInfo device() const override {
     kernels::DeviceInfo d;
     d.name = "fake";
     d.description = "host memory posing as a device (tests)";
     d.host_memory = false;
+    d.compute_capability = cc_;
     d.act_dtype = fmt_.act;
     d.layout = fmt_.layout;
     return d;
@@ -183,7 +194,14 @@ class FakeDevice final : public kernels::Backend {
     return prepare_weights_at(w, *storage, 0);
   }
   int64_t prepared_weight_bytes(const kernels::WeightView& w) override { return cpu_->prepared_weight_bytes(w); }
+  // The CPU's products stand in whatever the precision (the fake records it;
+  // the CUDA module's conversions are checked on a GPU: CudaShapes).
+  void set_weight_precision(kernels::WeightPrecision p) override { precision_ = p; }
   kernels::WeightView prepare_weights_at(const kernels::WeightView& w, kernels::Buffer& dst, int64_t offset) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prepared_.push_back(precision_);
+    }
     own(dst, "prepare_weights_at dst");
     kernels::WeightView v = cpu_->prepare_weights_at(w, inner(dst), offset);
     if (v.data == w.data) {  // the CPU kept the source rows: a device copies them
@@ -698,6 +716,9 @@ class FakeDevice final : public kernels::Backend {
 
   std::unique_ptr<kernels::Backend> cpu_;
   FakeFormat fmt_;
+  int cc_ = 0;
+  std::atomic<kernels::WeightPrecision> precision_{kernels::WeightPrecision::bf16};
+  std::vector<kernels::WeightPrecision> prepared_;  // under mu_
   std::shared_ptr<Shared> shared_;
   mutable std::mutex mu_;
   std::map<uintptr_t, uintptr_t> live_;  // buffer begin -> end

@@ -46,6 +46,14 @@ class FakeGpu final : public kernels::Device {
     shared_->fail = message;
   }
   int64_t held_bytes() const { return shared_->bytes.load(); }
+  // The precisions its live backends prepared matrices at (fake_device.h), in order.
+  std::vector<kernels::WeightPrecision> prepared_precisions() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<kernels::WeightPrecision> v;
+    for (const FakeDevice* b : backends_)
+      for (kernels::WeightPrecision p : b->prepared_precisions()) v.push_back(p);
+    return v;
+  }
   int backends_made() const { return made_; }
   // What the backends it made saw (only while they live: a loaded model's).
   std::vector<std::string> violations() const {
@@ -72,6 +80,7 @@ class FakeGpu final : public kernels::Device {
     ++made_;
     auto b = std::make_unique<FakeDevice>(ex);
     b->share(shared_);
+    b->set_compute_capability(cc_);
     std::lock_guard<std::mutex> lock(mu_);
     backends_.push_back(b.get());
     return b;

@@ -48,6 +48,7 @@ int run_bench_text(const BenchTextOptions& o) {
   if (!path.ok()) return fail(path.status());
   TextBenchOptions bo = o.bench;
   bo.device = dev->name;
+  bo.precision = o.device.precision;
   auto res = bench_text(path.value(), bo);
   if (!res.ok()) return fail(res.status());
   const TextBenchResult& r = res.value();
@@ -284,7 +285,7 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   text->add_option("-m,--model", o->model, "Model: a store reference or a file (GGUF or llama2.c .bin)");
   text->add_option("--synth", o->bench.synth,
                    "Instead of -m: a random model of a synth preset's shapes made on the device, no file (8B: Llama 3.1 8B)");
-  text->add_option("--type", o->bench.synth_type, "With --synth: the weights' type (bf16, f16, q8_0, q4_k_m, q4_0, q4_K, q6_K)")
+  text->add_option("--type", o->bench.synth_type, "With --synth: the weights' type (bf16, f16, q8_0, q4_k_m, q4_0, q4_K, q6_K; fp8 on a GPU with FP8)")
       ->capture_default_str();
   text->add_option("--store", o->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   text->add_option("-p,--prompt-tokens", o->bench.prompt_tokens, "Prompt tokens processed in one batch")->check(CLI::Range(1, 1 << 16))->capture_default_str();

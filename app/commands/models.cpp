@@ -535,23 +535,46 @@ struct CompareCli {
   std::string reference, candidate, text;
   int max_tokens = 512;
   int threads = 0;
+  // Where each runs: --device / --precision the candidate's, --reference-*
+  // the reference's (default: the candidate's device at auto precision).
+  std::string device = "cpu", precision = "auto", reference_device, reference_precision = "auto";
 };
 
 int run_compare(const CompareCli& o) {
+  // Each side's device and precision checked as every command checks them
+  // (fp8 on a device without FP8 is refused here, naming what would run).
+  auto cand_dev = select_device(o.device, o.precision, KvType::F16);
+  if (!cand_dev.ok()) return fail_usage(cand_dev.status());
+  const std::string ref_spec = o.reference_device.empty() ? o.device : o.reference_device;
+  auto ref_dev = select_device(ref_spec, o.reference_precision, KvType::F16);
+  if (!ref_dev.ok()) return fail_usage(ref_dev.status());
   auto a = resolve_model(o.reference, o.store.store);
   if (!a.ok()) return fail_usage(a.status());
   auto b = resolve_model(o.candidate, o.store.store);
   if (!b.ok()) return fail_usage(b.status());
-  auto q = compare_text_models(a->path, b->path, o.text, o.max_tokens, o.threads);
+  CompareDevices on;
+  on.device = cand_dev->name;
+  on.precision = o.precision;
+  on.reference_device = ref_dev->name;
+  on.reference_precision = o.reference_precision;
+  auto q = compare_text_models(a->path, b->path, o.text, o.max_tokens, o.threads, on);
   if (!q.ok()) return fail_usage(q.status());
+  const std::string ref_on = ref_dev->name + (ref_dev->precision.empty() ? "" : " " + ref_dev->precision);
+  const std::string cand_on = cand_dev->name + (cand_dev->precision.empty() ? "" : " " + cand_dev->precision);
   if (o.store.json) {
     json j = quality_json(q.value());
     j["reference"] = a->display;
     j["candidate"] = b->display;
+    j["reference_device"] = ref_dev->name;
+    j["reference_precision"] = ref_dev->precision;
+    j["device"] = cand_dev->name;
+    j["precision"] = cand_dev->precision;
     print_json_line(j);
     return 0;
   }
-  write_stdout(a->display + " -> " + b->display + ": " + quality_line(q.value()) + " on " + q->text + " (" +
+  const bool same_place = ref_on == cand_on;
+  write_stdout(a->display + (same_place ? "" : " [" + ref_on + "]") + " -> " + b->display +
+               (same_place ? "" : " [" + cand_on + "]") + ": " + quality_line(q.value()) + " on " + q->text + " (" +
                std::to_string(q->tokens) + " tokens)\n");
   return 0;
 }
@@ -734,6 +757,12 @@ void add_models_commands(CLI::App& root, int& exit_code) {
   cmp->add_option("--text", cmpo->text, "Text to read (default: a built-in TinyStories-style text)");
   cmp->add_option("--max-tokens", cmpo->max_tokens, "Tokens of the text to score")->capture_default_str()->check(CLI::Range(2, 1 << 20));
   cmp->add_option("--threads", cmpo->threads, "Threads (0: one per core)")->check(CLI::Range(0, 1024));
+  cmp->add_option("--device", cmpo->device, "Where the candidate runs: cpu (default), cuda, cuda:N, auto")->capture_default_str();
+  cmp->add_option("--precision", cmpo->precision, "The candidate's products on a GPU: auto, bf16, fp16, fp8")
+      ->check(CLI::IsMember({"auto", "bf16", "fp16", "fp8"}))->capture_default_str();
+  cmp->add_option("--reference-device", cmpo->reference_device, "Where the reference runs (default: --device)");
+  cmp->add_option("--reference-precision", cmpo->reference_precision, "The reference's products on a GPU (fp8's cost: bf16 here, fp8 for the candidate)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp16", "fp8"}))->capture_default_str();
   add_store_option(*cmp, cmpo->store);
   cmp->callback([cmpo, &exit_code] { exit_code = run_compare(*cmpo); });
 

@@ -661,6 +661,14 @@ uint64_t new_graph_scope() {
   return ++next;
 }
 
+const char* weight_precision_name(WeightPrecision p) {
+  switch (p) {
+    case WeightPrecision::fp16: return "fp16";
+    case WeightPrecision::fp8_e4m3: return "fp8-e4m3";
+    default: return "bf16";
+  }
+}
+
 void conv_weights_for(Layout layout, DType w_type, const void* oihw, void* dst, int64_t c_out, int64_t c_in, int64_t kh,
                       int64_t kw) {
   const int64_t e = w_type == DType::F32 ? 4 : 2, k = kh * kw;

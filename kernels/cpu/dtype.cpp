@@ -2,7 +2,9 @@
 // to size a tensor before touching its bytes.
 #include <atelier/kernels.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace atelier::kernels {
 
@@ -32,6 +34,8 @@ constexpr TypeInfo kTypes[] = {
     {DType::Q8_K, "q8_K", 256, 4 + 256 + 32},
     {DType::BF16, "bf16", 1, 2},
     {DType::MXFP4, "mxfp4", 32, 1 + 16},
+    // Blocks of 16 codes; dtype_row_bytes adds the row's scale header.
+    {DType::E4M3_ROWS, "e4m3-rows", 16, 16},
 };
 
 const TypeInfo* find(DType t) {
@@ -41,7 +45,9 @@ const TypeInfo* find(DType t) {
 }
 }  // namespace
 
-bool dtype_known(uint32_t id) { return find(static_cast<DType>(id)) != nullptr; }
+bool dtype_known(uint32_t id) {
+  return id != static_cast<uint32_t>(DType::E4M3_ROWS) && find(static_cast<DType>(id)) != nullptr;
+}
 
 std::string_view dtype_name(DType t) {
   const TypeInfo* info = find(t);
@@ -61,7 +67,31 @@ int64_t dtype_block_bytes(DType t) {
 int64_t dtype_row_bytes(DType t, int64_t n) {
   const TypeInfo* info = find(t);
   if (!info || n < 0 || n % info->block_elems != 0) return -1;
-  return n / info->block_elems * info->block_bytes;
+  return n / info->block_elems * info->block_bytes + (t == DType::E4M3_ROWS ? kE4M3RowHeaderBytes : 0);
+}
+
+float e4m3_to_f32(uint8_t c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8, e - 7);
+  return (c & 0x80) ? -mag : mag;
+}
+
+uint8_t f32_to_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  // The codes 0..0x7e are the finite magnitudes in increasing order: the
+  // nearest one, ties to the even code (saturating above 448).
+  int lo = 0, hi = 0x7e;
+  if (a >= 448.0f) return sign | 0x7e;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (e4m3_to_f32(static_cast<uint8_t>(mid)) <= a ? lo : hi) = mid;
+  }
+  const float dl = a - e4m3_to_f32(static_cast<uint8_t>(lo)), dh = e4m3_to_f32(static_cast<uint8_t>(hi)) - a;
+  const int c = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<uint8_t>(sign | c);
 }
 
 float fp16_to_f32(uint16_t h) {

@@ -818,6 +818,13 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q6_K: dequant_q6_K(static_cast<const BlockQ6_K*>(src), dst, nb); break;
     case DType::Q8_K: dequant_q8_K(static_cast<const BlockQ8_K*>(src), dst, nb); break;
     case DType::MXFP4: dequant_mxfp4(static_cast<const BlockMXFP4*>(src), dst, nb); break;
+    case DType::E4M3_ROWS: {
+      float scale;
+      std::memcpy(&scale, src, sizeof scale);
+      const auto* c = static_cast<const uint8_t*>(src) + kE4M3RowHeaderBytes;
+      for (int64_t i = 0; i < n; ++i) dst[i] = scale * e4m3_to_f32(c[i]);
+      break;
+    }
   }
 }
 
@@ -850,6 +857,16 @@ bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q6_K: quant_q6_K(src, static_cast<BlockQ6_K*>(dst), nb); return true;
     case DType::Q8_K: cpu::quantize_act_q8_K(src, static_cast<BlockQ8_K*>(dst), n); return true;
     case DType::MXFP4: quant_mxfp4(src, static_cast<BlockMXFP4*>(dst), nb); return true;
+    case DType::E4M3_ROWS: {  // one row: n is the row's length
+      float amax = 0;
+      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+      auto* b = static_cast<uint8_t*>(dst);
+      std::memset(b, 0, kE4M3RowHeaderBytes);
+      std::memcpy(b, &scale, sizeof scale);
+      for (int64_t i = 0; i < n; ++i) b[kE4M3RowHeaderBytes + i] = f32_to_e4m3(src[i] / scale);
+      return true;
+    }
   }
   return false;
 }

@@ -226,16 +226,34 @@ class CudaBackend final : public Backend {
     graphs_.clear();
   }
 
+  // The precision policy's choice for float matrices (text/precision.h):
+  // BF16 unless told otherwise; FP8 only where the device has it.
+  void set_weight_precision(WeightPrecision p) override {
+    if (p == WeightPrecision::fp8_e4m3 && cc_ < 89)
+      throw std::invalid_argument("FP8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); this one is " +
+                                  std::to_string(cc_ / 10) + "." + std::to_string(cc_ % 10) +
+                                  ": use --precision bf16 or fp16");
+    precision_ = p;
+  }
   WeightView prepare_weights(const WeightView& w, std::unique_ptr<Buffer>& storage) override {
-    storage = alloc(prepared_bytes(w));
+    storage = alloc(prepared_bytes(w, precision_));
     return prepare_weights_at(w, *storage, 0);
   }
-  int64_t prepared_weight_bytes(const WeightView& w) override { return prepared_bytes(w); }
+  int64_t prepared_weight_bytes(const WeightView& w) override { return prepared_bytes(w, precision_); }
   WeightView prepare_weights_at(const WeightView& w, Buffer& dst, int64_t offset) override {
     enter();
-    if (offset < 0 || offset % 64 != 0 || offset + prepared_bytes(w) > dst.bytes())
+    if (offset < 0 || offset % 64 != 0 || offset + prepared_bytes(w, precision_) > dst.bytes())
       throw std::logic_error("CUDA prepare_weights_at: offset outside the buffer or not 64-byte aligned");
-    return cuda::prepare_weights_at(stream_, w, dst.at<uint8_t>(offset));
+    return cuda::prepare_weights_at(stream_, w, dst.at<uint8_t>(offset), precision_);
+  }
+  void fill_random(Buffer& dst, int64_t offset, DType t, int64_t rows, int64_t cols, uint64_t seed,
+                   float scale) override {
+    enter();
+    const int64_t rb = dtype_row_bytes(t, cols);
+    if (rb > 0 && offset >= 0 && offset + rows * rb <= dst.bytes() &&
+        cuda::fill_random(stream_, dst.at<uint8_t>(offset), t, rows, cols, seed, scale))
+      return;
+    Backend::fill_random(dst, offset, t, rows, cols, seed, scale);  // the host's draw (it checks the range)
   }
 
   void matmul(const WeightView& w, Act x, Act y, int64_t rows) override {
@@ -410,6 +428,8 @@ class CudaBackend final : public Backend {
   uint64_t use_clock_ = 0;
   uint64_t scratch_generation_ = 0;  // the scratch's generation the live graphs point into
   bool capture_failure_logged_ = false;
+  int cc_ = 0;  // compute capability, major * 10 + minor
+  WeightPrecision precision_ = WeightPrecision::bf16;
   cudaStream_t stream_ = nullptr;
   void* pinned_ = nullptr;
   cudaEvent_t staged_ = nullptr;
@@ -442,6 +462,7 @@ class CudaDevice final : public Device {
   int index() const { return index_; }
   bool deterministic() const { return deterministic_; }
   bool graphs() const { return graphs_; }
+  int compute_capability() const { return cc_major_ * 10 + cc_minor_; }
 
   DeviceInfo info() const override {
     DeviceInfo d;
@@ -519,6 +540,11 @@ CudaBackend::CudaBackend(const CudaDevice& dev, int priority)
   CUDA_CHECK(cudaMallocHost(&pinned_, static_cast<size_t>(kPinnedBytes)));
   CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(staged_, stream_));
+  // FP8 products on cuBLASLt's FP8 GEMM where the device has FP8 tensor
+  // cores; ATELIER_CUDA_FP8_GEMM=0 takes the BF16 slices instead (an A/B).
+  cc_ = dev.compute_capability();
+  const char* fp8 = std::getenv("ATELIER_CUDA_FP8_GEMM");
+  gemm_.fp8 = cc_ >= 89 && !(fp8 && std::strcmp(fp8, "0") == 0);
 }
 
 DeviceInfo CudaBackend::device() const { return dev_.info(); }

@@ -154,6 +154,7 @@ void matvec(cudaStream_t s, const WeightView& w, Act x, Act y, int64_t rows) {
     case DType::Q5_K: return launch_matvec<kWQ5_K>(s, w, x, y, rows);
     case DType::Q6_K: return launch_matvec<kWQ6_K>(s, w, x, y, rows);
     case DType::MXFP4: return launch_matvec<kWMXFP4>(s, w, x, y, rows);
+    case DType::E4M3_ROWS: return launch_matvec<kWE4M3>(s, w, x, y, rows);
     default:
       throw std::logic_error("CUDA matmul: weights of type " + std::string(dtype_name(w.type)) +
                              " were not prepared for this device (prepare_weights)");
@@ -324,19 +325,30 @@ int alignment_of(const void* p) {
 
 void Gemm::bf16(cudaStream_t s, const void* w, int64_t ldw, const void* x, void* d, cudaDataType_t d_type,
                 int64_t ldd, int64_t m, int64_t n, int64_t k) {
+  run(s, CUDA_R_16BF, w, ldw, x, d, d_type, ldd, m, n, k, false);
+}
+
+bool Gemm::run(cudaStream_t s, cudaDataType_t ab, const void* w, int64_t ldw, const void* x, void* d,
+               cudaDataType_t d_type, int64_t ldd, int64_t m, int64_t n, int64_t k, bool may_fail) {
   // Column-major, as cuBLAS sees it: D (m x n, ld ldd) = W^T (W: k x m, ld
-  // ldw) times X (k x n, ld k).
+  // ldw) times X (k x n, ld k). (FP8 needs this "TN" form: it is the only
+  // one Hopper's FP8 kernels take.)
+  const int aw = alignment_of(w), ax = alignment_of(x), ad = alignment_of(d);
+  const Key key{m, n, k, ldw, ldd, static_cast<int>(d_type), aw * 1000000 + ax * 1000 + ad, static_cast<int>(ab)};
+  if (may_fail && missing_.count(key)) return false;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(m), ldw));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, ab, static_cast<uint64_t>(k), static_cast<uint64_t>(m), ldw));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, ab, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, d_type, static_cast<uint64_t>(m), static_cast<uint64_t>(n), ldd));
-  const int aw = alignment_of(w), ax = alignment_of(x), ad = alignment_of(d);
-  const Key key{m, n, k, ldw, ldd, static_cast<int>(d_type), aw * 1000000 + ax * 1000 + ad};
+  const auto release = [&] {
+    cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(op);
+  };
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -354,51 +366,122 @@ void Gemm::bf16(cudaStream_t s, const void* w, int64_t ldw, const void* x, void*
         cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
-      cublasLtMatmulDescDestroy(op);
-      throw std::runtime_error("cuBLASLt has no BF16 algorithm for " + std::to_string(m) + "x" + std::to_string(n) +
-                               "x" + std::to_string(k));
+      release();
+      if (may_fail) {
+        missing_[key] = true;
+        return false;
+      }
+      throw std::runtime_error(std::string("cuBLASLt has no ") +
+                               (ab == CUDA_R_16F ? "FP16" : ab == CUDA_R_8F_E4M3 ? "FP8" : "BF16") +
+                               " algorithm for " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
     }
     it = algos_.emplace(key, res.algo).first;
   }
   const float one = 1.0f, zero = 0.0f;
   const cublasStatus_t st = cublasLtMatmul(lt_, op, &one, w, a, x, b, &zero, d, c, d, c, &it->second, ws_, ws_bytes_, s);
-  cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
-  cublasLtMatmulDescDestroy(op);
+  release();
   CUBLAS_CHECK(st);
+  return true;
 }
 
 // ---------------------------------------------------------------- matmul
 
+// ---- FP8 (E4M3_ROWS weights): activations quantized per row, cuBLASLt's
+// FP8 GEMM into F32, then both scales (the weight row's, the activation
+// row's) applied while writing y.
+
+// One block per activation row: amax, scale = amax / 448, the codes.
+__global__ void quantize_rows_e4m3_kernel(const void* x, int xt, int64_t k, __nv_fp8_storage_t* q, float* scales) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  float m = 0;
+  for (int64_t c = threadIdx.x; c < k; c += blockDim.x) m = fmaxf(m, fabsf(ld(x, xt, r * k + c)));
+  m = block_max(m, red);
+  const float scale = m > 0 ? m / 448.0f : 1.0f, inv = 1.0f / scale;
+  for (int64_t c = threadIdx.x; c < k; c += blockDim.x)
+    q[r * k + c] = __nv_cvt_float_to_fp8(ld(x, xt, r * k + c) * inv, __NV_SATFINITE, __NV_E4M3);
+  if (threadIdx.x == 0) scales[r] = scale;
+}
+
+// y[n][r0 + j] = d[n][j] * xs[n] * (weight row r0 + j's scale), j < mr.
+__global__ void fp8_epilogue_kernel(const float* d, int64_t mr, int64_t rows, const float* xs, const uint8_t* w,
+                                    int64_t w_stride, int64_t r0, int64_t m, void* y, int yt) {
+  const int64_t total = rows * mr;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / mr, j = i % mr;
+    const float ws = *reinterpret_cast<const float*>(w + (r0 + j) * w_stride);
+    st(y, yt, n * m + r0 + j, d[i] * xs[n] * ws);
+  }
+}
+
 namespace {
+
 size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+
+// False where cuBLASLt has no FP8 algorithm for the shape (the caller then
+// takes the BF16 slices).
+bool fp8_gemm(cudaStream_t s, Gemm& gemm, Scratch& scratch, const WeightView& w, Act x, Act y, int64_t rows) {
+  const int64_t k = w.cols, m = w.rows;
+  if (k % 16 != 0 || w.row_stride_bytes % 16 != 0) return false;
+  // Slices of weight rows (multiples of 16) whose F32 product fits 64 MiB.
+  int64_t slice = std::max<int64_t>(16, kGemmSliceBytes / std::max<int64_t>(1, rows * 4) / 16 * 16);
+  slice = std::min(slice, m);
+  const size_t q_bytes = round256(static_cast<size_t>(rows * k)), s_bytes = round256(static_cast<size_t>(rows * 4));
+  const size_t d_bytes = round256(static_cast<size_t>(rows * slice * 4));
+  auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + s_bytes + d_bytes));
+  auto* q = reinterpret_cast<__nv_fp8_storage_t*>(base);
+  auto* xs = reinterpret_cast<float*>(base + q_bytes);
+  auto* d = reinterpret_cast<float*>(base + q_bytes + s_bytes);
+  quantize_rows_e4m3_kernel<<<static_cast<unsigned>(rows), 256, 0, s>>>(x.data(), act_code(x), k, q, xs);
+  CUDA_LAUNCHED();
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  for (int64_t r0 = 0; r0 < m; r0 += slice) {
+    const int64_t mr = std::min(slice, m - r0);
+    const uint8_t* codes = wp + r0 * w.row_stride_bytes + kE4M3RowHeaderBytes;
+    if (!gemm.run(s, CUDA_R_8F_E4M3, codes, w.row_stride_bytes, q, d, CUDA_R_32F, mr, mr, rows, k, true)) {
+      if (r0 == 0) return false;
+      throw std::logic_error("cuBLASLt's FP8 GEMM took one slice of a matrix and not the next");
+    }
+    fp8_epilogue_kernel<<<grid_for(rows * mr), 256, 0, s>>>(d, mr, rows, xs, wp, w.row_stride_bytes, r0, m, y.data(),
+                                                            act_code(y));
+    CUDA_LAUNCHED();
+  }
+  return true;
+}
+
 }  // namespace
 
 void matmul(cudaStream_t s, Gemm& gemm, Scratch& scratch, bool deterministic, const WeightView& w, Act x, Act y,
             int64_t rows) {
   if (rows <= 0 || w.rows <= 0) return;
   if (w.layout != WeightLayout::rows) throw std::logic_error("CUDA matmul: a CPU-packed weight view");
-  const bool float_raw = w.type == DType::F32 || w.type == DType::F16;
-  if (float_raw || matmul_path(w.type, rows, deterministic) == MatmulPath::matvec) return matvec(s, w, x, y, rows);
+  if (w.type == DType::F32 || matmul_path(w.type, rows, deterministic) == MatmulPath::matvec)
+    return matvec(s, w, x, y, rows);
+  if (w.type == DType::E4M3_ROWS && gemm.fp8 && fp8_gemm(s, gemm, scratch, w, x, y, rows)) return;
 
-  // GEMM: X as BF16, D as F32 or BF16 (F16 outputs through an F32 copy).
+  // GEMM: X as the weights' 16-bit type (F16 for F16 weights, else BF16),
+  // D as F32 or that type where y is one of them (else through an F32 copy).
+  const bool half = w.type == DType::F16;
+  const DType ab = half ? DType::F16 : DType::BF16;
+  const cudaDataType_t ab_cuda = half ? CUDA_R_16F : CUDA_R_16BF;
+  const int ab_code = half ? kF16 : kBF16;
   const int64_t k = w.cols, m = w.rows;
-  const bool quant = w.type != DType::BF16;
+  const bool quant = !gemm_direct(w.type);  // dequantized to BF16 slices first
   const int64_t slice = quant ? gemm_slice_rows(m, k) : m;
-  const bool x_bf16 = x.type() == DType::BF16, y_direct = y.type() == DType::F32 || y.type() == DType::BF16;
-  const size_t x_bytes = x_bf16 ? 0 : round256(static_cast<size_t>(rows * k * 2));
+  const bool x_direct = x.type() == ab, y_direct = y.type() == DType::F32 || y.type() == ab;
+  const size_t x_bytes = x_direct ? 0 : round256(static_cast<size_t>(rows * k * 2));
   const size_t w_bytes = quant ? round256(static_cast<size_t>(slice * k * 2)) : 0;
   const size_t y_bytes = y_direct ? 0 : round256(static_cast<size_t>(rows * m * 4));
   auto* base = static_cast<uint8_t*>(scratch.get(std::max<size_t>(x_bytes + w_bytes + y_bytes, 256)));
   const void* xb = x.data();
-  if (!x_bf16) {
-    convert_kernel<<<grid_for(rows * k), 256, 0, s>>>(x.data(), act_code(x), base, kBF16, rows * k);
+  if (!x_direct) {
+    convert_kernel<<<grid_for(rows * k), 256, 0, s>>>(x.data(), act_code(x), base, ab_code, rows * k);
     CUDA_LAUNCHED();
     xb = base;
   }
   void* d = y_direct ? y.data() : base + x_bytes + w_bytes;
-  const cudaDataType_t dt = y.type() == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const int64_t d_elem = y.type() == DType::BF16 ? 2 : 4;
+  const cudaDataType_t dt = y.type() == DType::F32 || !y_direct ? CUDA_R_32F : ab_cuda;
+  const int64_t d_elem = dt == CUDA_R_32F ? 4 : 2;
   for (int64_t r0 = 0; r0 < m; r0 += slice) {
     const int64_t mr = std::min(slice, m - r0);
     const uint8_t* wp = static_cast<const uint8_t*>(w.data) + r0 * w.row_stride_bytes;
@@ -410,7 +493,7 @@ void matmul(cudaStream_t s, Gemm& gemm, Scratch& scratch, bool deterministic, co
       wp = base + x_bytes;
       ldw = k;
     }
-    gemm.bf16(s, wp, ldw, xb, static_cast<uint8_t*>(d) + r0 * d_elem, dt, m, mr, rows, k);
+    gemm.run(s, ab_cuda, wp, ldw, xb, static_cast<uint8_t*>(d) + r0 * d_elem, dt, m, mr, rows, k, false);
   }
   if (!y_direct) {
     convert_kernel<<<grid_for(rows * m), 256, 0, s>>>(d, kF32, y.data(), act_code(y), rows * m);
@@ -440,8 +523,37 @@ void get_rows(cudaStream_t s, const WeightView& table, const int32_t* ids, Act y
 
 // ---------------------------------------------------------------- preparing weights
 
-WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst) {
-  const DType dt = device_weight_type(w);
+// Rows of F32 (or F16 / BF16: type st) `src_stride` bytes apart, as
+// E4M3_ROWS rows of dst_stride bytes: one block per row finds its max |x|
+// (the scale: max / 448), then writes the header and the codes (round to
+// nearest even, saturating), as kernels::quantize_row(E4M3_ROWS) does.
+__global__ void rows_to_e4m3_kernel(const uint8_t* src, int wt, int64_t src_stride, int64_t cols, uint8_t* dst,
+                                    int64_t dst_stride) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const uint8_t* row = src + r * src_stride;
+  float m = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(load1(wt, row, c)));
+  m = block_max(m, red);
+  const float scale = m > 0 ? m / 448.0f : 1.0f;
+  uint8_t* out = dst + r * dst_stride;
+  if (threadIdx.x < 4) reinterpret_cast<float*>(out)[threadIdx.x] = threadIdx.x == 0 ? scale : 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    out[16 + c] = __nv_cvt_float_to_fp8(load1(wt, row, c) / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+// Rows of type wt decoded and stored as F16 (yt kF16) or BF16 rows of cols elements.
+__global__ void rows_to_16_kernel(const uint8_t* src, int wt, int64_t src_stride, int64_t cols, int64_t rows, void* dst,
+                                  int yt) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    st(dst, yt, i, load1(wt, src + r * src_stride, c));
+  }
+}
+
+WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst, WeightPrecision p) {
+  const DType dt = device_weight_type(w, p);
   const int64_t dst_row = dtype_row_bytes(dt, w.cols);
   WeightView v = w;
   v.type = dt;
@@ -451,15 +563,18 @@ WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst) {
   if (w.rows <= 0) return v;
   if (dt == w.type && w.layout == WeightLayout::rows) {  // kept as it is: GGML's rows, back to back
     CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_row), w.data, static_cast<size_t>(w.row_stride_bytes),
-                                 static_cast<size_t>(dst_row), static_cast<size_t>(w.rows), cudaMemcpyHostToDevice, s));
+                                 static_cast<size_t>(dst_row), static_cast<size_t>(w.rows), cudaMemcpyDefault, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     return v;
   }
-  // To BF16 on the device, in slices of rows: F32 / F16 rows go up as they
-  // are; any other type or layout is decoded to F32 on the host first.
-  const bool raw = w.layout == WeightLayout::rows && (w.type == DType::F32 || w.type == DType::F16);
+  // To the precision's type on the device, in slices of rows: F32 / F16 /
+  // BF16 rows go up as they are; any other type or layout is decoded to F32
+  // on the host first.
+  const bool raw = w.layout == WeightLayout::rows &&
+                   (w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16);
   const int64_t src_row = raw ? dtype_row_bytes(w.type, w.cols) : w.cols * 4;
   const int64_t slice = std::max<int64_t>(1, std::min<int64_t>(w.rows, (int64_t{32} << 20) / src_row));
+  const int src_type = raw ? static_cast<int>(w.type) : kWF32;
   void* stage = nullptr;
   CUDA_CHECK(cudaMalloc(&stage, static_cast<size_t>(slice * src_row)));
   std::vector<float> host;
@@ -470,15 +585,20 @@ WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst) {
         CUDA_CHECK(cudaMemcpy2D(stage, static_cast<size_t>(src_row),
                                 static_cast<const uint8_t*>(w.data) + r0 * w.row_stride_bytes,
                                 static_cast<size_t>(w.row_stride_bytes), static_cast<size_t>(src_row),
-                                static_cast<size_t>(n), cudaMemcpyHostToDevice));
+                                static_cast<size_t>(n), cudaMemcpyDefault));
       } else {
         host.resize(static_cast<size_t>(n * w.cols));
         for (int64_t r = 0; r < n; ++r) dequantize_weight_row(w, r0 + r, host.data() + r * w.cols);
         CUDA_CHECK(cudaMemcpy(stage, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
       }
-      rows_to_bf16_kernel<<<grid_for(n * w.cols), 256, 0, s>>>(
-          static_cast<const uint8_t*>(stage), raw ? static_cast<int>(w.type) : kWF32, src_row, w.cols, n,
-          reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(dst) + r0 * dst_row));
+      uint8_t* out = static_cast<uint8_t*>(dst) + r0 * dst_row;
+      if (dt == DType::E4M3_ROWS) {
+        rows_to_e4m3_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const uint8_t*>(stage), src_type,
+                                                                     src_row, w.cols, out, dst_row);
+      } else {
+        rows_to_16_kernel<<<grid_for(n * w.cols), 256, 0, s>>>(static_cast<const uint8_t*>(stage), src_type, src_row,
+                                                               w.cols, n, out, dt == DType::F16 ? kF16 : kBF16);
+      }
       CUDA_LAUNCHED();
       CUDA_CHECK(cudaStreamSynchronize(s));
     }

@@ -52,13 +52,24 @@ class Gemm {
   // d_type (CUDA_R_32F or CUDA_R_16BF), FP32 accumulation.
   void bf16(cudaStream_t s, const void* w, int64_t ldw, const void* x, void* d, cudaDataType_t d_type, int64_t ldd,
             int64_t m, int64_t n, int64_t k);
+  // The same for W and X of type ab (CUDA_R_16BF, CUDA_R_16F, CUDA_R_8F_E4M3;
+  // D of a type cuBLASLt pairs with it). may_fail: false instead of a throw
+  // when cuBLASLt has no algorithm for it (remembered per shape).
+  bool run(cudaStream_t s, cudaDataType_t ab, const void* w, int64_t ldw, const void* x, void* d,
+           cudaDataType_t d_type, int64_t ldd, int64_t m, int64_t n, int64_t k, bool may_fail);
+  // Whether E4M3_ROWS products above the matrix-vector sizes run cuBLASLt's
+  // FP8 GEMM (compute capability 8.9+, unless ATELIER_CUDA_FP8_GEMM=0; the
+  // backend sets it) rather than BF16 slices dequantized from them.
+  bool fp8 = false;
 
  private:
   cublasLtHandle_t lt_ = nullptr;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;
+
   std::map<Key, cublasLtMatmulAlgo_t> algos_;
+  std::map<Key, bool> missing_;  // shapes (and types) cuBLASLt had no algorithm for
 };
 
 // y = x W^T for `rows` activation rows (Backend::matmul). w: a prepared view
@@ -76,6 +87,12 @@ void matmul_id(cudaStream_t s, const WeightView* const* experts, const Act* y, c
 void get_rows(cudaStream_t s, const WeightView& table, const int32_t* ids, Act y, int64_t rows);
 // Writes w as the device keeps it (policy.h) at dst (device memory,
 // prepared_bytes(w) bytes); returns its view. Synchronous (load time).
-WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst);
+WeightView prepare_weights_at(cudaStream_t s, const WeightView& w, void* dst,
+                              WeightPrecision p = WeightPrecision::bf16);
+// Backend::fill_random drawn on the device (float types, E4M3_ROWS, Q8_0,
+// Q4_0, Q4_K, Q5_K, Q6_K): each element or block from a hash of (seed + row,
+// position), the same distribution as the host's draw (not its bits);
+// false for another type (the host default draws it).
+bool fill_random(cudaStream_t s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed, float scale);
 
 }  // namespace atelier::kernels::cuda

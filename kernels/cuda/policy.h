@@ -4,6 +4,7 @@
 // call takes by its row count.
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/kernels.h>
 
 #include <cstdint>
@@ -17,25 +18,47 @@ inline bool kept_quantized(DType t) {
          t == DType::MXFP4;
 }
 
-// The type a matrix has on the device: quantized types above as they are,
-// everything else (F32, F16, BF16, the other GGML types, CPU-packed views)
-// as BF16: the tensor cores' type, FP32 accumulation.
-inline DType device_weight_type(const WeightView& w) {
-  return w.layout == WeightLayout::rows && kept_quantized(w.type) ? w.type : DType::BF16;
+// The type a matrix has on the device at precision p (Backend::set_weight_precision):
+// quantized types above as they are; everything else (F32, F16, BF16, the
+// other GGML types, CPU-packed views) as the precision's type: BF16 or F16
+// (the tensor cores' 16-bit types), or E4M3_ROWS for fp8 where the rows are
+// whole 16-element groups (cuBLASLt's FP8 alignment; BF16 otherwise). FP32
+// accumulation in every case.
+inline DType device_weight_type(const WeightView& w, WeightPrecision p = WeightPrecision::bf16) {
+  if (w.layout == WeightLayout::rows && kept_quantized(w.type)) return w.type;
+  if (w.layout == WeightLayout::rows && w.type == DType::E4M3_ROWS) return w.type;  // already prepared (fill_random)
+  switch (p) {
+    case WeightPrecision::fp16: return DType::F16;
+    case WeightPrecision::fp8_e4m3: return w.cols % 16 == 0 ? DType::E4M3_ROWS : DType::BF16;
+    default: return DType::BF16;
+  }
 }
 
-// Bytes of a row on the device (GGML's row bytes, BF16: 2 per element).
-inline int64_t device_row_bytes(const WeightView& w) { return dtype_row_bytes(device_weight_type(w), w.cols); }
+// Bytes of a row on the device (GGML's row bytes; BF16 / F16: 2 per element;
+// E4M3_ROWS: 16 + 1 per element).
+inline int64_t device_row_bytes(const WeightView& w, WeightPrecision p = WeightPrecision::bf16) {
+  return dtype_row_bytes(device_weight_type(w, p), w.cols);
+}
 
 // Backend::prepared_weight_bytes: rows back to back, rounded up to 64 bytes.
-inline int64_t prepared_bytes(const WeightView& w) { return (w.rows * device_row_bytes(w) + 63) / 64 * 64; }
+inline int64_t prepared_bytes(const WeightView& w, WeightPrecision p = WeightPrecision::bf16) {
+  return (w.rows * device_row_bytes(w, p) + 63) / 64 * 64;
+}
+
+// Whether a device type is one of the float product types the GEMM path
+// feeds cuBLASLt directly (no dequantized slice): BF16 and F16 (and
+// E4M3_ROWS through the FP8 GEMM where the device has it).
+inline bool gemm_direct(DType t) { return t == DType::BF16 || t == DType::F16; }
 
 // Which product kernel a call runs (kernels/README.md, CUDA):
 //   matvec: the module's matrix-vector kernels, chunks of kMatvecRows
 //           activation rows per launch; a row's bits never depend on the
 //           other rows (one warp per weight row, a fixed reduction tree).
-//   gemm:   cuBLASLt BF16 x BF16 -> FP32 accumulation; quantized weights are
-//           first dequantized to BF16 in slices of the workspace.
+//   gemm:   cuBLASLt BF16 x BF16 (F16 x F16 for FP16 weights) -> FP32
+//           accumulation; quantized weights are first dequantized to BF16
+//           in slices of the workspace; E4M3_ROWS weights run cuBLASLt's
+//           FP8 GEMM with the activations quantized per row to E4M3 (both
+//           scales applied after it), or the BF16 slices where it has none.
 enum class MatmulPath { matvec, gemm };
 constexpr int64_t kMatvecRows = 8;
 // Quantized weights stay on the matrix-vector kernels longer: each chunk of

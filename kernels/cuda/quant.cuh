@@ -3,13 +3,21 @@
 // kernels/cpu/quants.cpp's dequantize_row, value for value.
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include "common.cuh"
 
 namespace atelier::kernels::cuda {
 
 // Weight type codes as kernel template arguments (DType's numbers).
 constexpr int kWF32 = 0, kWF16 = 1, kWQ4_0 = 2, kWQ8_0 = 8, kWQ4_K = 12, kWQ5_K = 13, kWQ6_K = 14, kWBF16 = 30,
-              kWMXFP4 = 39;
+              kWMXFP4 = 39, kWE4M3 = 1000;  // DType::E4M3_ROWS: a 16-byte header (the row's f32 scale), then E4M3 codes
+
+// Two E4M3 codes (the low byte first) as floats.
+__device__ __forceinline__ float2 e4m3x2_to_f2(uint16_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   // A 2-byte aligned fp16 (GGML's scales).
@@ -59,6 +67,17 @@ __device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, f
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) w[i] = __bfloat162float(p[i]);
+    }
+  } else if constexpr (WT == kWE4M3) {
+    // 8 codes at byte 16 + 8g (8-byte aligned: rows are 16 + a multiple of 16 bytes).
+    const float scale = *reinterpret_cast<const float*>(row);
+    const uint2 u = *reinterpret_cast<const uint2*>(row + 16 + g * 8);
+    const uint32_t parts[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 a = e4m3x2_to_f2(static_cast<uint16_t>(parts[i] & 0xffffu));
+      const float2 b = e4m3x2_to_f2(static_cast<uint16_t>(parts[i] >> 16));
+      w[4 * i] = a.x * scale, w[4 * i + 1] = a.y * scale, w[4 * i + 2] = b.x * scale, w[4 * i + 3] = b.y * scale;
     }
   } else if constexpr (WT == kWF32) {
     const float* p = reinterpret_cast<const float*>(row) + g * 8;
@@ -158,6 +177,10 @@ __device__ __forceinline__ float load1(int wt, const uint8_t* row, int64_t c) {
   if (wt == kWF32) return reinterpret_cast<const float*>(row)[c];
   if (wt == kWF16) return __half2float(reinterpret_cast<const __half*>(row)[c]);
   if (wt == kWBF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[c]);
+  if (wt == kWE4M3) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(row[16 + c]), __NV_E4M3);
+    return __half2float(__half(h)) * *reinterpret_cast<const float*>(row);
+  }
   float w[8];
   switch (wt) {
     case kWQ8_0: load8<kWQ8_0>(row, c / 8, false, w); break;
@@ -173,7 +196,7 @@ __device__ __forceinline__ float load1(int wt, const uint8_t* row, int64_t c) {
 inline bool device_readable(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4: return true;
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4: case DType::E4M3_ROWS: return true;
     default: return false;
   }
 }

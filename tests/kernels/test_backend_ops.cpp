@@ -1454,6 +1454,84 @@ TEST_P(CudaShapes, MatmulAtModelSizes) {
   }
 }
 
+// --precision fp16 and fp8 (Backend::set_weight_precision): F32 matrices
+// prepared as F16, or as E4M3 with a scale per row, at model widths and
+// every row count, against sums in double over the weights as the device
+// keeps them (the host's f32_to_fp16 / quantize_row(E4M3_ROWS), which the
+// device's conversion must match). The FP8 GEMM above the matrix-vector
+// sizes also quantizes the activations per row to E4M3: its reference does
+// the same; where cuBLASLt has no FP8 algorithm the BF16 slices take them
+// (the BF16 reference).
+TEST_P(CudaShapes, FloatMatricesAtEachPrecision) {
+  for (WeightPrecision p : {WeightPrecision::fp16, WeightPrecision::fp8_e4m3}) {
+    Dev dev(GetParam());
+    if (p == WeightPrecision::fp8_e4m3 && dev.be().device().compute_capability < 89) {
+      std::printf("note: %s has no FP8 (compute capability below 8.9): the fp8 case is skipped\n",
+                  dev.be().device().description.c_str());
+      continue;
+    }
+    dev.be().set_weight_precision(p);
+    for (int64_t cols : {int64_t{4096}, int64_t{14336}}) {
+      const int64_t out = 80;
+      const Weights w = make_weights(DType::F32, out, cols, 37);
+      std::unique_ptr<Buffer> storage;
+      const WeightView pw = dev.be().prepare_weights(w.view, storage);
+      const DType want = p == WeightPrecision::fp16 ? DType::F16 : DType::E4M3_ROWS;
+      ASSERT_EQ(pw.type, want) << weight_precision_name(p);
+      // The device's bytes are the host's conversion, byte for byte.
+      const int64_t rb = dtype_row_bytes(want, cols);
+      std::vector<uint8_t> host_bytes(static_cast<size_t>(rb * out)), dev_bytes(host_bytes.size());
+      const auto* wf32 = reinterpret_cast<const float*>(w.bytes.data());
+      for (int64_t r = 0; r < out; ++r) quantize_row(want, wf32 + r * cols, host_bytes.data() + r * rb, cols);
+      // The prepared rows live in `storage` at offset 0.
+      dev.be().download(*storage, 0, dev_bytes.data(), rb * out);
+      int64_t differ = 0;
+      for (size_t i = 0; i < host_bytes.size(); ++i) differ += host_bytes[i] != dev_bytes[i];
+      EXPECT_EQ(differ, 0) << weight_precision_name(p) << " " << cols << ": bytes differing from the host's conversion";
+      std::vector<float> wf(static_cast<size_t>(out * cols));
+      for (int64_t r = 0; r < out; ++r) dequantize_row(want, host_bytes.data() + r * rb, wf.data() + r * cols, cols);
+      for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{16}, int64_t{64}, int64_t{257}}) {
+        const std::string what = std::string(weight_precision_name(p)) + " " + std::to_string(out) + "x" +
+                                 std::to_string(cols) + ", " + std::to_string(rows) + " rows";
+        const auto x = dev.rounded(random_floats(rows * cols, 38));
+        // x as the FP8 GEMM quantizes it: per row, scale = max |x| / 448.
+        std::vector<float> xq(x.size());
+        for (int64_t m = 0; m < rows; ++m) {
+          float amax = 0;
+          for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[m * cols + c]));
+          const float scale = amax > 0 ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
+          for (int64_t c = 0; c < cols; ++c) xq[m * cols + c] = e4m3_to_f32(f32_to_e4m3(x[m * cols + c] * inv)) * scale;
+        }
+        auto ref_of = [&](const std::vector<float>& xs) {
+          std::vector<float> ref(static_cast<size_t>(rows * out));
+          for (int64_t m = 0; m < rows; ++m)
+            for (int64_t r = 0; r < out; ++r) {
+              double acc = 0;
+              for (int64_t c = 0; c < cols; ++c) acc += double{xs[m * cols + c]} * wf[r * cols + c];
+              ref[m * out + r] = static_cast<float>(acc);
+            }
+          return ref;
+        };
+        const auto ref = ref_of(x);
+        auto dx = dev.put(x);
+        float* dy = dev.put<float>(std::vector<float>(ref.size()));
+        dev.be().matmul(pw, dx, Act(dy, DType::F32), rows);
+        const auto y = dev.get(dy, ref.size());
+        if (p == WeightPrecision::fp8_e4m3 && rows > 8) {
+          const double e_q = rel_err(y, ref_of(xq)), e_b = rel_err(y, ref);
+          EXPECT_TRUE(e_q <= 2e-3 || e_b <= 1e-4) << what << ": " << e_q << " from the E4M3-activation reference, "
+                                                  << e_b << " from the BF16 one";
+          std::printf("note: %s: relative error %.2e from the E4M3-activation reference, %.2e from the BF16 one\n",
+                      what.c_str(), e_q, e_b);
+        } else {
+          // F16 products (x converted BF16 -> F16 exactly) or the fused-dequant matrix-vector kernel.
+          EXPECT_LE(rel_err(y, ref), 1e-4) << what;
+        }
+      }
+    }
+  }
+}
+
 // Paged attention at model sizes: head_dim 64 / 80 / 128, grouped-query
 // (8 heads over 2), contexts 1 to 4096 in blocks of 16, a sliding window,
 // every KV type, with and without gpt-oss's sinks (rows of one chunk and of

@@ -23,6 +23,27 @@ TEST(CudaPolicy, QuantizedTypesStayFloatTypesBecomeBf16) {
   EXPECT_EQ(device_weight_type(packed), DType::BF16);
 }
 
+// Backend::set_weight_precision: float matrices as F16 for fp16, as E4M3
+// with a 16-byte scale header per row for fp8 (BF16 where a row is not whole
+// 16-element groups); quantized types stay whatever the precision.
+TEST(CudaPolicy, PrecisionPicksTheFloatMatricesType) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_1}) {
+    EXPECT_EQ(device_weight_type(view(t, 4, 256), WeightPrecision::bf16), DType::BF16) << dtype_name(t);
+    EXPECT_EQ(device_weight_type(view(t, 4, 256), WeightPrecision::fp16), DType::F16) << dtype_name(t);
+    EXPECT_EQ(device_weight_type(view(t, 4, 256), WeightPrecision::fp8_e4m3), DType::E4M3_ROWS) << dtype_name(t);
+  }
+  EXPECT_EQ(device_weight_type(view(DType::F32, 4, 40), WeightPrecision::fp8_e4m3), DType::BF16);
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+    for (WeightPrecision p : {WeightPrecision::fp16, WeightPrecision::fp8_e4m3})
+      EXPECT_EQ(device_weight_type(view(t, 4, 256), p), t) << dtype_name(t);
+  // 4096 x 4096 at fp8: 16 + 4096 bytes a row; at fp16 2 a element.
+  EXPECT_EQ(prepared_bytes(view(DType::F32, 4096, 4096), WeightPrecision::fp8_e4m3), 4096LL * (4096 + 16));
+  EXPECT_EQ(prepared_bytes(view(DType::BF16, 4096, 4096), WeightPrecision::fp16), 4096LL * 4096 * 2);
+  // The E4M3 rows' matrix products go through the same row-count split as BF16's.
+  EXPECT_EQ(matmul_path(DType::E4M3_ROWS, 8, false), MatmulPath::matvec);
+  EXPECT_EQ(matmul_path(DType::E4M3_ROWS, 9, false), MatmulPath::gemm);
+}
+
 TEST(CudaPolicy, PreparedBytesAreTheDeviceRowsRoundedTo64) {
   // 4096 x 4096 F32 -> BF16: 2 bytes an element.
   EXPECT_EQ(prepared_bytes(view(DType::F32, 4096, 4096)), 4096 * 4096 * 2);

@@ -57,6 +57,40 @@ TEST(Dtype, HalfAndBf16Conversions) {
   EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3F82);  // halfway: up to even
 }
 
+// FP8 E4M3 (OCP): every code decodes to its value (1-4-3, bias 7, 0x7f NaN),
+// encoding rounds to nearest even and saturates; E4M3_ROWS rows carry their
+// scale in a 16-byte header and are never a file's type.
+TEST(Dtype, E4M3CodesAndRows) {
+  EXPECT_EQ(e4m3_to_f32(0x00), 0.0f);
+  EXPECT_EQ(e4m3_to_f32(0x38), 1.0f);         // exponent 7, mantissa 0
+  EXPECT_EQ(e4m3_to_f32(0x7e), 448.0f);       // the largest finite
+  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);      // the smallest subnormal
+  EXPECT_EQ(e4m3_to_f32(0xb8), -1.0f);
+  EXPECT_TRUE(std::isnan(e4m3_to_f32(0x7f)));
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(static_cast<uint8_t>(c))), c == 0x80 ? 0x80 : c) << c;
+  }
+  EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7e);      // saturates
+  EXPECT_EQ(f32_to_e4m3(-1000.0f), 0xfe);
+  EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);      // halfway between 1 and 1.125: to the even code
+  EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3a);      // halfway between 1.125 and 1.25: to the even code
+  EXPECT_EQ(dtype_row_bytes(DType::E4M3_ROWS, 4096), 16 + 4096);
+  EXPECT_EQ(dtype_row_bytes(DType::E4M3_ROWS, 40), -1);
+  EXPECT_FALSE(dtype_known(static_cast<uint32_t>(DType::E4M3_ROWS)));
+  // A row: scale max|x| / 448, every element within half a code step of its value.
+  std::vector<float> x = {0.5f, -2.0f, 0.001f, 1.75f, 0.0f, -0.3f, 0.9f, 1.1f, 2.0f, -1.5f, 0.25f, 0.125f, -0.6f, 1.9f, 0.05f, -2.0f};
+  std::vector<uint8_t> row(static_cast<size_t>(dtype_row_bytes(DType::E4M3_ROWS, 16)));
+  ASSERT_TRUE(quantize_row(DType::E4M3_ROWS, x.data(), row.data(), 16));
+  float scale;
+  std::memcpy(&scale, row.data(), 4);
+  EXPECT_EQ(scale, 2.0f / 448.0f);
+  std::vector<float> back(16);
+  dequantize_row(DType::E4M3_ROWS, row.data(), back.data(), 16);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], std::fabs(x[i]) / 16 + scale * 0x1p-9f) << i;
+  EXPECT_EQ(back[1], -2.0f);
+}
+
 TEST(Dtype, RowBytes) {
   EXPECT_EQ(dtype_row_bytes(DType::Q4_K, 512), 288);
   EXPECT_EQ(dtype_row_bytes(DType::Q8_0, 33), -1);

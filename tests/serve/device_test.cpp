@@ -160,6 +160,97 @@ TEST(DeviceSelection, PrecisionsTheDeviceCannotRunAreRefusedAtOpen) {
   fs::remove_all(dir);
 }
 
+// ---- the precision policy at load: what --precision chose reaches the
+// backend before any matrix is prepared (Backend::set_weight_precision)
+
+std::vector<kernels::WeightPrecision> all_of(size_t n, kernels::WeightPrecision p) {
+  return std::vector<kernels::WeightPrecision>(n, p);
+}
+
+TEST(DevicePrecision, TheChosenPrecisionReachesPrepareWeights) {
+  const std::pair<const char*, kernels::WeightPrecision> cases[] = {
+      {"auto", kernels::WeightPrecision::bf16},
+      {"bf16", kernels::WeightPrecision::bf16},
+      {"fp16", kernels::WeightPrecision::fp16},
+      {"fp8", kernels::WeightPrecision::fp8_e4m3}};
+  for (const auto& [choice, want] : cases) {
+    test::FakeGpu gpu(256 * kMiB, 90);
+    gpu.register_as("fake:0");
+    TextModelOptions o;
+    o.device = "fake:0";
+    o.threads = 1;
+    o.precision = choice;
+    auto m = text::load_text_model(kText, o);
+    ASSERT_TRUE(m.ok()) << choice << ": " << m.status().message;
+    const auto seen = gpu.prepared_precisions();
+    ASSERT_FALSE(seen.empty()) << choice << ": no matrix was prepared on the device";
+    EXPECT_EQ(seen, all_of(seen.size(), want)) << choice;
+  }
+  // Auto below sm_80 is FP16 (the policy's table).
+  test::FakeGpu turing(256 * kMiB, 75);
+  turing.register_as("fake:0");
+  TextModelOptions o;
+  o.device = "fake:0";
+  o.threads = 1;
+  auto m = text::load_text_model(kText, o);
+  ASSERT_TRUE(m.ok()) << m.status().message;
+  const auto seen = turing.prepared_precisions();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen, all_of(seen.size(), kernels::WeightPrecision::fp16));
+}
+
+TEST(DevicePrecision, Fp8OnADeviceWithoutFp8IsRefusedAtLoadNamingWhatRuns) {
+  test::FakeGpu ampere(256 * kMiB, 86);
+  ampere.register_as("fake:0");
+  TextModelOptions o;
+  o.device = "fake:0";
+  o.threads = 1;
+  o.precision = "fp8";
+  auto m = text::load_text_model(kText, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code, StatusCode::InvalidArgument);
+  EXPECT_NE(m.status().message.find("8.9"), std::string::npos) << m.status().message;
+  EXPECT_NE(m.status().message.find("8.6"), std::string::npos) << m.status().message;
+  EXPECT_TRUE(ampere.prepared_precisions().empty()) << "refused before any weight reached the device";
+  // --type fp8 of a synthetic model likewise, and on the CPU it is a GPU's type.
+  auto synth = synth_text_model_on("260K", "fp8", 1, o);
+  ASSERT_FALSE(synth.ok());
+  EXPECT_NE(synth.status().message.find("8.9"), std::string::npos) << synth.status().message;
+  TextModelOptions cpu;
+  cpu.threads = 1;
+  auto on_cpu = synth_text_model_on("260K", "fp8", 1, cpu);
+  ASSERT_FALSE(on_cpu.ok());
+  EXPECT_NE(on_cpu.status().message.find("GPU"), std::string::npos) << on_cpu.status().message;
+}
+
+TEST(DevicePrecision, TheEnginesPrecisionReachesTheDeviceRunnersLoad) {
+  test::FakeGpu gpu(64 * kMiB, 90);
+  EngineConfig c = small_config();
+  c.precision = "fp16";
+  auto runner = make_device_runner(c, gpu, "fake:0", /*automatic=*/false);
+  auto slot = runner->load_text(stories());
+  ASSERT_TRUE(slot.ok()) << slot.status().message;
+  EXPECT_EQ(slot.value()->precision.rfind("weights:fp16 ", 0), 0u) << slot.value()->precision;
+  const auto seen = gpu.prepared_precisions();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen, all_of(seen.size(), kernels::WeightPrecision::fp16));
+}
+
+TEST(DevicePrecision, ASynthModelAtFp8IsDrawnAsE4M3RowsOnTheDevice) {
+  test::FakeGpu gpu(256 * kMiB, 90);
+  gpu.register_as("fake:0");
+  TextModelOptions o;
+  o.device = "fake:0";
+  o.threads = 1;
+  o.precision = "fp8";
+  auto made = synth_text_model_on("260K", "bf16", 5, o);
+  ASSERT_TRUE(made.ok()) << made.status().message;
+  const text::LoadedTextModel& m = *made.value();
+  EXPECT_EQ(m.weights.layers[0].wq.type, kernels::DType::E4M3_ROWS);
+  EXPECT_EQ(m.weights.layers[0].wq.row_stride_bytes, 16 + 64);
+  EXPECT_EQ(m.weights.layers[0].w_down.type, kernels::DType::F16) << "172 columns are not whole 16-element groups";
+}
+
 // ---- the device runner
 
 TEST(DeviceRunner, ATextModelLoadsOntoTheDeviceWithAKvPoolOfWhatIsLeft) {

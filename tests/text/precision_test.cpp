@@ -81,7 +81,9 @@ TEST(PrecisionPolicy, Fp8IsE4m3WithRowScalesOnlyWhereTheDeviceHasFp8) {
     EXPECT_EQ(p.matrix(DType::F32), MatrixPrecision::FP8_E4M3);
     EXPECT_EQ(p.matrix(DType::Q6_K), MatrixPrecision::File);  // a quantized file stays as it is
     EXPECT_EQ(p.activations, DType::BF16);
-    EXPECT_EQ(p.matrix_bytes(DType::F16, 10, 64), 10 * 64 + 10 * 4);  // a byte each, an f32 scale per row
+    // A byte each and a 16-byte header (the f32 scale) per row: DType::E4M3_ROWS, what the CUDA module allocates.
+    EXPECT_EQ(p.matrix_bytes(DType::F16, 10, 64), 10 * 64 + 10 * 16);
+    EXPECT_EQ(p.matrix_bytes(DType::F16, 10, 64), 10 * kernels::dtype_row_bytes(DType::E4M3_ROWS, 64));
   }
   for (int cc : {80, 86}) {
     const std::string why = refusal(gpu(cc), PrecisionChoice::FP8);

@@ -28,6 +28,10 @@ struct TextModelOptions {
   // Where the weights and the KV cache live: "cpu", or a device name that
   // select_device() returned ("cuda:0"). Unsupported when it cannot be opened.
   std::string device = "cpu";
+  // --precision on a GPU (auto, bf16, fp16, fp8: engine/src/text/precision.h),
+  // handed to the device's backend before the weights are prepared; the CPU
+  // ignores it.
+  std::string precision = "auto";
 };
 
 struct ModelInfo {

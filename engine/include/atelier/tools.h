@@ -34,6 +34,7 @@ struct TextBenchOptions {
   int threads = 0;
   KvType kv_type = KvType::F16;
   std::string device = "cpu";  // a name select_device() returned: where the weights, KV and steps live
+  std::string precision = "auto";  // --precision on a GPU (TextModelOptions::precision)
   // Non-empty: no file; a synth preset ("8B": Llama 3.1 8B's shapes) made on
   // the device with random weights of synth_type (bf16, q8_0, q4_k_m, ...).
   std::string synth, synth_type = "bf16";
@@ -217,8 +218,18 @@ struct QualityReport {
 // max_tokens tokens are read (also capped by the smaller model's training
 // context). The vocabularies must agree. NotFound / InvalidArgument / the
 // loader's errors.
+// Where each model runs (`models compare --device/--precision`): device
+// names select_device() returned ("cpu", "cuda:0") and --precision names
+// (auto, bf16, fp16, fp8), so fp8's cost against BF16 on one GPU is
+// `--device cuda:0 --reference-precision bf16 --precision fp8` on one file.
+struct CompareDevices {
+  std::string device = "cpu", precision = "auto";  // the candidate's
+  std::string reference_device;                    // "" = device
+  std::string reference_precision = "auto";
+};
 Result<QualityReport> compare_text_models(const std::string& reference_path, const std::string& candidate_path,
-                                          const std::string& text_path = "", int max_tokens = 512, int threads = 0);
+                                          const std::string& text_path = "", int max_tokens = 512, int threads = 0,
+                                          const CompareDevices& on = {});
 
 // `atelier models quantize`: a new store version from an F32/F16/BF16 GGUF.
 struct QuantizeSpec {

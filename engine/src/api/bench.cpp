@@ -57,6 +57,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
   mo.threads = o.threads;
   mo.kv_type = o.kv_type;
   mo.device = o.device;
+  mo.precision = o.precision;
   mo.context_tokens = o.depth + o.prompt_tokens + o.gen_tokens;
   // The machine first, then the peak counted from the load on: the
   // bandwidth test's buffer is not the model's memory.

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -209,8 +210,19 @@ std::vector<float> all_logits(text::LoadedTextModel& m, const std::vector<int32_
   const int n = static_cast<int>(tokens.size());
   const int64_t nv = m.weights.hp.n_vocab;
   std::vector<float> out(static_cast<size_t>(n) * nv);
-  text::KvCache cache(m.weights.hp, n, KvType::F32);
-  text::LlamaRunner runner(m.weights, m.pool.get());
+  // On a device (m.backend) the cache and the steps are its own (KV in its
+  // type: F16 unless the load asked for Q8_0); on the CPU an F32 cache.
+  std::optional<text::KvCache> cache_on;
+  std::optional<text::LlamaRunner> runner_on;
+  if (m.backend) {
+    cache_on.emplace(m.weights.hp, n, m.options.kv_type, *m.backend);
+    runner_on.emplace(m.weights, *m.backend);
+  } else {
+    cache_on.emplace(m.weights.hp, n, KvType::F32);
+    runner_on.emplace(m.weights, m.pool.get());
+  }
+  text::KvCache& cache = *cache_on;
+  text::LlamaRunner& runner = *runner_on;
   constexpr int kChunk = 128;  // bounds the step's activations and logits
   for (int p = 0; p < n; p += kChunk) {
     text::SeqInput s;
@@ -296,12 +308,17 @@ std::vector<std::string> quantize_types() {
 std::vector<std::string> quantize_recipes() { return {"q4_k_m", "mixed"}; }
 
 Result<QualityReport> compare_text_models(const std::string& reference_path, const std::string& candidate_path,
-                                          const std::string& text_path, int max_tokens, int threads) {
+                                          const std::string& text_path, int max_tokens, int threads,
+                                          const CompareDevices& on) {
   if (max_tokens < 2) return Status::error(StatusCode::InvalidArgument, "the quality report needs at least 2 tokens of text");
   TextModelOptions o;
   o.threads = threads;
+  o.device = on.reference_device.empty() ? on.device : on.reference_device;
+  o.precision = on.reference_precision;
   auto ref = text::load_text_model(reference_path, o);
   if (!ref.ok()) return ref.status();
+  o.device = on.device;
+  o.precision = on.precision;
   auto cand = text::load_text_model(candidate_path, o);
   if (!cand.ok()) return cand.status();
   return guarded([&]() -> Result<QualityReport> {

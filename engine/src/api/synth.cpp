@@ -19,6 +19,7 @@
 #include "formats/gguf.h"
 #include "image/sd_model.h"
 #include "api/text_model_impl.h"
+#include "text/precision.h"
 
 namespace atelier {
 
@@ -416,8 +417,13 @@ Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::st
   // q4_k_m as llama.cpp's recipe keeps its most sensitive matrices: Q6_K for
   // the output, attn_v and ffn_down, Q4_K for the rest.
   const bool k_m = type == "q4_k_m";
+  // fp8: E4M3 with a scale per row (DType::E4M3_ROWS), the matrices
+  // --precision fp8 gives a device; only a GPU with FP8 runs them.
+  const bool fp8 = type == "fp8";
   DType base = DType::BF16;
-  if (!k_m) {
+  if (fp8) {
+    base = DType::E4M3_ROWS;
+  } else if (!k_m) {
     auto parsed = guarded([&]() -> Result<DType> { return parse_type(type); });
     if (!parsed.ok())
       return Status::error(StatusCode::InvalidArgument, parsed.status().message + " or q4_k_m");
@@ -435,6 +441,17 @@ Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::st
       if (!d.device) throw UnsupportedError("--device " + options.device + ": " + d.why);
       m->backend = d.device->make_backend(nullptr, 0);
       be = m->backend.get();
+    }
+    // --precision (or --type fp8) on a device: float matrices drawn in the
+    // plan's product type (what loading a file at that precision would give).
+    const text::PrecisionPlan prec =
+        be->device().host_memory ? text::PrecisionPlan{}
+                                 : text::apply_precision(*be, fp8 ? "fp8" : options.precision, options.kv_type);
+    if (fp8 && !prec.gpu)
+      throw InvalidArgumentError("--type fp8 runs on a GPU with FP8 (compute capability 8.9 or newer): add --device cuda");
+    if (base == DType::BF16 || base == DType::F16 || base == DType::F32) {
+      if (prec.floats == text::MatrixPrecision::FP16) base = DType::F16;
+      if (prec.floats == text::MatrixPrecision::FP8_E4M3) base = DType::E4M3_ROWS;
     }
     text::LlamaWeights& w = m->weights;
     text::LlamaHparams& hp = w.hp;

@@ -14,6 +14,7 @@
 #include "core/utf8.h"
 #include "core/error.h"
 #include "api/text_model_impl.h"
+#include "text/precision.h"
 #include "text/json_constraint.h"
 #include "formats/gguf.h"
 #include "formats/llama2c.h"
@@ -144,6 +145,8 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
   if (options.context_tokens < 0)
     return Status::error(StatusCode::InvalidArgument, "context size must be >= 0 (0: the model's own)");
   return guarded([&]() -> Result<std::shared_ptr<text::LoadedTextModel>> {
+    // The precision policy reaches the device before any matrix is prepared.
+    if (!be.device().host_memory) text::apply_precision(be, options.precision, options.kv_type);
     auto impl = std::make_shared<text::LoadedTextModel>();
     impl->backend = std::move(own);
     impl->options = options;

@@ -184,6 +184,7 @@ class DeviceRunner final : public Runner {
       TextModelOptions o;
       o.threads = config_.threads;  // the host's share: sampling
       o.kv_type = config_.kv_type;
+      o.precision = config_.precision;  // the plan reaches the backend before the weights (load_text_model)
       o.tokenizer_path = resolved.file("tokenizer");
       auto opened = text::load_text_model(resolved.path, o, slot->backend.get());
       if (!opened.ok()) return opened.status();

@@ -55,7 +55,7 @@ int64_t PrecisionPlan::matrix_bytes(DType t, int64_t rows, int64_t cols) const {
     case MatrixPrecision::File: return rows * dtype_row_bytes(t, cols);
     case MatrixPrecision::BF16:
     case MatrixPrecision::FP16: return rows * cols * 2;
-    case MatrixPrecision::FP8_E4M3: return rows * cols + rows * 4;
+    case MatrixPrecision::FP8_E4M3: return rows * (cols + kernels::kE4M3RowHeaderBytes);  // DType::E4M3_ROWS
   }
   return rows * dtype_row_bytes(t, cols);
 }
@@ -104,6 +104,23 @@ std::string precision_label(const PrecisionPlan& p) {
   if (p.gpu) s += " quant:kept";
   s += std::string(" act:") + std::string(kernels::dtype_name(p.activations)) + " kv:" + kv_name(p.kv) + " acc:f32";
   return s;
+}
+
+kernels::WeightPrecision weight_precision(const PrecisionPlan& plan) {
+  switch (plan.floats) {
+    case MatrixPrecision::FP16: return kernels::WeightPrecision::fp16;
+    case MatrixPrecision::FP8_E4M3: return kernels::WeightPrecision::fp8_e4m3;
+    default: return kernels::WeightPrecision::bf16;
+  }
+}
+
+PrecisionPlan apply_precision(kernels::Backend& be, const std::string& choice, KvType kv) {
+  PrecisionChoice c;
+  if (!precision_choice_from_name(choice.empty() ? "auto" : choice, &c))
+    throw InvalidArgumentError("--precision must be auto, bf16, fp16 or fp8 (got '" + choice + "')");
+  const PrecisionPlan plan = precision_plan(device_caps(be.device()), c, kv);
+  if (plan.gpu) be.set_weight_precision(weight_precision(plan));
+  return plan;
 }
 
 }  // namespace atelier::text

@@ -63,10 +63,21 @@ struct PrecisionPlan {
   // What a matrix of the file's type T computes in.
   MatrixPrecision matrix(kernels::DType t) const;
   // Bytes a rows x cols matrix of the file's type T takes on the device (FP8:
-  // a byte per element and an f32 scale per row).
+  // a byte per element and a 16-byte header, its f32 scale, per row).
   int64_t matrix_bytes(kernels::DType t, int64_t rows, int64_t cols) const;
 };
 PrecisionPlan precision_plan(const DeviceCaps& caps, PrecisionChoice choice, KvType kv);
+
+// The backend's side of a plan (Backend::set_weight_precision): the float
+// matrices' product type (BF16 for a CPU plan, which the CPU ignores).
+kernels::WeightPrecision weight_precision(const PrecisionPlan& plan);
+
+// What a model load on `be` computes in for --precision `choice` (a name of
+// PrecisionChoice): the plan of be's device, handed to be (set_weight_precision)
+// before any matrix is prepared. Throws atelier::Error (InvalidArgument)
+// for an unknown name or a choice the device cannot run (precision_plan's
+// message: fp8 on a device without FP8 names what would run).
+PrecisionPlan apply_precision(kernels::Backend& be, const std::string& choice, KvType kv);
 
 // One line for job records, --json and /props: "weights:file act:f32 kv:f16 acc:f32" on
 // the CPU; "weights:bf16 quant:kept act:bf16 kv:f16 acc:f32" on a GPU.

@@ -178,6 +178,17 @@ struct Pad2d {
   int64_t top = 0, bottom = 0, left = 0, right = 0;
 };
 
+// What a device computes the products of float matrices (F32 / F16 / BF16
+// in the file) in: engine/src/text/precision.h's policy, handed to the
+// backend before a model's weights are prepared (Backend::set_weight_precision).
+// Quantized matrices the device reads as they are stay quantized whatever it says.
+enum class WeightPrecision : uint8_t {
+  bf16,      // BF16 products, FP32 accumulation (a GPU's default)
+  fp16,      // FP16 products, FP32 accumulation
+  fp8_e4m3,  // E4M3 with one f32 scale per row (DType::E4M3_ROWS), FP32 accumulation
+};
+const char* weight_precision_name(WeightPrecision p);  // "bf16", "fp16", "fp8-e4m3"
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -229,6 +240,11 @@ class Backend {
   virtual void drop_graphs() {}
 
   // ---- weights
+  // The precision of the float matrices prepare_weights / prepare_weights_at
+  // (and prepared_weight_bytes) prepare from now on: call it before a model's
+  // load (text::load_text_model does, from the job's PrecisionPlan). The CPU
+  // keeps every matrix in its file's type and ignores it.
+  virtual void set_weight_precision(WeightPrecision p) { (void)p; }
   // The view of w this device's matmul is fastest with. On the CPU:
   // kernels::pack_weights into a buffer stored in `storage` (Q8_0 on
   // AVX-512 VNNI), or w itself (storage left empty) when there is no better

@@ -21,6 +21,14 @@ enum class DType : uint32_t {
   // scale byte (2^(e - 127)) then 16 bytes of 4-bit E2M1 codes (low nibbles
   // the first 16 values, high nibbles the next 16), as GGML's block_mxfp4.
   MXFP4 = 39,
+  // Device-only (never in a file: dtype_known is false for it): FP8 E4M3
+  // with one f32 scale per row (--precision fp8, the CUDA module's matrices).
+  // A row of n elements (n a multiple of 16) is 16 bytes, the scale (f32)
+  // then 12 zero bytes, followed by n E4M3 codes (OCP FP8: 1-4-3, bias 7,
+  // largest finite 448, 0x7f / 0xff NaN); element i = scale * e4m3(code i).
+  // quantize_row picks scale = max |x| / 448 (1 for an all-zero row) and
+  // rounds to nearest even, saturating.
+  E4M3_ROWS = 1000,
 };
 
 // Whether `id` is a DType this library can read (dequantize).
@@ -32,7 +40,13 @@ int64_t dtype_block_bytes(DType t);                // bytes per block
 // (returns -1 otherwise, so callers can report a clear error).
 int64_t dtype_row_bytes(DType t, int64_t n);
 
-// fp16 / bf16 scalar conversions (round to nearest even).
+// Bytes of E4M3_ROWS' per-row header (its f32 scale, padded to 16).
+constexpr int64_t kE4M3RowHeaderBytes = 16;
+
+// fp16 / bf16 scalar conversions (round to nearest even); FP8 E4M3 (OCP),
+// saturating to +-448 (NaN stays NaN).
+float e4m3_to_f32(uint8_t c);
+uint8_t f32_to_e4m3(float f);
 float fp16_to_f32(uint16_t h);
 uint16_t f32_to_fp16(float f);
 float bf16_to_f32(uint16_t h);
