@@ -1,6 +1,7 @@
 // Backend::fill_random's default (backend.h): rows drawn on the host, encoded,
 // and uploaded in pieces, so every backend has it; a device draws in place.
 #include <atelier/backend.h>
+#include <atelier/splitmix.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -9,19 +10,6 @@
 
 namespace atelier::kernels {
 
-namespace {
-// SplitMix64, as engine/src/core/splitmix.h (kernels do not include the engine).
-struct Mix {
-  uint64_t x;
-  uint64_t next() {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform_pm1() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-52 - 1.0); }
-};
-}  // namespace
 
 void Backend::fill_random(Buffer& dst, int64_t offset, DType t, int64_t rows, int64_t cols, uint64_t seed, float scale) {
   const int64_t row_bytes = dtype_row_bytes(t, cols);
@@ -34,7 +22,7 @@ void Backend::fill_random(Buffer& dst, int64_t offset, DType t, int64_t rows, in
   for (int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
     const int64_t n = std::min(piece_rows, rows - r0);
     for (int64_t r = 0; r < n; ++r) {
-      Mix rng{seed + static_cast<uint64_t>(r0 + r)};
+      SplitMix64 rng{seed + static_cast<uint64_t>(r0 + r)};
       for (float& v : row) v = scale * rng.uniform_pm1();
       if (!quantize_row(t, row.data(), piece.data() + r * row_bytes, cols))
         throw std::invalid_argument("fill_random: no quantizer for " + std::string(dtype_name(t)));

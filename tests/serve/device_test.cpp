@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "api/text_model_impl.h"
-#include "core/splitmix.h"
+#include <atelier/splitmix.h>
 #include "engine/engine_test_util.h"
 #include "fake_gpu.h"
 #include "serve/runner.h"

@@ -15,7 +15,7 @@
 #include <atelier/devices.h>
 
 #include "core/error.h"
-#include "core/splitmix.h"
+#include <atelier/splitmix.h>
 #include "formats/gguf.h"
 #include "image/sd_model.h"
 #include "api/text_model_impl.h"

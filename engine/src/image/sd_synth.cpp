@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/splitmix.h"
+#include <atelier/splitmix.h>
 #include "formats/safetensors.h"
 #include "image/sd_model.h"
 

@@ -265,7 +265,7 @@ class Backend {
   // Writes rows x cols elements of type t at byte `offset` of dst, a row every
   // dtype_row_bytes(t, cols) bytes: row r is scale * u_i, the u_i uniform in
   // [-1, 1) drawn in order from SplitMix64 seeded with seed + r (u = (next()
-  // >> 11) * 2^-52 - 1, as engine/src/core/splitmix.h), encoded by
+  // >> 11) * 2^-52 - 1, as atelier/splitmix.h), encoded by
   // kernels::quantize_row (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K). This
   // default draws on the host and uploads in pieces of about 64 MiB; a device
   // overrides it to draw in place (an 8B model in seconds). A benchmark needs

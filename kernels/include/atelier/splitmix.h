@@ -1,5 +1,6 @@
-// SplitMix64: a cheap, deterministic, platform-independent random stream for
-// the synthetic models' weights (the same bytes for a seed everywhere).
+// atelier/splitmix.h — SplitMix64: a cheap, deterministic, platform-independent
+// random stream for the synthetic models' weights (the same bytes for a seed
+// everywhere: Backend::fill_random's host draw and the engine's `models synth`).
 #pragma once
 
 #include <cstdint>
