@@ -60,8 +60,20 @@ class FakeDevice final : public kernels::Backend {
     std::atomic<int64_t> bytes{0};
     std::mutex mu;
     std::string fail;
+    std::set<const FakeDevice*> live;  // the backends sharing it that still exist (under mu)
   };
-  void share(std::shared_ptr<Shared> s) { shared_ = std::move(s); }
+  void share(std::shared_ptr<Shared> s) {
+    shared_ = std::move(s);
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->live.insert(this);
+  }
+  ~FakeDevice() override {
+    if (!shared_) return;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->live.erase(this);
+  }
+  // Whether this backend is still alive (a device's record of the backends it made outlives them).
+  static bool alive(const Shared& s, const FakeDevice* b) { return s.live.count(b) != 0; }
 
   // ---- what the tests read
   std::vector<std::string> violations() const {

@@ -49,18 +49,22 @@ class FakeGpu final : public kernels::Device {
   // The precisions its live backends prepared matrices at (fake_device.h), in order.
   std::vector<kernels::WeightPrecision> prepared_precisions() const {
     std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> live(shared_->mu);  // only backends that still exist (a failed load's is gone)
     std::vector<kernels::WeightPrecision> v;
     for (const FakeDevice* b : backends_)
-      for (kernels::WeightPrecision p : b->prepared_precisions()) v.push_back(p);
+      if (FakeDevice::alive(*shared_, b))
+        for (kernels::WeightPrecision p : b->prepared_precisions()) v.push_back(p);
     return v;
   }
   int backends_made() const { return made_; }
   // What the backends it made saw (only while they live: a loaded model's).
   std::vector<std::string> violations() const {
     std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> live(shared_->mu);
     std::vector<std::string> v;
     for (const FakeDevice* b : backends_)
-      for (const std::string& s : b->violations()) v.push_back(s);
+      if (FakeDevice::alive(*shared_, b))
+        for (const std::string& s : b->violations()) v.push_back(s);
     return v;
   }
 
