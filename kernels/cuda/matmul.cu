@@ -43,6 +43,7 @@ void* Scratch::get(size_t bytes) {
 // ---------------------------------------------------------------- matrix-vector
 
 constexpr int kMvWarps = 4;  // weight rows per block, one warp each
+constexpr int kMvUnroll = 4;  // groups of 8 weights a lane loads before it multiplies
 
 // Eight activations x[k0 .. k0+7] as floats (16-byte loads for BF16 / F16
 // rows when `vec`).
@@ -85,7 +86,31 @@ __global__ void __launch_bounds__(kMvWarps * 32)
     float acc[kMatvecRows];
 #pragma unroll
     for (int m = 0; m < kMatvecRows; ++m) acc[m] = 0.0f;
-    for (int64_t g = lane; g < groups; g += 32) {
+    int64_t g = lane;
+    // kMvUnroll of the lane's groups at a time: their weight loads issued
+    // together (a decode step is bandwidth-bound, and one 16-byte load in
+    // flight per warp leaves HBM idle), then the FMAs in the same order as
+    // one group at a time, so the bits are those of the plain loop below.
+    for (; g + 32 * (kMvUnroll - 1) < groups; g += 32 * kMvUnroll) {
+      float wv[kMvUnroll][8];
+#pragma unroll
+      for (int u = 0; u < kMvUnroll; ++u) load8<WT>(row, g + 32 * u, wvec, wv[u]);
+#pragma unroll
+      for (int u = 0; u < kMvUnroll; ++u) {
+#pragma unroll
+        for (int m = 0; m < kMatvecRows; ++m) {
+          if (m < nm) {
+            float xv[8];
+            load8x<XT>(x + (m0 + m) * cols + (g + 32 * u) * 8, xvec, xv);
+            float a = acc[m];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) a = fmaf(wv[u][i], xv[i], a);
+            acc[m] = a;
+          }
+        }
+      }
+    }
+    for (; g < groups; g += 32) {
       float wv[8];
       load8<WT>(row, g, wvec, wv);
 #pragma unroll
