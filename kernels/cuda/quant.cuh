@@ -24,6 +24,14 @@ __device__ __forceinline__ float h2f(const uint8_t* p) {
   return __half2float(*reinterpret_cast<const __half*>(p));
 }
 
+// A small unsigned integer q (q < 2^23) as a float, exactly float(q): its
+// bits OR'ed into 2^23's mantissa, then 2^23 - bias subtracted (returns q -
+// bias). An I2F conversion runs at a quarter of the FP32 rate (16 a clock
+// per SM), which would bound quantized decode; this is two full-rate ops.
+__device__ __forceinline__ float small_int_f(uint32_t q, int bias = 0) {
+  return __uint_as_float(0x4B000000u | q) - (8388608.0f + static_cast<float>(bias));
+}
+
 // MXFP4's E8M0 scale halved (GGML_E8M0_TO_FP32_HALF, kernels/cpu/quants.h's
 // e8m0_half: e 0 and 1 are subnormal floats) and its E2M1 codes doubled
 // (kMxfp4Values), so code * scale is the value, exactly.
@@ -95,8 +103,9 @@ __device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, f
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint16_t two = q[i];
-      w[2 * i] = static_cast<float>(static_cast<int8_t>(two & 0xff)) * d;
-      w[2 * i + 1] = static_cast<float>(static_cast<int8_t>(two >> 8)) * d;
+      // int8 q + 128 (the byte with its sign bit flipped) is in [0, 255].
+      w[2 * i] = small_int_f((two & 0xffu) ^ 0x80u, 128) * d;
+      w[2 * i + 1] = small_int_f((two >> 8) ^ 0x80u, 128) * d;
     }
   } else if constexpr (WT == kWQ4_0) {
     // Block of 18 bytes: fp16 d, 16 bytes; element j < 16 the low nibble of
@@ -109,8 +118,8 @@ __device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, f
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint16_t two = q[i];
-      w[2 * i] = static_cast<float>(((two >> shift) & 0xF) - 8) * d;
-      w[2 * i + 1] = static_cast<float>(((two >> (8 + shift)) & 0xF) - 8) * d;
+      w[2 * i] = small_int_f((two >> shift) & 0xFu, 8) * d;
+      w[2 * i + 1] = small_int_f((two >> (8 + shift)) & 0xFu, 8) * d;
     }
   } else if constexpr (WT == kWMXFP4) {
     // Block of 17 bytes: the E8M0 scale byte, 16 bytes; element j < 16 the
@@ -140,15 +149,15 @@ __device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, f
     const uint8_t* qb = reinterpret_cast<const uint8_t*>(&u);
     if constexpr (WT == kWQ4_K) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = d * static_cast<float>(hi ? qb[i] >> 4 : qb[i] & 0xF) - mn;
+      for (int i = 0; i < 8; ++i) w[i] = d * small_int_f(hi ? qb[i] >> 4 : qb[i] & 0xFu) - mn;
     } else {
       const uint2 h = *reinterpret_cast<const uint2*>(b + 16 + l);
       const uint8_t* hb = reinterpret_cast<const uint8_t*>(&h);
       const int bit = 2 * j + hi;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const int q = (hi ? qb[i] >> 4 : qb[i] & 0xF) + (((hb[i] >> bit) & 1) << 4);
-        w[i] = d * static_cast<float>(q) - mn;
+        const uint32_t q = (hi ? qb[i] >> 4 : qb[i] & 0xFu) + (((hb[i] >> bit) & 1u) << 4);
+        w[i] = d * small_int_f(q) - mn;
       }
     }
   } else if constexpr (WT == kWQ6_K) {
@@ -164,9 +173,8 @@ __device__ __forceinline__ void load8(const uint8_t* row, int64_t g, bool vec, f
     const uint8_t* qh = b + 128 + 32 * n + l;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int lo = k >= 2 ? ql[i] >> 4 : ql[i] & 0xF;
-      const int q = (lo | (((qh[i] >> (2 * k)) & 3) << 4)) - 32;
-      w[i] = d * static_cast<float>(q);
+      const uint32_t lo = k >= 2 ? ql[i] >> 4 : ql[i] & 0xFu;
+      w[i] = d * small_int_f(lo | (((qh[i] >> (2 * k)) & 3u) << 4), 32);
     }
   }
 }
