@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -156,12 +157,109 @@ struct Nvml {
   }
 };
 
+// ATELIER_CUDA_PROFILE=1: each op's time on the stream, by op, weight type
+// and row count, printed to stderr when the backend ends (the device
+// check's breakdown of a step: which ops fall short of the bandwidth or
+// the tensor cores). Two events around every op; graphs are off meanwhile
+// (an op inside a replayed graph has no launch to time).
+class OpProfile {
+ public:
+  ~OpProfile() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    for (const auto& p : pending_) cudaEventDestroy(p.a), cudaEventDestroy(p.b);
+  }
+  // Starts timing op `key` on stream s; bytes / flops: what it must read / compute (0: unknown).
+  void begin(cudaStream_t s, std::string key, double bytes, double flops) {
+    if (pending_.size() >= 4096) resolve(s);  // a long run without a synchronize
+    Pending p{event(), event(), std::move(key), bytes, flops};
+    CUDA_CHECK(cudaEventRecord(p.a, s));
+    open_ = std::move(p);
+  }
+  // Ends the open op (from a destructor: never throws; an error here is the
+  // op's own, which its next CUDA_CHECK reports).
+  void end(cudaStream_t s) noexcept {
+    if (cudaEventRecord(open_.b, s) != cudaSuccess) return;
+    pending_.push_back(std::move(open_));
+    open_ = Pending{};
+  }
+  // The finished ops' times into the table (waits for the stream).
+  void resolve(cudaStream_t s) {
+    if (pending_.empty()) return;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    for (auto& p : pending_) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, p.a, p.b));
+      Stat& st = stats_[p.key];
+      st.calls++, st.ms += ms, st.bytes += p.bytes, st.flops += p.flops;
+      free_.push_back(p.a), free_.push_back(p.b);
+    }
+    pending_.clear();
+  }
+  void print(int device) const {
+    if (stats_.empty()) return;
+    double total = 0;
+    for (const auto& [k, st] : stats_) total += st.ms;
+    std::vector<std::pair<std::string, Stat>> rows(stats_.begin(), stats_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    std::fprintf(stderr, "cuda profile cuda:%d: %.3f ms on the stream in all\n", device, total);
+    std::fprintf(stderr, "cuda profile %-44s %8s %10s %9s %6s %9s %9s\n", "op", "calls", "total ms", "mean us", "share",
+                 "GB/s", "TFLOP/s");
+    for (const auto& [k, st] : rows) {
+      const double s = st.ms / 1e3;
+      std::fprintf(stderr, "cuda profile %-44s %8lld %10.3f %9.2f %5.1f%% %9.1f %9.1f\n", k.c_str(),
+                   static_cast<long long>(st.calls), st.ms, 1e3 * st.ms / static_cast<double>(st.calls),
+                   100 * st.ms / total, s > 0 ? st.bytes / s / 1e9 : 0.0, s > 0 ? st.flops / s / 1e12 : 0.0);
+    }
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t a = nullptr, b = nullptr;
+    std::string key;
+    double bytes = 0, flops = 0;
+  };
+  struct Stat {
+    int64_t calls = 0;
+    double ms = 0, bytes = 0, flops = 0;
+  };
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  std::vector<cudaEvent_t> free_;
+  std::vector<Pending> pending_;
+  Pending open_;
+  std::map<std::string, Stat> stats_;
+};
+
+// A row count as the profile's bucket: what separates decode, small batches and prefill.
+std::string rows_bucket(int64_t rows) {
+  if (rows <= 1) return "1";
+  if (rows <= 8) return "2-8";
+  if (rows <= 32) return "9-32";
+  if (rows <= 256) return "33-256";
+  return ">256";
+}
+
 class CudaDevice;
 
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaDevice& dev, int priority);
   ~CudaBackend() override {
+    if (profile_) {
+      try {
+        profile_->resolve(stream_);
+        profile_->print(device_);
+      } catch (const std::exception&) {  // a lost device: no times
+      }
+    }
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);  // errors ignored: the device may be lost
     if (staged_) cudaEventDestroy(staged_);
@@ -202,10 +300,12 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src.at<uint8_t>(offset), static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
                                stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (profile_) profile_->resolve(stream_);
   }
   void synchronize() override {
     enter();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (profile_) profile_->resolve(stream_);
   }
   void clear(Buffer& b, uint8_t value) override {
     enter();
@@ -258,120 +358,153 @@ class CudaBackend final : public Backend {
 
   void matmul(const WeightView& w, Act x, Act y, int64_t rows) override {
     enter();
+    Timed timed(*this, [&] { return matmul_cost(w, rows); });
     cuda::matmul(stream_, gemm_, scratch_, deterministic_, w, x, y, rows);
   }
   void matmul_many(const WeightView* const* w, const Act* y, int count, Act x, int64_t rows) override {
     enter();
-    for (int i = 0; i < count; ++i) cuda::matmul(stream_, gemm_, scratch_, deterministic_, *w[i], x, y[i], rows);
+    for (int i = 0; i < count; ++i) {
+      Timed timed(*this, [&] { return matmul_cost(*w[i], rows); });
+      cuda::matmul(stream_, gemm_, scratch_, deterministic_, *w[i], x, y[i], rows);
+    }
   }
   void get_rows(const WeightView& table, const int32_t* ids, Act y, int64_t rows) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"get_rows"}; });
     cuda::get_rows(stream_, table, ids, y, rows);
   }
   void copy_rows(Act x, const int32_t* ids, Act y, int64_t rows, int64_t dim) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"copy_rows"}; });
     cuda::copy_rows(stream_, x, ids, y, rows, dim);
   }
   void rms_norm(Act x, const float* weight, Act y, int64_t rows, int64_t dim, float eps) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"rms_norm"}; });
     cuda::rms_norm(stream_, x, weight, y, rows, dim, eps);
   }
   void add_rms_norm(Act x, Act delta, const float* weight, Act y, int64_t rows, int64_t dim, float eps) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"add_rms_norm"}; });
     cuda::add_rms_norm(stream_, x, delta, weight, y, rows, dim, eps);
   }
   void layer_norm(Act x, Act y, int64_t rows, int64_t dim, const float* gamma, const float* beta, float eps) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"layer_norm"}; });
     cuda::layer_norm(stream_, x, y, rows, dim, gamma, beta, eps);
   }
   void rope(Act x, int64_t rows, const int32_t* positions, const RopeParams& p) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"rope"}; });
     cuda::rope(stream_, x, rows, positions, p);
   }
   void add(Act a, Act b, Act y, int64_t n) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"add"}; });
     cuda::add(stream_, a, b, y, n);
   }
   void add_bias(Act x, const float* bias, int64_t rows, int64_t dim) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"add_bias"}; });
     cuda::add_bias(stream_, x, bias, rows, dim);
   }
   void activation(Activation a, Act x, Act y, int64_t n) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"activation"}; });
     cuda::activation(stream_, a, x, y, n);
   }
   void swiglu(Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"swiglu"}; });
     cuda::swiglu(stream_, gate, up, out, rows, dim);
   }
   void glu(Activation a, Act gate, Act up, Act out, int64_t rows, int64_t dim) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"glu"}; });
     cuda::glu(stream_, a, gate, up, out, rows, dim);
   }
   void geglu(Act x, Act y, int64_t rows, int64_t dim) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"geglu"}; });
     cuda::geglu(stream_, x, y, rows, dim);
   }
   void softmax(Act x, int64_t rows, int64_t n) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"softmax"}; });
     cuda::softmax(stream_, x, rows, n);
   }
   void affine(Act x, Act y, int64_t n, const Affine& a) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"affine"}; });
     cuda::affine(stream_, x, y, n, a);
   }
   void relu(Act x, Act y, int64_t n) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"relu"}; });
     cuda::relu(stream_, x, y, n);
   }
   void tanh_clamp(Act x, Act y, int64_t n, float limit) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"tanh_clamp"}; });
     cuda::tanh_clamp(stream_, x, y, n, limit);
   }
   void copy(Act x, Act y, int64_t n) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"copy"}; });
     cuda::copy(stream_, x, y, n);
   }
   void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"relayout"}; });
     cuda::relayout(stream_, x, from, y, to, n, c, hw);
   }
   void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"moe_route"}; });
     cuda::moe_route(stream_, logits, rows, r, ids, weights);
   }
   void matmul_id(const WeightView* const* experts, const Act* y, const float* const* bias, int count, int n_expert,
                  Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) override {
     enter();
+    Timed timed(*this, [&] {
+      return OpCost{"matmul_id " + std::string(dtype_name(experts[0][0].type)) + " rows " + rows_bucket(rows)};
+    });
     cuda::matmul_id(stream_, experts, y, bias, count, n_expert, x, x_per_row, ids, rows, k);
   }
   void moe_combine(Act y, const float* weights, Act out, int64_t rows, int k, int64_t dim) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"moe_combine"}; });
     cuda::moe_combine(stream_, y, weights, out, rows, k, dim);
   }
   void swiglu_oai(Act gate, Act up, Act out, int64_t rows, int64_t dim, float alpha, float limit) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"swiglu_oai"}; });
     cuda::swiglu_oai(stream_, gate, up, out, rows, dim, alpha, limit);
   }
   void store_kv(const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"store_kv"}; });
     cuda::store_kv(stream_, kv, layer, k, v, slots, rows);
   }
   void rope_store_kv(Act q, Act k, Act v, int64_t rows, const int32_t* positions, const RopeParams& rq,
                      const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"rope_store_kv rows " + rows_bucket(rows)}; });
     cuda::rope_store_kv(stream_, q, k, v, rows, positions, rq, rk, kv, layer, slots);
   }
   void paged_attention(const KvLayout& kv, const PagedAttention& a, Act q, Act out) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"paged_attention rows " + rows_bucket(a.rows)}; });
     cuda::paged_attention(stream_, scratch_, kv, a, q, out);
   }
   void attention(const AttentionShape& s, Act q, Act k, Act v, Act out) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"attention"}; });
     cuda::dense_attention(stream_, s, q, k, v, s.heads * s.head_dim, false, out);
   }
   void causal_attention(const AttentionShape& s, Act q, Act k, Act v, int64_t stride, Act out) override {
     enter();
+    Timed timed(*this, [&] { return OpCost{"causal_attention"}; });
     cuda::dense_attention(stream_, s, q, k, v, stride, true, out);
   }
 
@@ -390,6 +523,38 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr int64_t kPinnedBytes = int64_t{1} << 20;
+
+  // What an op costs, for the profile: its key, the bytes it must read and
+  // the FLOPs it must do (0: not counted).
+  struct OpCost {
+    std::string key;
+    double bytes = 0, flops = 0;
+  };
+  static OpCost matmul_cost(const WeightView& w, int64_t rows) {
+    const bool gemm = matmul_path(w.type, rows, false) == MatmulPath::gemm && w.type != DType::F32;
+    return OpCost{"matmul " + std::string(dtype_name(w.type)) + " rows " + rows_bucket(rows) + (gemm ? " gemm" : ""),
+                  static_cast<double>(w.rows) * static_cast<double>(w.row_stride_bytes),
+                  2.0 * static_cast<double>(rows) * static_cast<double>(w.rows) * static_cast<double>(w.cols)};
+  }
+  // Times the op it lives through when profiling (describe() runs only then).
+  class Timed {
+   public:
+    template <class F>
+    Timed(CudaBackend& b, F&& describe) {
+      if (!b.profile_) return;
+      OpCost c = describe();
+      b.profile_->begin(b.stream_, std::move(c.key), c.bytes, c.flops);
+      b_ = &b;
+    }
+    ~Timed() {
+      if (b_) b_->profile_->end(b_->stream_);
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    CudaBackend* b_ = nullptr;
+  };
 
   void enter() {
     check_alive(device_);
@@ -435,6 +600,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t staged_ = nullptr;
   Gemm gemm_;
   Scratch scratch_;
+  std::unique_ptr<OpProfile> profile_;  // ATELIER_CUDA_PROFILE=1
 };
 
 class CudaDevice final : public Device {
@@ -545,6 +711,11 @@ CudaBackend::CudaBackend(const CudaDevice& dev, int priority)
   cc_ = dev.compute_capability();
   const char* fp8 = std::getenv("ATELIER_CUDA_FP8_GEMM");
   gemm_.fp8 = cc_ >= 89 && !(fp8 && std::strcmp(fp8, "0") == 0);
+  const char* prof = std::getenv("ATELIER_CUDA_PROFILE");
+  if (prof && *prof && std::strcmp(prof, "0") != 0) {
+    profile_ = std::make_unique<OpProfile>();
+    graphs_on_ = false;  // a replayed graph's ops have no launches to time
+  }
 }
 
 DeviceInfo CudaBackend::device() const { return dev_.info(); }

@@ -142,6 +142,16 @@ bench bf16 "decode >= 75 % of HBM read (about 225 tok/s), prefill >= 60 % of the
 bench q8_0 "decode >= 330 tok/s (1.7x), prefill >= 21,442 tok/s (2x)" "Q8_0 10,721 / 194 tok/s"
 bench q4_k_m "decode >= 414 tok/s (2x), prefill >= 18,624 tok/s (2x)" "Q4_K_M 9,312 / 207 tok/s"
 bench fp8 "none stated for one stream (serving: 30k output tok/s at 256 streams)" "no FP8 figure"
+# Where the time goes: every op timed on the stream (ATELIER_CUDA_PROFILE=1,
+# graphs off), by op, weight type and rows (1: decode; >256: the prompt),
+# with the bytes it read (GB/s, against HBM read above) and the FLOPs it
+# did (TFLOP/s, against the GEMM ceilings): the first place to look when a
+# figure above misses its target.
+for type in bf16 q4_k_m; do
+  step "profile-$type" 45 env ATELIER_CUDA_PROFILE=1 "$pack/atelier" bench text --device cuda --synth 8B \
+    --type "$type" -p 512 -n 32 --reps 1 --json
+  grep "^cuda profile" "$work/profile-$type.log" | head -18 | while read -r l; do say "  $type $l"; done
+done
 # bench serve has no --synth (a file it would write is 16 GB): its figures
 # need `bench serve --device cuda -m 8B.gguf --concurrency 64,256` on a
 # written model; not in this 8-minute check.
