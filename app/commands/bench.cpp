@@ -342,8 +342,8 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
   serve->add_option("-p,--prompt-tokens", so->bench.prompt_tokens, "Prompt tokens per request (random vocabulary words)")->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("-n,--gen-tokens", so->bench.gen_tokens, "New tokens per request")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   serve->add_option("--threads", so->bench.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
-  serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
-  serve->add_option("--prefill-tokens", so->bench.prefill_tokens_per_step, "Prompt tokens prefilled per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  serve->add_option("--max-batch", so->bench.max_batch, "Sequences decoded together per step (default: 256 on a GPU, 32 on the CPU)")->check(CLI::Range(1, 1024));
+  serve->add_option("--prefill-tokens", so->bench.prefill_tokens_per_step, "Prompt tokens prefilled per step (default: 2048 on a GPU, 64 on the CPU)")->check(CLI::Range(1, 1 << 16));
   add_kv_type_option(*serve, so->bench.kv_type);
   add_device_options(*serve, so->device);
   serve->add_option("--rounds", so->bench.rounds, "Runs of each level; figures are the medians over them")->check(CLI::Range(1, 1000))->capture_default_str();

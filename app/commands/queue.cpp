@@ -52,7 +52,7 @@ struct RunnerOptions {
   std::string data_dir = default_data_dir();
   std::string store;  // "" = default_store_dir()
   int threads = 0;
-  int max_batch = 32;
+  int max_batch = 0;  // 0: the device's default
   int max_wait_ms = 100;
   int64_t kv_mib = 1024;
   KvType kv_type = KvType::F16;
@@ -68,7 +68,7 @@ void add_data_dir_option(CLI::App& cmd, RunnerOptions& o) {
 void add_runner_options(CLI::App& cmd, RunnerOptions& o) {
   add_data_dir_option(cmd, o);
   cmd.add_option("--threads", o.threads, "Threads (default: one per core)")->check(CLI::Range(1, 1024));
-  cmd.add_option("--max-batch", o.max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd.add_option("--max-batch", o.max_batch, "Sequences decoded together per step (default: 256 on a GPU, 32 on the CPU)")->check(CLI::Range(1, 1024));
   cmd.add_option("--max-wait-ms", o.max_wait_ms, "Dynamic batching window from idle")->check(CLI::Range(0, 60000))->capture_default_str();
   cmd.add_option("--kv-mib", o.kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   add_kv_type_option(cmd, o.kv_type);

@@ -72,7 +72,7 @@ void add_serve_commands(CLI::App& root, int& exit_code, char** argv, int (*run_h
   cmd->add_option("--max-image-pixels", s.max_image_pixels, "Largest width x height of an image")->check(CLI::Range(64, 1 << 26))->capture_default_str();
   cmd->add_option("--max-images", s.max_images, "Most images per request (batch_size x n_iter)")->check(CLI::Range(1, 1600))->capture_default_str();
   cmd->add_option("--threads", o->threads, "Engine threads (default: one per core)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--max-batch", o->max_batch, "Sequences decoded together per step")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--max-batch", o->max_batch, "Sequences decoded together per step (default: 256 on a GPU, 32 on the CPU)")->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-mib", o->kv_mib, "KV cache budget per model, MiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   add_kv_type_option(*cmd, o->kv_type);
   add_device_options(*cmd, o->device);

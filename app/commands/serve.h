@@ -17,7 +17,7 @@ struct ServeOptions {
   server::ApiServerOptions server;
   std::string data_dir = default_data_dir();
   int threads = 0;
-  int max_batch = 32;
+  int max_batch = 0;  // 0: the device's default (EngineConfig::max_batch)
   int64_t kv_mib = 1024;
   KvType kv_type = KvType::F16;
   DeviceOptions device;

@@ -354,6 +354,34 @@ TEST(DeviceEngine, AJobOnTheDeviceGivesTheCpusTokensAndRecordsWhereItRan) {
   fs::remove_all(dir);
 }
 
+// max_batch 0 (what the CLI passes unless told) is the device's: a GPU
+// batches as vLLM does (256), a CPU 32. The metrics' batch histogram has a
+// bucket per batch size 0..max_batch.
+TEST(DeviceEngine, TheBatchCapsDefaultByTheDevice) {
+  test::FakeGpu gpu(64 * kMiB);
+  gpu.register_as("fake:0");
+  for (const char* device : {"fake:0", "cpu"}) {
+    const fs::path dir = test::fresh_dir("device-defaults");
+    EngineConfig c = small_config();
+    c.devices = {device};
+    c.max_batch = 0;
+    c.prefill_tokens_per_step = 0;
+    auto e = open_engine(dir, c);
+    ASSERT_TRUE(e);
+    const size_t expected = std::string(device) == "cpu" ? kDefaultMaxBatchCpu : kDefaultMaxBatchGpu;
+    EXPECT_EQ(e->metrics().batch_size_histogram.size(), expected + 1) << device;
+    EXPECT_EQ(expected, std::string(device) == "cpu" ? 32u : 256u);
+    e.reset();
+    fs::remove_all(dir);
+  }
+  EngineConfig c = small_config();
+  c.max_batch = -1;
+  c.data_dir = test::fresh_dir("device-defaults-bad").string();
+  auto bad = Engine::open(c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message.find("max_batch must be between 1 and 1024"), std::string::npos);
+}
+
 TEST(DeviceEngine, ALostDeviceRequeuesItsJobsOnceAndTheCpuServesThem) {
   const std::string expected = cpu_text(greedy(16));
   test::FakeGpu gpu(64 * kMiB);

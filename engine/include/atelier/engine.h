@@ -42,7 +42,8 @@ struct EngineConfig {
   // The CPU computes in each file's own types and accepts only "auto".
   std::string precision = "auto";
   int threads = 0;                    // 0: one per core
-  int max_batch = 32;                 // sequences decoded together per step
+  // Sequences decoded together per step; 0: by the device (kDefaultMaxBatch*).
+  int max_batch = 0;
   int max_wait_ms = 100;              // dynamic batching window from idle (adapted to load)
   int64_t kv_memory_bytes = int64_t{1} << 30;  // KV cache budget per loaded model
   // Loaded models (text: weights and KV pool; image: the checkpoint's
@@ -57,7 +58,10 @@ struct EngineConfig {
   // Paged KV block size in positions. Attention reads a block's rows of a
   // layer as one run, and short runs stream poorly (engine/README.md, KV).
   int kv_block_tokens = 64;
-  int prefill_tokens_per_step = 64;   // prompt tokens prefilled per step, so decoding stays responsive
+  // Prompt tokens prefilled per step, so decoding stays responsive; 0: by
+  // the device. A CPU prefills a few dozen tokens in a decode step's time, a
+  // GPU thousands (vLLM's chunked-prefill budget is 2048 tokens a step).
+  int prefill_tokens_per_step = 0;
   int max_image_batch = 8;            // images denoised together per image step (each CFG image is 2 network rows)
   // Image steps run on their own thread and thread pool, this much lower in
   // OS priority (Linux nice) than text steps: text keeps streaming while an
@@ -75,6 +79,13 @@ struct EngineConfig {
   bool execute = true;                // false: only read and write the queue (another process runs it)
   int poll_ms = 200;                  // how often the runner looks for jobs other processes queued
 };
+
+// What max_batch and prefill_tokens_per_step = 0 become, by the device the
+// engine's text runs on: a GPU's step costs about the same for 1 or 256 rows
+// (its products read the weights once), so it batches as vLLM does
+// (max_num_seqs 256); a CPU's cost grows with the rows.
+constexpr int kDefaultMaxBatchCpu = 32, kDefaultMaxBatchGpu = 256;
+constexpr int kDefaultPrefillTokensCpu = 64, kDefaultPrefillTokensGpu = 2048;
 
 // Which device a --device value names, and why it was chosen.
 struct DeviceSelection {

@@ -75,7 +75,7 @@ struct ServeBenchOptions {
   int prompt_tokens = 32;  // per request, BOS included: random vocabulary words until the tokenizer counts this many (or one more word)
   int gen_tokens = 64;     // per request (end-of-sequence ignored)
   int threads = 0;
-  int max_batch = 32;
+  int max_batch = 0;  // 0: the device's default (EngineConfig)
   KvType kv_type = KvType::F16;
   std::string device = "auto";     // EngineConfig::devices
   std::string precision = "auto";  // EngineConfig::precision

@@ -144,7 +144,7 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
 namespace atelier {
 
 Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& o) {
-  if (o.concurrency.empty() || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.max_batch < 1 || o.rounds < 1)
+  if (o.concurrency.empty() || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.max_batch < 0 || o.rounds < 1)
     return Status::error(StatusCode::InvalidArgument,
                          "bench serve needs concurrency levels, and prompt tokens, generated tokens and rounds >= 1");
   for (int c : o.concurrency)

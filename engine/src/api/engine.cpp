@@ -144,12 +144,12 @@ Engine::~Engine() = default;
 Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
   auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };
   if (c.data_dir.empty()) return bad("the engine needs a data dir");
-  if (c.max_batch < 1 || c.max_batch > 1024) return bad("max_batch must be between 1 and 1024");
+  if (c.max_batch < 0 || c.max_batch > 1024) return bad("max_batch must be between 1 and 1024 (0: the device's default)");
   if (c.image_memory_bytes < 0) return bad("image_memory_bytes must be 0 (the device's memory) or positive");
   if (c.max_wait_ms < 0 || c.max_wait_ms > 60'000) return bad("max_wait_ms must be between 0 and 60000");
   if (c.kv_memory_bytes <= 0) return bad("the KV memory budget must be positive");
   if (c.kv_block_tokens < 1 || c.kv_block_tokens > 4096) return bad("kv_block_tokens must be between 1 and 4096");
-  if (c.prefill_tokens_per_step < 1) return bad("prefill_tokens_per_step must be at least 1");
+  if (c.prefill_tokens_per_step < 0) return bad("prefill_tokens_per_step must be at least 1 (0: the device's default)");
   if (c.threads < 0) return bad("threads must be >= 0 (0: one per core)");
   if (c.poll_ms < 1) return bad("poll_ms must be at least 1");
   if (c.nice < 0 || c.nice > 19 || c.image_nice < 0 || c.image_nice > 19) return bad("nice and image_nice must be between 0 and 19");
@@ -169,25 +169,30 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
     dev = kernels::open_device(device.name).device;
     if (!dev) return Status::error(StatusCode::Unsupported, "--device " + device.name + ": the device could not be opened");
   }
+  // The batch caps the device decides where the caller left them at 0.
+  EngineConfig cfg = c;
+  const bool gpu = dev && !dev->info().host_memory;
+  if (cfg.max_batch == 0) cfg.max_batch = gpu ? kDefaultMaxBatchGpu : kDefaultMaxBatchCpu;
+  if (cfg.prefill_tokens_per_step == 0) cfg.prefill_tokens_per_step = gpu ? kDefaultPrefillTokensGpu : kDefaultPrefillTokensCpu;
   return guarded([&]() -> Result<std::unique_ptr<Engine>> {
     std::error_code ec;
-    fs::create_directories(c.data_dir, ec);
-    if (ec) return Status::error(StatusCode::Io, c.data_dir + ": cannot create the data dir: " + ec.message());
+    fs::create_directories(cfg.data_dir, ec);
+    if (ec) return Status::error(StatusCode::Io, cfg.data_dir + ": cannot create the data dir: " + ec.message());
     auto impl = std::make_unique<Impl>();
-    impl->config = c;
-    impl->db = runtime::JobDb::open((fs::path(c.data_dir) / "jobs.db").string());
-    impl->metrics = std::make_unique<MetricsRecorder>(c.max_batch);
-    if (c.execute) {
-      impl->lock = runtime::RunnerLock::try_acquire(c.data_dir);
+    impl->config = cfg;
+    impl->db = runtime::JobDb::open((fs::path(cfg.data_dir) / "jobs.db").string());
+    impl->metrics = std::make_unique<MetricsRecorder>(cfg.max_batch);
+    if (cfg.execute) {
+      impl->lock = runtime::RunnerLock::try_acquire(cfg.data_dir);
       if (!impl->lock)
         return Status::error(StatusCode::InvalidArgument,
-                             "another Atelier process is running the queue in " + c.data_dir +
+                             "another Atelier process is running the queue in " + cfg.data_dir +
                                  "; add jobs with `atelier queue add` instead, or stop it first");
       impl->db->recover();
       impl->device = device;
-      std::unique_ptr<Runner> runner = dev->info().host_memory ? make_cpu_runner(c)
-                                                               : make_device_runner(c, *dev, device.name, device.automatic);
-      impl->scheduler = std::make_unique<Scheduler>(c, *impl->db, impl->hub, *impl->metrics, std::move(runner));
+      std::unique_ptr<Runner> runner = dev->info().host_memory ? make_cpu_runner(cfg)
+                                                               : make_device_runner(cfg, *dev, device.name, device.automatic);
+      impl->scheduler = std::make_unique<Scheduler>(cfg, *impl->db, impl->hub, *impl->metrics, std::move(runner));
     }
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
   });
