@@ -1,12 +1,15 @@
 // The KV cache and attention: store_kv (F32 / F16 / BF16 / Q8_0 rows), the
 // fused RoPE + store, paged attention with an online softmax split into
-// chunks of kAttnChunk positions (flash-decoding; one launch covers decode
-// and prefill rows alike), and dense attention for the text encoders and
-// image models.
+// chunks of kAttnChunk positions (flash-decoding), runs of prefill rows
+// tiled onto the tensor cores (flash attention, flash_plan.h), and dense
+// attention for the text encoders and image models.
 #include <algorithm>
+#include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "attention.cuh"
+#include "flash_plan.h"
 #include "policy.h"
 #include "quant.cuh"
 #include "rope.cuh"
@@ -108,6 +111,7 @@ struct PagedDev {
   float scale;
   const int32_t *row_len, *row_table, *block_tables;
   const float* sinks;  // n_head logits (gpt-oss) or nullptr: joins the denominator once, at the combine
+  const int32_t* tiled;  // per row, 1: the tile kernel computes it (flash_plan.h); nullptr: none is
 };
 
 // Online softmax of one warp over its positions, then the block's warps
@@ -146,16 +150,23 @@ __device__ __forceinline__ void combine_warps(const WarpState<D>& w, int64_t hd,
   for (int i = 0; i < kAttnWarps; ++i) L += sm[kAttnWarps + i] * expf(sm[i] - M);
 }
 
+// Rows row0 .. row0 + nrows - 1, blockIdx.z and every gridDim.z-th after it
+// (gridDim.z == nrows unless tiled rows are skipped: then fewer blocks walk
+// the rows, so a prefill's tiled rows cost no block each).
 __global__ void __launch_bounds__(kAttnWarps * 32)
-    paged_attn_kernel(KvDev kv, PagedDev a, const void* q, int qt, void* out, int ot, float* part, int64_t row0) {
+    paged_attn_kernel(KvDev kv, PagedDev a, const void* q, int qt, void* out, int ot, float* part, int64_t row0,
+                      int64_t nrows) {
   extern __shared__ float sh[];  // 2 * kAttnWarps floats, then kAttnWarps * head_dim
-  const int64_t i = row0 + blockIdx.z;
+  for (int64_t z = blockIdx.z; z < nrows; z += gridDim.z) {
+  const int64_t i = row0 + z;
   const int h = blockIdx.y, c = blockIdx.x;
+  if (a.tiled && a.tiled[i]) continue;
   const int len = a.row_len[i];
-  if (len <= 0) return;
+  if (len <= 0) continue;
   const int first = a.window > 0 ? max(0, len - a.window) : 0;
   const int nch = attn_chunks(len - first);
-  if (c >= nch) return;
+  if (c >= nch) continue;
+  __syncthreads();  // the previous row's reads of sh are done
   const int p0 = first + c * kAttnChunk, p1 = min(len, p0 + kAttnChunk);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t hd = a.head_dim, qd = int64_t{a.n_head} * hd;
@@ -195,7 +206,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
   float* dst = nullptr;
   if (nch > 1) {
-    dst = part + ((blockIdx.z * int64_t{gridDim.y} + h) * a.chunks + c) * (hd + 2);
+    dst = part + ((z * int64_t{gridDim.y} + h) * a.chunks + c) * (hd + 2);
     if (threadIdx.x == 0) dst[0] = M, dst[1] = L;
   }
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -204,19 +215,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     if (nch > 1) dst[2 + d] = acc;
     else st(out, ot, i * qd + h * hd + d, acc * sink_corr / L);
   }
+  }
 }
 
-// The chunks of a row combined in order (rows of one chunk were written whole).
-__global__ void paged_combine_kernel(PagedDev a, const float* part, void* out, int ot, int64_t row0) {
-  const int64_t i = row0 + blockIdx.y;
+// The chunks of a row combined in order (rows of one chunk were written
+// whole); rows as paged_attn_kernel walks them, over blockIdx.y.
+__global__ void paged_combine_kernel(PagedDev a, const float* part, void* out, int ot, int64_t row0, int64_t nrows) {
+  for (int64_t z = blockIdx.y; z < nrows; z += gridDim.y) {
+  const int64_t i = row0 + z;
   const int h = blockIdx.x;
+  if (a.tiled && a.tiled[i]) continue;
   const int len = a.row_len[i];
-  if (len <= 0) return;
+  if (len <= 0) continue;
   const int first = a.window > 0 ? max(0, len - a.window) : 0;
   const int nch = attn_chunks(len - first);
-  if (nch <= 1) return;
+  if (nch <= 1) continue;
   const int64_t hd = a.head_dim;
-  const float* base = part + (blockIdx.y * int64_t{gridDim.x} + h) * a.chunks * (hd + 2);
+  const float* base = part + (z * int64_t{a.n_head} + h) * a.chunks * (hd + 2);
   float M = -INFINITY;
   for (int c = 0; c < nch; ++c) M = fmaxf(M, base[c * (hd + 2)]);
   if (a.sinks) M = fmaxf(M, a.sinks[h]);
@@ -228,7 +243,378 @@ __global__ void paged_combine_kernel(PagedDev a, const float* part, void* out, i
     for (int c = 0; c < nch; ++c) acc += base[c * (hd + 2) + 2 + d] * expf(base[c * (hd + 2)] - M);
     st(out, ot, i * int64_t{a.n_head} * hd + h * hd + d, acc / L);
   }
+  }
 }
+
+// ---------------------------------------------------------------- tiled prefill (flash attention)
+//
+// FlashAttention-2's schedule over the paged cache: a block per (tile of up
+// to 64 consecutive rows of one sequence, query head); its 4 warps own 16
+// query rows each. Per step the block reads kFlashCols positions of K and V
+// through the block table into shared memory, converted to the compute type
+// (F16 for F16 / Q8_0 caches, BF16 otherwise), and each warp computes
+// S = Q K^T and O += P V with mma.sync m16n8k16 (FP32 accumulation), an
+// online softmax per row in FP32 between them (base-2 exponentials, the
+// scale folded in), the causal mask from each row's own length and the
+// sliding window per row. A sink (gpt-oss) joins each row's denominator
+// once, at the end.
+
+constexpr int kFlashThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FlashDev {
+  int n_head, group, layer, window;
+  int64_t head_dim;
+  float scale_log2;  // scale * log2(e): scores in base 2
+  const int32_t *row_len, *row_table, *block_tables;
+  const float* sinks;
+  const FlashTile* tiles;
+  const int32_t* count;  // the plan's tile count (device)
+  bool vec;              // 16-byte loads of 8 cached values (aligned rows, head_dim % 8 == 0)
+};
+
+__device__ __forceinline__ uint32_t pack2(__half, float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t pack2(__nv_bfloat16, float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 8 floats as 8 values of CT at dst (16-byte aligned shared memory).
+template <class CT>
+__device__ __forceinline__ void store8(CT* dst, const float (&f)[8]) {
+  uint4 u;
+  u.x = pack2(CT{}, f[0], f[1]), u.y = pack2(CT{}, f[2], f[3]), u.z = pack2(CT{}, f[4], f[5]),
+  u.w = pack2(CT{}, f[6], f[7]);
+  *reinterpret_cast<uint4*>(dst) = u;
+}
+
+// Cached elements e .. e + 7 (those below `valid`; zeros past it) as CT at
+// dst. Every type goes through kv_ld, one element at a time, except the
+// 16-byte loads of F16 / BF16 rows already in the compute type and of F32.
+template <class CT>
+__device__ __forceinline__ void kv_load8(int type, bool vec, const uint8_t* base, int64_t e, int64_t valid, CT* dst) {
+  constexpr int kSame = std::is_same_v<CT, __half> ? kF16 : kBF16;
+  float f[8];
+  if (vec && type == kSame) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(base + e * 2);
+    return;
+  }
+  if (vec && type == kF32) {
+    const float4 x = *reinterpret_cast<const float4*>(base + e * 4), y = *reinterpret_cast<const float4*>(base + e * 4 + 16);
+    f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = k < valid ? kv_ld(type, base, e + k) : 0.0f;
+  }
+  store8(dst, f);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// c += a b: a 16x16 (row-major fragment), b 16x8 (column), c 16x8 FP32.
+__device__ __forceinline__ void mma16816(__half, float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816(__nv_bfloat16, float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Positions per K/V step: 64, or 32 above head_dim 128 (shared memory and
+// registers: the accumulator is DP / 2 floats a thread).
+template <int DP>
+constexpr int flash_cols() {
+  return DP > 128 ? 32 : 64;
+}
+// Shared memory of a block: Q, K, V tiles (rows padded by 8 values, so the
+// 8 rows an ldmatrix reads fall in distinct banks) and the step's slot offsets.
+template <class CT, int DP>
+constexpr size_t flash_shared_bytes() {
+  return static_cast<size_t>(kFlashTileRows + 2 * flash_cols<DP>()) * (DP + 8) * sizeof(CT) +
+         static_cast<size_t>(flash_cols<DP>()) * sizeof(int64_t);
+}
+
+template <class CT, int DP>
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_prefill_kernel(KvDev kv, FlashDev a, const void* q, int qt, void* out, int ot) {
+  constexpr int BM = kFlashTileRows, BN = flash_cols<DP>(), LD = DP + 8, CPR = DP / 8;
+  extern __shared__ __align__(16) unsigned char flash_sh[];
+  CT* sq = reinterpret_cast<CT*>(flash_sh);
+  CT* sk = sq + BM * LD;
+  CT* sv = sk + BN * LD;
+  int64_t* sbase = reinterpret_cast<int64_t*>(sv + BN * LD);
+  const int count = *a.count;
+  if (static_cast<int>(blockIdx.x) >= count) return;
+  const FlashTile tile = a.tiles[count - 1 - static_cast<int>(blockIdx.x)];  // the longest contexts first
+  const int h = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t hd = a.head_dim, qd = int64_t{a.n_head} * hd, kvo = int64_t{h / a.group} * hd;
+  const int n = tile.rows, len0 = a.row_len[tile.row];  // row j of the tile: length len0 + j
+  const int32_t* table = a.block_tables + a.row_table[tile.row];
+
+  // Q, rows past the tile and dimensions past head_dim zero.
+  for (int c = tid; c < BM * CPR; c += kFlashThreads) {
+    const int r = c / CPR, d0 = (c % CPR) * 8;
+    float f[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      f[k] = r < n && d0 + k < hd ? ld(q, qt, (int64_t{tile.row} + r) * qd + h * hd + d0 + k) : 0.0f;
+    store8(sq + r * LD + d0, f);
+  }
+
+  // This warp's rows j0 .. j1 (none when j1 < j0) and this thread's two:
+  // ra (fragment rows g) and rb (g + 8), by their lengths and window starts.
+  const int j0 = warp * 16, j1 = min(j0 + 15, n - 1);
+  const int g = lane >> 2, tig = lane & 3;
+  const int W = a.window;
+  const int len_a = len0 + j0 + g, len_b = len_a + 8;
+  const int first_a = W > 0 ? max(0, len_a - W) : 0, first_b = W > 0 ? max(0, len_b - W) : 0;
+  const int warp_lo = W > 0 ? max(0, len0 + j0 - W) : 0;       // the first position a row of the warp sees
+  const int warp_hi = len0 + j1;                               // past the last one
+  const int warp_lo_all = W > 0 ? max(0, len0 + j1 - W) : 0;   // from here on every row sees it...
+  const int warp_hi_all = len0 + j0;                           // ...up to here
+  const int kv_lo = W > 0 ? max(0, len0 - W) : 0, kv_hi = len0 + n - 1;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[DP / 8][4];
+#pragma unroll
+  for (int t = 0; t < DP / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  for (int p0 = kv_lo; p0 < kv_hi; p0 += BN) {
+    __syncthreads();  // Q is written; the previous step's K and V are read
+    if (tid < BN) {
+      const int p = p0 + tid;
+      sbase[tid] = p < kv_hi ? kv_elem(kv, a.layer, int64_t{table[p / kv.bt]} * kv.bt + p % kv.bt) + kvo : -1;
+    }
+    __syncthreads();
+    for (int c = tid; c < BN * CPR; c += kFlashThreads) {
+      const int r = c / CPR, d0 = (c % CPR) * 8;
+      const int64_t e = sbase[r];
+      CT *dk = sk + r * LD + d0, *dv = sv + r * LD + d0;
+      if (e < 0 || d0 >= hd) {
+        *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
+      } else {
+        kv_load8(kv.type, a.vec, kv.k, e + d0, hd - d0, dk);
+        kv_load8(kv.type, a.vec, kv.v, e + d0, hd - d0, dv);
+      }
+    }
+    __syncthreads();
+    if (j1 < j0 || p0 >= warp_hi || p0 + BN <= warp_lo) continue;  // nothing this warp's rows see
+
+    // S = Q K^T: fragment nt holds positions p0 + 8 nt + 2 tig (+1) of rows g, g + 8.
+    float s[BN / 8][4];
+#pragma unroll
+    for (int t = 0; t < BN / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      uint32_t qa[4];
+      ldsm_x4(qa, sq + (j0 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int nt = 0; nt < BN / 16; ++nt) {
+        uint32_t kb[4];
+        ldsm_x4(kb, sk + (nt * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+        mma16816(CT{}, s[2 * nt], qa, kb[0], kb[1]);
+        mma16816(CT{}, s[2 * nt + 1], qa, kb[2], kb[3]);
+      }
+    }
+    // Scores in base 2; masked (causal, window, past the last row) to -inf.
+    const bool whole = p0 + BN <= warp_hi_all && p0 >= warp_lo_all;
+#pragma unroll
+    for (int t = 0; t < BN / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[t][e] * a.scale_log2;
+        if (!whole) {
+          const int p = p0 + t * 8 + 2 * tig + (e & 1);
+          const bool seen = e < 2 ? p < len_a && p >= first_a : p < len_b && p >= first_b;
+          if (!seen) v = -INFINITY;
+        }
+        s[t][e] = v;
+      }
+    // The online softmax: each row's max over its 4 threads, the old
+    // accumulator rescaled, P = 2^(s - max).
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int t = 0; t < BN / 8; ++t) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
+    }
+    float corr[2], base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      base[i] = mx[i] == -INFINITY ? 0.0f : mx[i];  // a row that saw nothing yet: 2^-inf = 0, never NaN
+      corr[i] = exp2f(m[i] - base[i]);
+      m[i] = mx[i];
+      l[i] *= corr[i];
+    }
+#pragma unroll
+    for (int t = 0; t < BN / 8; ++t) {
+      s[t][0] = exp2f(s[t][0] - base[0]), s[t][1] = exp2f(s[t][1] - base[0]);
+      s[t][2] = exp2f(s[t][2] - base[1]), s[t][3] = exp2f(s[t][3] - base[1]);
+      l[0] += s[t][0] + s[t][1];
+      l[1] += s[t][2] + s[t][3];
+    }
+#pragma unroll
+    for (int t = 0; t < DP / 8; ++t) {
+      acc[t][0] *= corr[0], acc[t][1] *= corr[0];
+      acc[t][2] *= corr[1], acc[t][3] *= corr[1];
+    }
+    // O += P V: S's accumulator fragments are P's A fragments (16 positions each).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t pa[4] = {pack2(CT{}, s[2 * kk][0], s[2 * kk][1]), pack2(CT{}, s[2 * kk][2], s[2 * kk][3]),
+                              pack2(CT{}, s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2(CT{}, s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < DP / 16; ++dt) {
+        uint32_t vb[4];
+        ldsm_x4_trans(vb, sv + (kk * 16 + (lane & 15)) * LD + dt * 16 + (lane >> 4) * 8);
+        mma16816(CT{}, acc[2 * dt], pa, vb[0], vb[1]);
+        mma16816(CT{}, acc[2 * dt + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+  if (j1 < j0) return;
+  // Each row's sum over its 4 threads; the sink (base 2) in the denominator once.
+  float fac[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float L = l[i];
+    L += __shfl_xor_sync(0xffffffffu, L, 1);
+    L += __shfl_xor_sync(0xffffffffu, L, 2);
+    if (a.sinks) {
+      const float sk = a.sinks[h] * kLog2e, M2 = fmaxf(m[i], sk), c = exp2f(m[i] - M2);
+      L = L * c + exp2f(sk - M2);
+      fac[i] = c / L;
+    } else {
+      fac[i] = 1.0f / L;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < DP / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = j0 + g + (e >= 2 ? 8 : 0);
+      const int64_t d = t * 8 + 2 * tig + (e & 1);
+      if (j <= j1 && d < hd) st(out, ot, (int64_t{tile.row} + j) * qd + h * hd + d, acc[t][e] * fac[e >> 1]);
+    }
+}
+
+// Scans of one value per thread over a block of kFlashPlanThreads: the
+// exclusive prefix under op (identity `id`) and the total. sh: 32 values.
+template <class Op>
+__device__ __forceinline__ int64_t block_exclusive_scan(int64_t v, int64_t id, Op op, int64_t* sh, int64_t& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int64_t x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x = op(y, x);
+  }
+  int64_t before = __shfl_up_sync(0xffffffffu, x, 1);
+  if (lane == 0) before = id;
+  if (lane == 31) sh[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int64_t w = lane < warps ? sh[lane] : id;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w = op(y, w);
+    }
+    if (lane < warps) sh[lane] = w;  // inclusive over the warps
+  }
+  __syncthreads();
+  const int64_t r = op(warp == 0 ? id : sh[warp - 1], before);
+  total = sh[warps - 1];
+  __syncthreads();  // sh is free for the next scan
+  return r;
+}
+
+// flash_plan.h's four passes, one segment of the rows per thread, the
+// segments' carries by block scans. One block.
+__global__ void __launch_bounds__(kFlashPlanThreads)
+    flash_plan_kernel(const int32_t* len, const int32_t* table, int64_t rows, int32_t* start, int32_t* end,
+                      int32_t* tiled, FlashTile* tiles, int32_t* count) {
+  __shared__ int64_t sh[32], seg[kFlashPlanThreads];
+  const int S = kFlashPlanThreads, s = threadIdx.x;
+  int64_t a, b, first, last, total;
+  flash_segment(s, S, rows, a, b);
+  flash_breaks(len, table, a, b, rows, first, last);
+  const int64_t carry = block_exclusive_scan(last, -1, [](int64_t x, int64_t y) { return x > y ? x : y; }, sh, total);
+  flash_starts(len, table, a, b, carry, start);
+  // The first run start after each segment: a min scan over the segments in reverse order.
+  seg[s] = first;
+  __syncthreads();
+  const int64_t later = seg[S - 1 - s];
+  const int64_t next = block_exclusive_scan(later, rows, [](int64_t x, int64_t y) { return x < y ? x : y; }, sh, total);
+  seg[S - 1 - s] = next;  // every read of seg came before the scan's barriers
+  __syncthreads();
+  const int64_t mine = flash_ends(len, table, a, b, seg[s], start, end);
+  const int64_t base = block_exclusive_scan(mine, 0, [](int64_t x, int64_t y) { return x + y; }, sh, total);
+  flash_assign(a, b, base, start, end, tiled, tiles);
+  if (s == 0) *count = static_cast<int32_t>(total);
+}
+
+// The tile kernel for compute type CT and head_dim padded to DP (a
+// multiple of 16); its shared memory allowed once per device.
+template <class CT, int DP>
+void launch_flash(cudaStream_t s, const KvDev& kv, const FlashDev& f, int64_t max_tiles, const void* q, int qt,
+                  void* out, int ot) {
+  constexpr size_t shared = flash_shared_bytes<CT, DP>();
+  static std::atomic<uint64_t> allowed{0};  // a bit per device
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(allowed.load() & bit)) {
+    CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<CT, DP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(shared)));
+    allowed.fetch_or(bit);
+  }
+  flash_prefill_kernel<CT, DP><<<dim3(static_cast<unsigned>(max_tiles), static_cast<unsigned>(f.n_head)),
+                                 kFlashThreads, shared, s>>>(kv, f, q, qt, out, ot);
+  CUDA_LAUNCHED();
+}
+
+template <class CT>
+void launch_flash_dim(cudaStream_t s, const KvDev& kv, const FlashDev& f, int64_t max_tiles, const void* q, int qt,
+                      void* out, int ot) {
+  const int64_t hd = f.head_dim;
+  if (hd <= 64) launch_flash<CT, 64>(s, kv, f, max_tiles, q, qt, out, ot);
+  else if (hd <= 80) launch_flash<CT, 80>(s, kv, f, max_tiles, q, qt, out, ot);
+  else if (hd <= 96) launch_flash<CT, 96>(s, kv, f, max_tiles, q, qt, out, ot);
+  else if (hd <= 128) launch_flash<CT, 128>(s, kv, f, max_tiles, q, qt, out, ot);
+  else launch_flash<CT, 256>(s, kv, f, max_tiles, q, qt, out, ot);
+}
+
+// Blocks of the flash-decoding kernel walking the rows when tiled rows are
+// skipped (each takes every kDecodeRowSlots-th row).
+constexpr int64_t kDecodeRowSlots = 256;
 
 // ---------------------------------------------------------------- dense attention
 
@@ -299,30 +685,65 @@ void rope_store_kv(cudaStream_t s, Act q, Act k, Act v, int64_t rows, const int3
   CUDA_LAUNCHED();
 }
 
-void paged_attention(cudaStream_t s, Scratch& scratch, const KvLayout& kv, const PagedAttention& a, Act q, Act out) {
+void paged_attention(cudaStream_t s, Scratch& scratch, const KvLayout& kv, const PagedAttention& a, Act q, Act out,
+                     bool flash) {
   if (a.rows <= 0 || a.max_len <= 0) return;
   check_kv(kv, a.head_dim);
   if (a.head_dim > 32 * kPagedDims) throw std::logic_error("CUDA paged attention: head_dim above 256");
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
     throw std::logic_error("CUDA paged attention: n_head must be a multiple of n_head_kv");
+  // The tile path needs a run of kFlashMinRun rows, so at least that many
+  // rows and positions; which rows form runs only the device knows.
+  const bool tiles = flash && a.rows >= kFlashMinRun && a.max_len >= kFlashMinRun && a.rows <= INT32_MAX;
   PagedDev d{a.n_head,  a.n_head / a.n_head_kv, a.layer, a.window, 0, a.head_dim, a.scale, a.row_len,
-             a.row_table, a.block_tables, a.sinks};
+             a.row_table, a.block_tables, a.sinks, nullptr};
   d.chunks = std::max(1, attn_chunks(a.window > 0 ? std::min(a.max_len, a.window) : a.max_len));
   const size_t shared = (2 * kAttnWarps + kAttnWarps * static_cast<size_t>(a.head_dim)) * sizeof(float);
   // Rows in groups whose partials fit 64 MiB (each row's result is the same
   // whatever group it is in).
   const int64_t per_row = int64_t{a.n_head} * d.chunks * (a.head_dim + 2) * 4;
   const int64_t group = d.chunks > 1 ? std::clamp<int64_t>((int64_t{64} << 20) / per_row, 1, a.rows) : a.rows;
-  float* part = d.chunks > 1 ? static_cast<float*>(scratch.get(static_cast<size_t>(group * per_row))) : nullptr;
+  // Scratch: the plan (start, end, tiled per row; the tiles; their count),
+  // then the partials.
+  const int64_t max_tiles = flash_max_tiles(a.rows);
+  const size_t plan_bytes =
+      tiles ? (static_cast<size_t>(3 * a.rows + 1) * 4 + static_cast<size_t>(max_tiles) * sizeof(FlashTile) + 255) / 256 * 256
+            : 0;
+  const size_t part_bytes = d.chunks > 1 ? static_cast<size_t>(group * per_row) : 0;
+  uint8_t* base = plan_bytes + part_bytes > 0 ? static_cast<uint8_t*>(scratch.get(plan_bytes + part_bytes)) : nullptr;
+  float* part = d.chunks > 1 ? reinterpret_cast<float*>(base + plan_bytes) : nullptr;
+  const KvDev kd = kv_dev(kv);
+  if (tiles) {
+    auto* start = reinterpret_cast<int32_t*>(base);
+    int32_t *end = start + a.rows, *tiled = end + a.rows, *count = tiled + a.rows;
+    auto* tile_list = reinterpret_cast<FlashTile*>(count + 1);  // 4-byte fields: aligned
+    flash_plan_kernel<<<1, kFlashPlanThreads, 0, s>>>(a.row_len, a.row_table, a.rows, start, end, tiled, tile_list,
+                                                      count);
+    CUDA_LAUNCHED();
+    FlashDev f{a.n_head, a.n_head / a.n_head_kv, a.layer, a.window, a.head_dim, a.scale * kLog2e, a.row_len,
+               a.row_table, a.block_tables, a.sinks, tile_list, count, false};
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    f.vec = a.head_dim % 8 == 0 && kv.row_elems % 8 == 0 && kv.block_stride_elems % 8 == 0 &&
+            kv.layer_stride_elems % 8 == 0 && aligned(kv.k) && aligned(kv.v);
+    // The compute type from the cache's: F16 for F16 and Q8_0 (its values
+    // fit F16's range, with 3 more mantissa bits than BF16), BF16 for BF16
+    // and F32 (BF16's range, as the activations').
+    if (kv.type == DType::F16 || kv.type == DType::Q8_0)
+      launch_flash_dim<__half>(s, kd, f, max_tiles, q.data(), act_code(q), out.data(), act_code(out));
+    else
+      launch_flash_dim<__nv_bfloat16>(s, kd, f, max_tiles, q.data(), act_code(q), out.data(), act_code(out));
+    d.tiled = tiled;
+  }
   for (int64_t r0 = 0; r0 < a.rows; r0 += group) {
     const int64_t n = std::min(group, a.rows - r0);
-    const dim3 grid(static_cast<unsigned>(d.chunks), static_cast<unsigned>(a.n_head), static_cast<unsigned>(n));
-    paged_attn_kernel<<<grid, kAttnWarps * 32, shared, s>>>(kv_dev(kv), d, q.data(), act_code(q), out.data(),
-                                                             act_code(out), part, r0);
+    const int64_t slots = tiles ? std::min(n, kDecodeRowSlots) : n;
+    const dim3 grid(static_cast<unsigned>(d.chunks), static_cast<unsigned>(a.n_head), static_cast<unsigned>(slots));
+    paged_attn_kernel<<<grid, kAttnWarps * 32, shared, s>>>(kd, d, q.data(), act_code(q), out.data(), act_code(out),
+                                                             part, r0, n);
     CUDA_LAUNCHED();
     if (d.chunks > 1) {
-      paged_combine_kernel<<<dim3(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n)), 128, 0, s>>>(
-          d, part, out.data(), act_code(out), r0);
+      paged_combine_kernel<<<dim3(static_cast<unsigned>(a.n_head), static_cast<unsigned>(slots)), 128, 0, s>>>(
+          d, part, out.data(), act_code(out), r0, n);
       CUDA_LAUNCHED();
     }
   }

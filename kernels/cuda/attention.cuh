@@ -13,7 +13,11 @@ void store_kv(cudaStream_t s, const KvLayout& kv, int layer, Act k, Act v, const
 // rope(q), rope(k), store_kv(k, v) in one launch (norm_rope.cu's rope).
 void rope_store_kv(cudaStream_t s, Act q, Act k, Act v, int64_t rows, const int32_t* positions, const RopeParams& rq,
                    const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots);
-void paged_attention(cudaStream_t s, Scratch& scratch, const KvLayout& kv, const PagedAttention& a, Act q, Act out);
+// flash: runs of at least kFlashMinRun prefill rows (flash_plan.h) take the
+// tiled tensor-core kernel, planned on the device; false: every row the
+// flash-decoding kernel (batch-invariant: ATELIER_CUDA_DETERMINISTIC).
+void paged_attention(cudaStream_t s, Scratch& scratch, const KvLayout& kv, const PagedAttention& a, Act q, Act out,
+                     bool flash);
 // causal: position i sees 0..i (lq == lk); q, k, v rows `stride` elements
 // apart (attention: heads * head_dim), sequences lq * stride apart.
 void dense_attention(cudaStream_t s, const AttentionShape& sh, Act q, Act k, Act v, int64_t stride, bool causal,

@@ -495,7 +495,7 @@ class CudaBackend final : public Backend {
   void paged_attention(const KvLayout& kv, const PagedAttention& a, Act q, Act out) override {
     enter();
     Timed timed(*this, [&] { return OpCost{"paged_attention rows " + rows_bucket(a.rows)}; });
-    cuda::paged_attention(stream_, scratch_, kv, a, q, out);
+    cuda::paged_attention(stream_, scratch_, kv, a, q, out, flash_prefill_);
   }
   void attention(const AttentionShape& s, Act q, Act k, Act v, Act out) override {
     enter();
@@ -589,6 +589,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool deterministic_;
   bool graphs_on_;
+  bool flash_prefill_;
   std::unordered_map<uint64_t, StepGraph> graphs_;
   uint64_t use_clock_ = 0;
   uint64_t scratch_generation_ = 0;  // the scratch's generation the live graphs point into
@@ -623,11 +624,16 @@ class CudaDevice final : public Device {
     // device check's A/B of what graphs save).
     const char* graphs = std::getenv("ATELIER_CUDA_GRAPHS");
     graphs_ = !(graphs && std::strcmp(graphs, "0") == 0);
+    // ATELIER_CUDA_FLASH_PREFILL=0: every paged-attention row on the
+    // flash-decoding kernel (the device check's A/B of the tiled prefill;
+    // deterministic mode keeps it off too).
+    flash_prefill_ = flash_prefill_on(std::getenv("ATELIER_CUDA_FLASH_PREFILL"), deterministic_);
   }
 
   int index() const { return index_; }
   bool deterministic() const { return deterministic_; }
   bool graphs() const { return graphs_; }
+  bool flash_prefill() const { return flash_prefill_; }
   int compute_capability() const { return cc_major_ * 10 + cc_minor_; }
 
   DeviceInfo info() const override {
@@ -636,7 +642,8 @@ class CudaDevice final : public Device {
     char mem[32];
     std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(total_) / (1 << 30));
     d.description = name_ + ", compute capability " + std::to_string(cc_major_) + "." + std::to_string(cc_minor_) +
-                    ", " + mem + (deterministic_ ? ", deterministic" : "") + (graphs_ ? "" : ", CUDA graphs off");
+                    ", " + mem + (deterministic_ ? ", deterministic" : "") + (graphs_ ? "" : ", CUDA graphs off") +
+                    (flash_prefill_ || deterministic_ ? "" : ", flash prefill off");
     if (g_lost[index_].load()) d.description += " (lost: " + lost_why() + ")";
     d.host_memory = false;
     d.compute_capability = cc_major_ * 10 + cc_minor_;
@@ -693,10 +700,11 @@ class CudaDevice final : public Device {
   int64_t total_ = 0;
   bool deterministic_ = false;
   bool graphs_ = true;
+  bool flash_prefill_ = true;
 };
 
 CudaBackend::CudaBackend(const CudaDevice& dev, int priority)
-    : dev_(dev), device_(dev.index()), deterministic_(dev.deterministic()), graphs_on_(dev.graphs()) {
+    : dev_(dev), device_(dev.index()), deterministic_(dev.deterministic()), graphs_on_(dev.graphs()), flash_prefill_(dev.flash_prefill()) {
   use_device(device_);
   // CUDA's priorities: lower numbers run first, from `least` (0) down to `greatest`.
   int least = 0, greatest = 0;

@@ -87,6 +87,15 @@ constexpr int attn_chunks(int64_t positions) {
   return positions <= 0 ? 0 : static_cast<int>((positions + kAttnChunk - 1) / kAttnChunk);
 }
 
+// Whether paged attention sends runs of prefill rows to the tiled
+// tensor-core kernel (flash_plan.h): on unless ATELIER_CUDA_FLASH_PREFILL=0
+// (`env`, the device check's A/B), and never in deterministic mode, whose
+// batch invariance the tile path would break (a row's bits would depend on
+// how the scheduler chunked its prompt).
+inline bool flash_prefill_on(const char* env, bool deterministic) {
+  return !deterministic && !(env && env[0] == '0' && env[1] == '\0');
+}
+
 // Memory held back from admission: cuBLASLt's workspace, the GEMM path's
 // slices and the attention partials, plus the driver's own margin.
 constexpr int64_t kReservedBytes = int64_t{512} << 20;

@@ -171,6 +171,13 @@ for g in 1 0; do
 done
 grep -h "could not be captured" "$work"/bench-graphs-1.log | head -1 | while read -r l; do say "FAIL: $l"; done
 
+# Tiled prefill A/B: 8B BF16 prompt 2048 with every attention row on the
+# flash-decoding kernel (ATELIER_CUDA_FLASH_PREFILL=0), beside step 4's
+# bf16 prompt rate (the tile kernel).
+step bench-flash-0 90 env ATELIER_CUDA_FLASH_PREFILL=0 "$pack/atelier" bench text --device cuda --synth 8B \
+  --type bf16 -p 2048 -n 1 --reps 1 --json
+say "  flash prefill off: prompt $(grep -o '"prompt_tokens_per_s":[0-9.]*' "$work/bench-flash-0.log" | cut -d: -f2) tok/s (on: $(jnum prompt_tokens_per_s "$work/bench-bf16.log") tok/s)"
+
 summary() {
   echo "== Atelier CUDA device check ($(date -u +%FT%TZ), $((SECONDS - t0)) s)"
   printf '%s\n' "${lines[@]}"

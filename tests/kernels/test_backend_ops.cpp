@@ -1599,6 +1599,177 @@ TEST_P(CudaShapes, PagedAttentionAtModelSizes) {
   }
 }
 
+// Runs of prefill rows (16 or more consecutive rows of one sequence at
+// rising lengths: flash_plan.h) take the tiled tensor-core kernel; every
+// other row the flash-decoding one. Against the double-precision reference
+// over the values the cache holds (its bytes decoded on the host), for one
+// sequence of 16, 17, 64, 257 and 2048 rows, several sequences in one call,
+// and a call mixing decode rows, rows of length 0 (untouched) and runs; KV
+// F16 / BF16 / Q8_0 / F32, head_dim 64 / 80 / 96 / 128, grouped-query 32/8
+// and 8/8, sliding windows (40: every row's window edge moves by one per
+// row, so an off-by-one mask moves each output by ~1/sqrt(40)) and sinks,
+// contexts to 4096. Tolerances by the compute type the kernel picks from the
+// cache's: F16 (F16, Q8_0 caches: P rounded to 11 bits) 3e-3 overall and 1e-2
+// per row; BF16 (BF16, F32: K and P to 8 bits) 1e-2 and 3e-2.
+// A tiled row differs in its bits from the same row computed alone (the
+// flash-decoding kernel, in FP32) unless the device keeps batch invariance
+// (ATELIER_CUDA_DETERMINISTIC=1) or ATELIER_CUDA_FLASH_PREFILL=0, where the
+// bits must be equal: so the case also tells which kernel ran.
+struct PrefillCase {
+  DType kv;
+  int64_t hd;
+  int n_head, n_kv, window;
+  bool sinks;
+};
+
+// rows: (sequence, length) per query row; a sequence's context is its longest row.
+void check_prefill(const BackendCase& bc, const PrefillCase& pc, const std::vector<std::pair<int, int32_t>>& rows_in,
+                   const std::string& what) {
+  Dev dev(bc);
+  const int bt = 16;
+  const int64_t hd = pc.hd, row_elems = pc.n_kv * hd, qd = pc.n_head * hd;
+  const auto rows = static_cast<int64_t>(rows_in.size());
+  int n_seq = 0;
+  for (const auto& r : rows_in) n_seq = std::max(n_seq, r.first + 1);
+  std::vector<int32_t> ctx(static_cast<size_t>(n_seq), 1);
+  for (const auto& r : rows_in) ctx[static_cast<size_t>(r.first)] = std::max(ctx[static_cast<size_t>(r.first)], r.second);
+  std::vector<int32_t> tables, seq_table;
+  int blocks = 0;
+  for (int32_t len : ctx) {  // each sequence its own blocks, in a shuffled order
+    seq_table.push_back(static_cast<int32_t>(tables.size()));
+    const int nb = (len + bt - 1) / bt;
+    for (int b = 0; b < nb; ++b) tables.push_back(blocks + (b * 7) % nb);
+    blocks += nb;
+  }
+  const int64_t n_vals = int64_t{blocks} * bt * row_elems;
+  // The cache's bytes of type pc.kv, and the values they hold for the reference.
+  const auto k = random_floats(n_vals, 51, 1.5f), v = random_floats(n_vals, 52);
+  const int64_t bytes = dtype_row_bytes(pc.kv, n_vals);
+  std::vector<uint8_t> kb(static_cast<size_t>(bytes)), vb(kb.size());
+  ASSERT_TRUE(quantize_row(pc.kv, k.data(), kb.data(), n_vals));
+  ASSERT_TRUE(quantize_row(pc.kv, v.data(), vb.data(), n_vals));
+  std::vector<float> kf(k.size()), vf(v.size());
+  dequantize_row(pc.kv, kb.data(), kf.data(), n_vals);
+  dequantize_row(pc.kv, vb.data(), vf.data(), n_vals);
+  KvLayout host;
+  host.type = DType::F32, host.k = kf.data(), host.v = vf.data(), host.row_elems = row_elems, host.block_tokens = bt;
+  host.block_stride_elems = bt * row_elems;
+  std::vector<int32_t> row_len, row_table;
+  for (const auto& r : rows_in) row_len.push_back(r.second), row_table.push_back(seq_table[static_cast<size_t>(r.first)]);
+  std::vector<float> sinks(static_cast<size_t>(pc.n_head));
+  const float pattern[8] = {0.5f, -1.0f, 3.0f, 0.0f, 8.0f, -20.0f, 1.5f, 2.0f};
+  for (int h = 0; h < pc.n_head; ++h) sinks[static_cast<size_t>(h)] = pattern[h % 8];
+  const auto q = dev.rounded(random_floats(rows * qd, 53));
+  PagedAttention a;
+  a.rows = rows, a.n_head = pc.n_head, a.n_head_kv = pc.n_kv, a.head_dim = hd;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.max_len = *std::max_element(ctx.begin(), ctx.end()), a.window = pc.window;
+  a.row_len = row_len.data(), a.row_table = row_table.data(), a.block_tables = tables.data();
+  a.sinks = pc.sinks ? sinks.data() : nullptr;
+  const float untouched = 7.0f;  // what rows of length 0 must keep
+  std::vector<float> ref(static_cast<size_t>(rows * qd), untouched);
+  paged_attention_ref(host, a, q.data(), ref.data());
+  KvLayout kv = host;
+  kv.type = pc.kv, kv.k = dev.put(kb), kv.v = dev.put(vb);
+  PagedAttention da = a;
+  da.row_len = dev.put(row_len), da.row_table = dev.put(row_table), da.block_tables = dev.put(tables);
+  if (pc.sinks) da.sinks = dev.put<float>(sinks);
+  auto dq = dev.put(q);
+  float* dout = dev.put<float>(std::vector<float>(ref.size(), untouched));
+  dev.be().paged_attention(kv, da, dq, Act(dout, DType::F32));
+  const auto y = dev.get(dout, ref.size());
+  const bool f16 = pc.kv == DType::F16 || pc.kv == DType::Q8_0;
+  const double tol = f16 ? 3e-3 : 1e-2, tol_row = f16 ? 1e-2 : 3e-2;
+  EXPECT_LE(rel_err(y, ref), tol) << what;
+  double worst = 0;
+  int64_t worst_row = -1;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (row_len[static_cast<size_t>(r)] <= 0) {
+      EXPECT_EQ(rows_of(y, r, 1, qd), std::vector<float>(static_cast<size_t>(qd), untouched)) << what << ": row " << r
+                                                                                             << " of length 0 written";
+      continue;
+    }
+    const double e = rel_err(rows_of(y, r, 1, qd), rows_of(ref, r, 1, qd));
+    if (!(e <= worst)) worst = e, worst_row = r;
+  }
+  EXPECT_LE(worst, tol_row) << what << ": row " << worst_row << " (length "
+                            << (worst_row >= 0 ? row_len[static_cast<size_t>(worst_row)] : 0) << ")";
+  // The last row of the longest run, alone: the flash-decoding kernel's bits.
+  int64_t best = -1, run = 0, best_run = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool cont = r > 0 && row_len[static_cast<size_t>(r)] > 0 && row_len[static_cast<size_t>(r - 1)] > 0 &&
+                      row_table[static_cast<size_t>(r)] == row_table[static_cast<size_t>(r - 1)] &&
+                      row_len[static_cast<size_t>(r)] == row_len[static_cast<size_t>(r - 1)] + 1;
+    run = cont ? run + 1 : 1;
+    if (run > best_run) best_run = run, best = r;
+  }
+  if (best_run >= 16) {
+    const char* env = std::getenv("ATELIER_CUDA_FLASH_PREFILL");
+    const bool tiled = !Dev::invariant() && !(env && std::string(env) == "0");
+    PagedAttention one = da;
+    one.rows = 1, one.row_len = da.row_len + best, one.row_table = da.row_table + best;
+    float* d1 = dev.put<float>(std::vector<float>(static_cast<size_t>(qd)));
+    dev.be().paged_attention(kv, one, dq + best * qd, Act(d1, DType::F32));
+    const auto alone = dev.get(d1, static_cast<size_t>(qd));
+    if (tiled) {
+      EXPECT_NE(alone, rows_of(y, best, 1, qd)) << what << ": row " << best << " did not take the tile kernel";
+    } else {
+      EXPECT_EQ(alone, rows_of(y, best, 1, qd)) << what << ": row " << best << " (the tile path is off)";
+    }
+  }
+}
+
+// One sequence's rows at lengths from .. from + n - 1.
+void add_run(std::vector<std::pair<int, int32_t>>& rows, int seq, int32_t from, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) rows.emplace_back(seq, from + i);
+}
+
+TEST_P(CudaShapes, PrefillRunsOnTheTileKernel) {
+  const std::vector<PrefillCase> cases = {
+      {DType::F16, 128, 32, 8, 0, false},  {DType::BF16, 128, 32, 8, 0, false}, {DType::Q8_0, 128, 8, 8, 0, false},
+      {DType::F16, 80, 32, 8, 0, false},   {DType::F32, 96, 8, 8, 0, false},    {DType::F16, 64, 8, 8, 40, false},
+      {DType::BF16, 64, 8, 8, 0, true},    {DType::F16, 128, 32, 8, 1000, true}, {DType::Q8_0, 64, 8, 8, 40, true},
+  };
+  for (const PrefillCase& pc : cases) {
+    const bool light = pc.n_head <= 8;  // the reference's cost: rows x heads x context x head_dim
+    const std::string what = std::string(dtype_name(pc.kv)) + " head_dim " + std::to_string(pc.hd) + " heads " +
+                             std::to_string(pc.n_head) + "/" + std::to_string(pc.n_kv) + " window " +
+                             std::to_string(pc.window) + (pc.sinks ? " sinks" : "");
+    // One sequence: 16 rows from the start, 17 and 64 after a cached prefix,
+    // 257 (to 4096 where the reference is light), 2048 from the start.
+    for (auto [n, from] : std::vector<std::pair<int32_t, int32_t>>{
+             {16, 1}, {17, 100}, {64, 1000}, {257, light ? 3840 : 1}, {2048, 1}}) {
+      if (n == 2048 && !(light && (pc.hd <= 64 || pc.window > 0))) continue;
+      std::vector<std::pair<int, int32_t>> rows;
+      add_run(rows, 0, from, n);
+      check_prefill(GetParam(), pc, rows, what + ", " + std::to_string(n) + " rows from length " + std::to_string(from));
+    }
+    {  // several sequences in one call
+      std::vector<std::pair<int, int32_t>> rows;
+      add_run(rows, 0, 1, 40);
+      add_run(rows, 1, 700, 100);
+      add_run(rows, 2, 3000, 16);
+      add_run(rows, 3, 65, 65);
+      check_prefill(GetParam(), pc, rows, what + ", several sequences");
+    }
+    {  // decode rows, rows of length 0, runs too short and long enough
+      std::vector<std::pair<int, int32_t>> rows;
+      rows.emplace_back(0, 1);
+      rows.emplace_back(1, 333);
+      rows.emplace_back(2, 0);
+      rows.emplace_back(3, 4096);
+      add_run(rows, 4, 1, 80);
+      rows.emplace_back(5, 17);
+      add_run(rows, 6, 200, 15);  // 15: the flash-decoding kernel
+      rows.emplace_back(7, 0);
+      add_run(rows, 8, 2000, 70);
+      add_run(rows, 8, 2070, 1);  // continues the run: 71 rows, tiles of 64 and 7
+      rows.emplace_back(9, 1);
+      check_prefill(GetParam(), pc, rows, what + ", mixed decode and prefill");
+    }
+  }
+}
+
 // The experts' products at gpt-oss's width (2880, not a power of two; MXFP4
 // experts, Q8_0 and BF16 too), 32 experts, 4 per token, inputs per token
 // (gate, up) and per slot (down), for decode, a batch and a prompt's rows:

@@ -1,8 +1,16 @@
 // The CUDA backend's host-side choices (kernels/cuda/policy.h), checked
 // without a GPU: the type and bytes a matrix takes on the device, which
-// product kernel a call runs, the GEMM path's slices and attention chunks.
+// product kernel a call runs, the GEMM path's slices and attention chunks,
+// and the tiled prefill's plan (kernels/cuda/flash_plan.h), the code the
+// device's plan kernel runs, segment by segment.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../kernels/cuda/flash_plan.h"
 #include "../../kernels/cuda/policy.h"
 
 namespace atelier::kernels::cuda {
@@ -77,6 +85,133 @@ TEST(CudaPolicy, GemmSlicesAndAttentionChunks) {
   EXPECT_EQ(attn_chunks(kAttnChunk), 1);
   EXPECT_EQ(attn_chunks(kAttnChunk + 1), 2);
   EXPECT_EQ(attn_chunks(4096), 4096 / kAttnChunk);
+}
+
+// ---- the tiled prefill's plan
+
+struct Rows {
+  std::vector<int32_t> len, table;
+  void seq(int32_t t, int32_t from, int32_t to) {  // rows of sequence t at lengths from .. to
+    for (int32_t l = from; l <= to; ++l) len.push_back(l), table.push_back(t);
+  }
+};
+
+struct Plan {
+  std::vector<int32_t> tiled;
+  std::vector<FlashTile> tiles;
+};
+
+// Written apart from flash_plan.h, the obvious way: walk the rows, extend a
+// run while the next row is the same sequence one position further (rows of
+// length 0 are never in a run), tile runs of 16 or more from their start.
+Plan naive_plan(const Rows& r) {
+  Plan p;
+  const size_t n = r.len.size();
+  p.tiled.assign(n, 0);
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i + 1;
+    if (r.len[i] > 0)
+      while (j < n && r.table[j] == r.table[i] && r.len[j] == r.len[j - 1] + 1) ++j;
+    if (j - i >= 16) {
+      for (size_t k = i; k < j; ++k) p.tiled[k] = 1;
+      for (size_t k = i; k < j; k += 64) p.tiles.push_back({static_cast<int32_t>(k), static_cast<int32_t>(std::min<size_t>(64, j - k))});
+    }
+    i = j;
+  }
+  return p;
+}
+
+// flash_plan_host over several segment counts (1: one pass; the device's
+// 256; counts that cut runs anywhere, and more segments than rows) gives
+// the naive plan.
+void expect_plan(const Rows& r, const Plan& want, const std::string& what) {
+  const auto rows = static_cast<int64_t>(r.len.size());
+  for (int64_t segments : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{kFlashPlanThreads}, rows + 5}) {
+    std::vector<int32_t> start(r.len.size(), -7), end(r.len.size(), -7), tiled(r.len.size(), -7);
+    std::vector<FlashTile> tiles(static_cast<size_t>(flash_max_tiles(rows)) + 1, FlashTile{-1, -1});
+    const int64_t n = flash_plan_host(r.len.data(), r.table.data(), rows, segments, start.data(), end.data(),
+                                      tiled.data(), tiles.data());
+    const std::string at = what + ", " + std::to_string(segments) + " segments";
+    EXPECT_LE(n, flash_max_tiles(rows)) << at;
+    EXPECT_EQ(tiled, want.tiled) << at;
+    ASSERT_EQ(n, static_cast<int64_t>(want.tiles.size())) << at;
+    for (size_t t = 0; t < want.tiles.size(); ++t) {
+      EXPECT_EQ(tiles[t].row, want.tiles[t].row) << at << ", tile " << t;
+      EXPECT_EQ(tiles[t].rows, want.tiles[t].rows) << at << ", tile " << t;
+    }
+    EXPECT_EQ(tiles.back().row, -1) << at << ": written past flash_max_tiles";
+  }
+}
+
+TEST(CudaFlashPlan, RunsOfOneSequenceAtRisingLengthsAreTiledFrom16Rows) {
+  Rows r;
+  r.seq(3, 1, 15);  // a chunk of 15: flash-decoding
+  r.seq(4, 1, 16);  // 16: one tile
+  Plan want = naive_plan(r);
+  EXPECT_EQ(std::count(want.tiled.begin(), want.tiled.end(), 1), 16);  // the reference itself, by hand
+  ASSERT_EQ(want.tiles.size(), 1u);
+  EXPECT_EQ(want.tiles[0].row, 15);
+  EXPECT_EQ(want.tiles[0].rows, 16);
+  expect_plan(r, want, "15 and 16");
+}
+
+TEST(CudaFlashPlan, LongRunsAreCutInTilesOf64FromTheirStart) {
+  for (int32_t n : {17, 64, 65, 257, 2048}) {
+    Rows r;
+    r.seq(0, 101, 100 + n);  // a later chunk of a prompt: 100 positions cached before it
+    const Plan want = naive_plan(r);
+    ASSERT_EQ(want.tiles.size(), static_cast<size_t>((n + 63) / 64));
+    EXPECT_EQ(want.tiles.back().rows, n % 64 ? n % 64 : 64);
+    expect_plan(r, want, std::to_string(n) + " rows");
+  }
+}
+
+TEST(CudaFlashPlan, RunsEndAtAnotherSequenceALengthJumpOrLength0) {
+  Rows r;
+  r.seq(0, 1, 20);    // 20 rows of sequence 0 ...
+  r.seq(7, 21, 40);   // ... then sequence 7 going on at the next length: another run
+  r.seq(7, 50, 69);   // a jump in length: another run
+  r.seq(7, 70, 75);   // continues it (26 rows)
+  r.len.push_back(0), r.table.push_back(7);  // length 0: untouched, never tiled
+  r.seq(7, 76, 90);   // 15 rows after it: too short
+  r.len.push_back(0), r.table.push_back(2);
+  r.seq(2, 1, 30);    // length 1 after a length-0 row of the same table: a new run of 30
+  r.seq(2, 30, 45);   // the same length again: a break (16 rows)
+  const Plan want = naive_plan(r);
+  std::vector<std::pair<int32_t, int32_t>> tiles;
+  for (const auto& t : want.tiles) tiles.emplace_back(t.row, t.rows);
+  EXPECT_EQ(tiles, (std::vector<std::pair<int32_t, int32_t>>{{0, 20}, {20, 20}, {40, 26}, {83, 30}, {113, 16}}));
+  EXPECT_EQ(want.tiled[66], 0);  // the length-0 rows
+  EXPECT_EQ(want.tiled[82], 0);
+  expect_plan(r, want, "breaks");
+}
+
+TEST(CudaFlashPlan, AMixedDecodeAndPrefillStep) {
+  Rows r;
+  for (int32_t s = 0; s < 40; ++s) r.seq(100 + s, 300 + 7 * s, 300 + 7 * s);  // decode rows: runs of 1
+  r.seq(1, 1, 2048);                                                          // a whole prompt
+  r.seq(2, 513, 529);                                                         // a chunk of 17
+  for (int32_t s = 0; s < 9; ++s) r.seq(200 + s, 5 + s, 5 + s);               // more decode rows
+  r.len.insert(r.len.begin() + 3, 0), r.table.insert(r.table.begin() + 3, 0);  // a row of length 0
+  const Plan want = naive_plan(r);
+  EXPECT_EQ(want.tiles.size(), 32u + 1u);
+  for (int i = 0; i < 41; ++i) EXPECT_EQ(want.tiled[static_cast<size_t>(i)], 0) << i;
+  expect_plan(r, want, "mixed");
+  Rows none;  // decode only: nothing tiled
+  for (int32_t s = 0; s < 300; ++s) none.seq(s, 1000, 1000);
+  expect_plan(none, naive_plan(none), "decode only");
+}
+
+// ATELIER_CUDA_FLASH_PREFILL=0 turns the tile path off; deterministic mode
+// always does (batch invariance: a row's bits may not depend on its chunk).
+TEST(CudaFlashPlan, SwitchesAndDeterministicMode) {
+  EXPECT_TRUE(flash_prefill_on(nullptr, false));
+  EXPECT_TRUE(flash_prefill_on("1", false));
+  EXPECT_TRUE(flash_prefill_on("", false));
+  EXPECT_FALSE(flash_prefill_on("0", false));
+  EXPECT_FALSE(flash_prefill_on(nullptr, true));
+  EXPECT_FALSE(flash_prefill_on("1", true));
 }
 
 }  // namespace
