@@ -19,6 +19,7 @@
 #include "moe.cuh"
 #include "norm_rope.cuh"
 #include "policy.h"
+#include "sample.cuh"
 
 namespace atelier::kernels::cuda {
 
@@ -335,6 +336,11 @@ class CudaBackend final : public Backend {
   void relayout(Act x, Layout from, Act y, Layout to, int64_t n, int64_t c, int64_t hw) override {
     enter();
     cuda::relayout(stream_, x, from, y, to, n, c, hw);
+  }
+  void sample(Act logits, int64_t rows, int n_vocab, const SampleRow* params, const int32_t* penalty_tokens,
+              int32_t* out_ids) override {
+    enter();
+    cuda::sample(stream_, logits, rows, n_vocab, params, penalty_tokens, out_ids);
   }
   void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) override {
     enter();
