@@ -192,7 +192,8 @@ struct SampleRow {
   float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
   // The row's (token, count) penalty pairs: penalty_tokens[2 * (offset + i)]
   // is a token, [+ 1] its count in the recent window; ids outside the
-  // vocabulary are skipped.
+  // vocabulary are skipped. Each token at most once (a device applies the
+  // pairs in parallel).
   int32_t penalty_offset = 0, penalty_count = 0;
   int32_t skip = 0;            // nonzero: not sampled here (out_ids[r] = -1, the row untouched)
 };
