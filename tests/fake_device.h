@@ -83,6 +83,8 @@ class FakeDevice final : public kernels::Backend {
   int64_t allocations() const { return allocations_; }
   int64_t uploads() const { return uploads_; }
   int64_t downloads() const { return downloads_; }
+  int64_t downloaded_bytes() const { return downloaded_bytes_; }
+  int64_t sample_calls() const { return sample_calls_; }
   int64_t synchronizations() const { return syncs_; }
   int64_t live_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -178,6 +180,7 @@ class FakeDevice final : public kernels::Backend {
   }
   void download(kernels::Buffer& src, int64_t offset, void* dst, int64_t bytes) override {
     ++downloads_;
+    downloaded_bytes_ += bytes;
     ++syncs_;  // a download waits for the stream
     outside_step("download");
     own(src, "download src");
@@ -341,6 +344,18 @@ class FakeDevice final : public kernels::Backend {
     act(x, "softmax x");
     Emu e(*this);
     cpu_->softmax(e.out(x, rows * n), rows, n);
+  }
+  // The CPU backend's sample, which is kernels::sample_ref (the reference's arithmetic).
+  void sample(kernels::Act logits, int64_t rows, int n_vocab, const kernels::SampleRow* params,
+              const int32_t* penalty_tokens, int32_t* out_ids) override {
+    rec("sample", logits, rows, n_vocab, static_cast<const void*>(params), static_cast<const void*>(penalty_tokens),
+        static_cast<const void*>(out_ids));
+    dev(logits.data(), "sample logits"), dev(params, "sample params"), meta(penalty_tokens, "sample penalty_tokens"),
+        meta(out_ids, "sample out_ids");
+    if (logits.type() != kernels::DType::F32) violation("sample: logits that are not F32");
+    row_counts_.push_back(rows);
+    ++sample_calls_;
+    cpu_->sample(logits, rows, n_vocab, params, penalty_tokens, out_ids);
   }
   void moe_route(kernels::Act logits, int64_t rows, const kernels::MoeRouting& r, int32_t* ids,
                  float* weights) override {
@@ -737,7 +752,7 @@ class FakeDevice final : public kernels::Backend {
   std::vector<std::string> violations_;
   std::vector<const void*> meta_ptrs_;
   std::vector<int64_t> row_counts_;
-  int64_t allocations_ = 0, uploads_ = 0, downloads_ = 0, syncs_ = 0;
+  int64_t allocations_ = 0, uploads_ = 0, downloads_ = 0, syncs_ = 0, downloaded_bytes_ = 0, sample_calls_ = 0;
   std::map<uint64_t, std::vector<std::string>> graphs_;  // run_step key -> its recorded ops
   std::vector<std::string> trace_;                       // the step running now
   int64_t recorded_ = 0, replayed_ = 0, drops_ = 0;

@@ -57,6 +57,15 @@ class FakeGpu final : public kernels::Device {
     return v;
   }
   int backends_made() const { return made_; }
+  // Backend::sample calls its live backends saw (sampling on the device).
+  int64_t sample_calls() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> live(shared_->mu);
+    int64_t n = 0;
+    for (const FakeDevice* b : backends_)
+      if (FakeDevice::alive(*shared_, b)) n += b->sample_calls();
+    return n;
+  }
   // What the backends it made saw (only while they live: a loaded model's).
   std::vector<std::string> violations() const {
     std::lock_guard<std::mutex> lock(mu_);

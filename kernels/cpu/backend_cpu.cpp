@@ -291,6 +291,15 @@ class CpuBackend final : public Backend {
     for_rows(rows, [&](int64_t r) { kernels::softmax(xf + r * n, n); });
   }
 
+  // The reference itself, row by row over the threads: the engine samples on
+  // the host on the CPU (text::Sampler: the same rules, faster, and no
+  // download to save), so this serves the op suite and tests' fake devices.
+  void sample(Act logits, int64_t rows, int n_vocab, const SampleRow* params, const int32_t* penalty_tokens,
+              int32_t* out_ids) override {
+    float* lf = logits.f32();
+    for_rows(rows, [&](int64_t r) { sample_ref(lf + r * n_vocab, 1, n_vocab, params + r, penalty_tokens, out_ids + r); });
+  }
+
   void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) override {
     const float* lf = logits.f32();
     for_rows(rows, [&](int64_t i) { kernels::moe_route(lf + i * r.n_expert, r, ids + i * r.k, weights + i * r.k); });
@@ -761,6 +770,79 @@ void causal_attention_ref(const AttentionShape& s, const float* q, const float* 
           out[(b * T + i) * w + h * hd + c] = static_cast<float>(acc / sum);
         }
       }
+}
+
+void sample_ref(float* logits, int64_t rows, int n_vocab, const SampleRow* params, const int32_t* penalty_tokens,
+                int32_t* out_ids) {
+  struct Cand {
+    int32_t id;
+    float logit, p;
+  };
+  std::vector<Cand> c;
+  for (int64_t row = 0; row < rows; ++row) {
+    const SampleRow& p = params[row];
+    if (p.skip) {
+      out_ids[row] = -1;
+      continue;
+    }
+    float* l = logits + row * n_vocab;
+    if (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
+      for (int32_t i = 0; i < p.penalty_count; ++i) {
+        const int32_t id = penalty_tokens[2 * (p.penalty_offset + i)], n = penalty_tokens[2 * (p.penalty_offset + i) + 1];
+        if (id < 0 || id >= n_vocab) continue;
+        float& x = l[id];
+        if (p.repeat_penalty != 1.0f) x = x > 0 ? x / p.repeat_penalty : x * p.repeat_penalty;
+        x -= static_cast<float>(n) * p.frequency_penalty + (n > 0 ? p.presence_penalty : 0.0f);
+      }
+    if (p.temperature <= 0.0f) {  // greedy: the first maximum
+      int32_t best = 0;
+      for (int32_t i = 1; i < n_vocab; ++i)
+        if (l[i] > l[best]) best = i;
+      out_ids[row] = best;
+      continue;
+    }
+    c.resize(static_cast<size_t>(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) c[static_cast<size_t>(i)] = {i, l[i], 0.0f};
+    auto order = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+    size_t n = c.size();
+    if (p.top_k > 0 && p.top_k < n_vocab) {
+      n = static_cast<size_t>(p.top_k);
+      std::partial_sort(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n), c.end(), order);
+    } else {
+      std::sort(c.begin(), c.end(), order);
+    }
+    c.resize(n);
+    auto softmax = [&] {
+      double sum = 0;
+      const float mx = c[0].logit;
+      for (Cand& x : c) sum += (x.p = std::exp(x.logit - mx));
+      for (Cand& x : c) x.p = static_cast<float>(x.p / sum);
+    };
+    softmax();
+    if (p.top_p < 1.0f) {
+      double cum = 0;
+      for (size_t i = 0; i < c.size(); ++i)
+        if ((cum += c[i].p) >= p.top_p) {
+          c.resize(i + 1);
+          break;
+        }
+    }
+    if (p.min_p > 0.0f) {
+      const float threshold = c[0].p * p.min_p;
+      size_t keep = 1;
+      while (keep < c.size() && c[keep].p >= threshold) ++keep;
+      c.resize(keep);
+    }
+    for (Cand& x : c) x.logit /= p.temperature;
+    softmax();
+    double cum = 0;
+    out_ids[row] = c.back().id;
+    for (const Cand& x : c)
+      if (p.r < (cum += x.p)) {
+        out_ids[row] = x.id;
+        break;
+      }
+  }
 }
 
 void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const float* q, float* out) {

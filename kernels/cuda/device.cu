@@ -20,6 +20,7 @@
 #include "moe.cuh"
 #include "norm_rope.cuh"
 #include "policy.h"
+#include "sample.cuh"
 
 namespace atelier::kernels::cuda {
 
@@ -457,6 +458,11 @@ class CudaBackend final : public Backend {
     enter();
     Timed timed(*this, [&] { return OpCost{"relayout"}; });
     cuda::relayout(stream_, x, from, y, to, n, c, hw);
+  }
+  void sample(Act logits, int64_t rows, int n_vocab, const SampleRow* params, const int32_t* penalty_tokens,
+              int32_t* out_ids) override {
+    enter();
+    cuda::sample(stream_, logits, rows, n_vocab, params, penalty_tokens, out_ids);
   }
   void moe_route(Act logits, int64_t rows, const MoeRouting& r, int32_t* ids, float* weights) override {
     enter();

@@ -1100,6 +1100,115 @@ TEST_P(BackendOps, MoeRouteEveryGating) {
   }
 }
 
+
+// ---------------------------------------------------------------- sampling
+
+// Rows of every kind Backend::sample serves (by row % 8): greedy, top-k,
+// top-p over the whole vocabulary, min-p, all of them with penalties,
+// greedy with penalties, top-k 1, a plain draw at temperature 1.5. Logits
+// have ties at the maximum (greedy's lowest id) and draws r of their own.
+struct SampleCase {
+  std::vector<float> logits;
+  std::vector<SampleRow> rows;
+  std::vector<int32_t> pairs;
+};
+SampleCase sample_case(int64_t rows, int n_vocab, uint32_t seed) {
+  SampleCase c;
+  c.logits = random_floats(rows * n_vocab, seed, 4.0f);
+  const auto u = random_floats(rows * 64, seed + 1, 1.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* l = c.logits.data() + i * n_vocab;
+    const int32_t top = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    l[(top + 7) % n_vocab] = l[(top + n_vocab - 3) % n_vocab] = l[top];  // ties at the maximum
+    SampleRow r;
+    r.r = 0.5 + 0.5 * u[static_cast<size_t>(i * 64)];  // in [0, 1)
+    switch (i % 8) {
+      case 0: break;  // greedy
+      case 1: r.temperature = 0.8f, r.top_k = 40; break;
+      case 2: r.temperature = 1.0f, r.top_p = 0.9f; break;
+      case 3: r.temperature = 0.7f, r.min_p = 0.05f; break;
+      case 4: r.temperature = 0.8f, r.top_k = 50, r.top_p = 0.95f, r.min_p = 0.05f; [[fallthrough]];
+      case 5:
+        r.repeat_penalty = 1.3f, r.frequency_penalty = 0.2f, r.presence_penalty = 0.4f;
+        r.penalty_offset = static_cast<int32_t>(c.pairs.size() / 2);
+        for (int j = 0; r.penalty_count < 20; ++j) {  // distinct tokens: the top, its ties, spread out; counts 1..3
+          const int32_t t = j < 4 ? (top + j * 7) % n_vocab : (j * 7919 + static_cast<int>(i)) % n_vocab;
+          bool seen = false;
+          for (int32_t q = 0; q < r.penalty_count; ++q) seen = seen || c.pairs[static_cast<size_t>(2 * (r.penalty_offset + q))] == t;
+          if (seen) continue;
+          c.pairs.push_back(t);
+          c.pairs.push_back(1 + j % 3);
+          ++r.penalty_count;
+        }
+        break;
+      case 6: r.temperature = 1.0f, r.top_k = 1; break;
+      default: r.temperature = 1.5f; break;
+    }
+    c.rows.push_back(r);
+  }
+  if (c.pairs.empty()) c.pairs = {0, 0};
+  return c;
+}
+// The reference's token for row i of c (its own copy of the logits).
+int32_t sample_ref_row(const SampleCase& c, int64_t i, int n_vocab, const SampleRow& r) {
+  std::vector<float> l(c.logits.begin() + i * n_vocab, c.logits.begin() + (i + 1) * n_vocab);
+  int32_t id = -1;
+  sample_ref(l.data(), 1, n_vocab, &r, c.pairs.data(), &id);
+  return id;
+}
+// A device's token for a row is the reference's, or (a device not bit for
+// bit the host's) one the reference gives with r, top_p or min_p moved by
+// 2e-6: floating-point rounding put it at that boundary. Greedy rows exactly.
+void expect_sampled(const SampleCase& c, int n_vocab, const std::vector<int32_t>& got, bool exact, const std::string& what) {
+  int near = 0;
+  for (size_t i = 0; i < c.rows.size(); ++i) {
+    const SampleRow& r = c.rows[i];
+    const int32_t want = sample_ref_row(c, static_cast<int64_t>(i), n_vocab, r);
+    if (got[i] == want) continue;
+    bool ok = false;
+    if (!exact && r.temperature > 0) {
+      for (int k = 0; k < 6 && !ok; ++k) {
+        SampleRow m = r;
+        const double d = (k % 2 ? -2e-6 : 2e-6);
+        if (k < 2) m.r = std::clamp(r.r + d, 0.0, 0.9999999);
+        else if (k < 4) m.top_p = static_cast<float>(r.top_p * (1 + d));
+        else m.min_p = static_cast<float>(r.min_p * (1 + d));
+        ok = sample_ref_row(c, static_cast<int64_t>(i), n_vocab, m) == got[i];
+      }
+    }
+    if (ok) ++near;
+    else ADD_FAILURE() << what << ": row " << i << " (kind " << i % 8 << ") sampled " << got[i] << ", the reference " << want;
+  }
+  EXPECT_LE(near, std::max<size_t>(1, c.rows.size() / 50)) << what << ": too many rows at a boundary";
+}
+// Runs the op over c on dev; the ids.
+std::vector<int32_t> sample_on(Dev& dev, const SampleCase& c, int64_t rows, int n_vocab) {
+  float* l = dev.put<float>(c.logits);
+  const SampleRow* params = dev.put<SampleRow>(c.rows);
+  const int32_t* pairs = dev.put<int32_t>(c.pairs);
+  int32_t* ids = dev.zeros<int32_t>(static_cast<size_t>(rows));
+  dev.be().sample(Act(l, DType::F32), rows, n_vocab, params, pairs, ids);
+  return dev.get(ids, static_cast<size_t>(rows));
+}
+
+TEST_P(BackendOps, SampleIsTheReferencesSelection) {
+  Dev dev(GetParam());
+  for (int n_vocab : {1000, 32000}) {
+    const int64_t rows = 16;
+    const SampleCase c = sample_case(rows, n_vocab, 70 + n_vocab);
+    const std::string what = "vocab " + std::to_string(n_vocab);
+    const auto got = sample_on(dev, c, rows, n_vocab);
+    expect_sampled(c, n_vocab, got, !GetParam().cuda, what);
+    // A skipped row gets -1; a row alone gets what it got among others.
+    SampleCase one = c;
+    one.logits.assign(c.logits.end() - n_vocab, c.logits.end());
+    one.rows = {c.rows.back()};
+    EXPECT_EQ(sample_on(dev, one, 1, n_vocab), std::vector<int32_t>{got.back()}) << what;
+    one.rows[0].skip = 1;
+    EXPECT_EQ(sample_on(dev, one, 1, n_vocab), std::vector<int32_t>{-1}) << what;
+  }
+}
+
 // The experts' products: each (token, slot) row against its expert, as one
 // one-row matmul of that expert gives it (bit for bit on an F32 device),
 // near matmul_id_ref, for every weight type, one or two sets (gate and up),
@@ -1840,6 +1949,28 @@ TEST_P(CudaShapes, MatmulIdAtModelSizes) {
                            dids + (rows - 1) * k, 1, k);
         EXPECT_EQ(dev.get(d1, static_cast<size_t>(k * out)), std::vector<float>(got.end() - k * out, got.end())) << what;
       }
+    }
+  }
+}
+
+
+// Sampling at real vocabularies (Llama 3's 128256, Llama 2's 32000) for
+// decode and batch row counts: every row the reference's token or one at a
+// floating-point boundary (expect_sampled), and the device's own
+// determinism: the same rows again, and a row alone, give the same tokens.
+TEST_P(CudaShapes, SampleAtVocabularySizes) {
+  for (int n_vocab : {128256, 32000}) {
+    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{257}}) {
+      Dev dev(GetParam());
+      const SampleCase c = sample_case(rows, n_vocab, 90 + static_cast<uint32_t>(rows));
+      const std::string what = "vocab " + std::to_string(n_vocab) + ", " + std::to_string(rows) + " rows";
+      const auto got = sample_on(dev, c, rows, n_vocab);
+      expect_sampled(c, n_vocab, got, false, what);
+      EXPECT_EQ(sample_on(dev, c, rows, n_vocab), got) << what << ": run again";
+      SampleCase one = c;
+      one.logits.assign(c.logits.end() - n_vocab, c.logits.end());
+      one.rows = {c.rows.back()};
+      EXPECT_EQ(sample_on(dev, one, 1, n_vocab), std::vector<int32_t>{got.back()}) << what << ": the last row alone";
     }
   }
 }

@@ -382,6 +382,58 @@ TEST(DeviceEngine, TheBatchCapsDefaultByTheDevice) {
   EXPECT_NE(bad.status().message.find("max_batch must be between 1 and 1024"), std::string::npos);
 }
 
+// Sampling on the device (Backend::sample; the fake's is the reference's
+// arithmetic, text::Sampler's): a job with temperature, top-k, top-p, min-p
+// and penalties gives the CPU's tokens alone and in a batch, drawing from its
+// own seeded stream; jobs with a JSON schema or logprobs in the same steps
+// sample on the host and give the CPU's output too.
+TEST(DeviceEngine, SampledJobsGiveTheCpusTokensAloneAndBesideHostOnlyJobs) {
+  auto sampled = [](uint64_t seed) {
+    TextRequest r = greedy(24);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 40;
+    r.sampling.top_p = 0.95f;
+    r.sampling.min_p = 0.02f;
+    r.sampling.repeat_penalty = 1.2f;
+    r.sampling.frequency_penalty = 0.1f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  TextRequest json = sampled(11);
+  json.json_schema = R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})";
+  TextRequest lp = sampled(12);
+  lp.logprobs = true;
+  const std::string want_a = cpu_text(sampled(7)), want_json = cpu_text(json), want_lp = cpu_text(lp);
+
+  test::FakeGpu gpu(64 * kMiB);
+  gpu.register_as("fake:0");
+  const fs::path dir = test::fresh_dir("device-sampling");
+  EngineConfig c = small_config();
+  c.devices = {"fake:0"};
+  auto e = open_engine(dir, c);
+  ASSERT_TRUE(e);
+  const JobInfo alone = run_one(*e, sampled(7));
+  ASSERT_EQ(alone.state, JobState::Completed) << alone.error;
+  EXPECT_EQ(alone.text, want_a);
+  EXPECT_GT(gpu.sample_calls(), 0) << "the job was not sampled on the device";
+  std::vector<JobId> ids;
+  for (const TextRequest& r : {sampled(7), json, sampled(8), lp}) {
+    auto id = e->submit(r);
+    ASSERT_TRUE(id.ok()) << id.status().message;
+    ids.push_back(id.value());
+  }
+  ASSERT_TRUE(e->wait_idle(120'000));
+  const std::string want[] = {want_a, want_json, "", want_lp};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const JobInfo j = e->job(ids[i]).value();
+    ASSERT_EQ(j.state, JobState::Completed) << j.error;
+    if (i != 2) { EXPECT_EQ(j.text, want[i]) << "job " << i << " in the batch"; }
+  }
+  EXPECT_TRUE(gpu.violations().empty()) << gpu.violations().front();
+  e.reset();
+  fs::remove_all(dir);
+}
+
 TEST(DeviceEngine, ALostDeviceRequeuesItsJobsOnceAndTheCpuServesThem) {
   const std::string expected = cpu_text(greedy(16));
   test::FakeGpu gpu(64 * kMiB);

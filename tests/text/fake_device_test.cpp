@@ -19,6 +19,7 @@
 #include "formats/gguf.h"
 #include "text/kv_cache.h"
 #include "text/llama.h"
+#include "text/sampler.h"
 
 using namespace atelier;
 using text::KvPool;
@@ -411,3 +412,90 @@ TEST(FakeDevice, AWorkspaceThatGrowsDropsTheRecordings) {
   EXPECT_EQ(fake.violations(), std::vector<std::string>{});
   EXPECT_EQ(got, want);
 }
+
+// Sampling on the device (SeqInput::sample, Backend::sample): two of three
+// sequences sample there (one at temperature with top-k, top-p, min-p and
+// penalties, one greedy with penalties), the third's logits come to the
+// host. Each step downloads the host row's logits and the two ids, nothing
+// more, replays its recording, and every token is the one text::Sampler
+// picks from the CPU runner's logits with the same seed and history.
+TEST(FakeDevice, DeviceSampledRowsComeDownAsIdsAndOnlyTheHostRowsLogits) {
+  const auto cpu_w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"));
+  test::FakeDevice fake;
+  const auto w = text::load_llama_gguf(formats::GgufFile::open(kDir + "stories260K.gguf"), fake);
+  const int nv = w.hp.n_vocab;
+  KvPool cpu_pool(w.hp, 16, KvPool::block_bytes_for(w.hp, 16, KvType::F16) * 12, KvType::F16,
+                  kernels::default_cpu_backend());
+  KvPool pool(w.hp, 16, KvPool::block_bytes_for(w.hp, 16, KvType::F16) * 12, KvType::F16, fake);
+  text::LlamaRunner cpu(cpu_w, kernels::default_cpu_backend()), dev(w, fake);
+  dev.reserve(8, 4);
+  SamplingParams sp[3];
+  sp[0].temperature = 0.9f, sp[0].top_k = 20, sp[0].top_p = 0.9f, sp[0].min_p = 0.02f, sp[0].repeat_penalty = 1.3f,
+  sp[0].frequency_penalty = 0.2f, sp[0].seed = 5;
+  sp[1].temperature = 0.8f, sp[1].seed = 6;  // sampled on the host
+  sp[2].temperature = 0.0f, sp[2].repeat_penalty = 1.5f, sp[2].presence_penalty = 0.5f;
+  std::vector<std::unique_ptr<text::Sampler>> host_s, dev_s;
+  std::vector<std::vector<int32_t>> toks(3);
+  std::vector<std::unique_ptr<PagedSeq>> cpu_kv, dev_kv;
+  const auto g = golden();
+  for (int i = 0; i < 3; ++i) {
+    toks[i].assign(g.begin() + i, g.begin() + i + 4);
+    host_s.push_back(std::make_unique<text::Sampler>(sp[i]));
+    dev_s.push_back(std::make_unique<text::Sampler>(sp[i]));
+    for (int32_t t : toks[i]) host_s[i]->accept(t), dev_s[i]->accept(t);
+    cpu_kv.push_back(std::make_unique<PagedSeq>(cpu_pool));
+    dev_kv.push_back(std::make_unique<PagedSeq>(pool));
+  }
+  std::vector<std::vector<float>> cpu_logits(3, std::vector<float>(static_cast<size_t>(nv))), dev_logits = cpu_logits;
+  int stored = 0;
+  for (int step = 0; step < 12; ++step) {
+    const int n = static_cast<int>(toks[0].size()) - stored;
+    std::vector<SeqInput> ci(3), di(3);
+    std::vector<kernels::SampleRow> rows(3);
+    std::vector<std::vector<int32_t>> pairs(3);
+    int32_t ids[3] = {-1, -1, -1};
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(cpu_kv[i]->reserve(stored + n) && dev_kv[i]->reserve(stored + n));
+      ci[i].tokens = di[i].tokens = toks[i].data() + stored;
+      ci[i].n = di[i].n = n;
+      ci[i].pos0 = di[i].pos0 = stored;
+      ci[i].kv = cpu_kv[i].get();
+      di[i].kv = dev_kv[i].get();
+      ci[i].logits = cpu_logits[i].data();
+      di[i].logits = dev_logits[i].data();
+      if (i != 1) {
+        rows[i] = dev_s[i]->device_row(pairs[i]);
+        di[i].sample = &rows[i];
+        di[i].sample_pairs = pairs[i].data();
+        di[i].sampled = &ids[i];
+      }
+    }
+    cpu.forward_batch(ci);
+    const int64_t bytes0 = fake.downloaded_bytes(), calls0 = fake.sample_calls();
+    dev.forward_batch(di);
+    if (step > 0) {
+      EXPECT_EQ(fake.downloaded_bytes() - bytes0, int64_t{nv} * 4 + 2 * 4)
+          << "step " << step << ": one logits row and two ids come down";
+    }
+    EXPECT_EQ(fake.sample_calls() - calls0, 1) << "step " << step;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> l = cpu_logits[i];
+      const int32_t want = host_s[i]->sample(l.data(), nv);
+      int32_t got;
+      if (i == 1) {
+        ASSERT_EQ(dev_logits[i], cpu_logits[i]) << "step " << step;
+        got = dev_s[i]->sample(dev_logits[i].data(), nv);
+      } else {
+        got = ids[i];
+        dev_s[i]->take_draw();
+      }
+      EXPECT_EQ(got, want) << "step " << step << ", sequence " << i;
+      host_s[i]->accept(want), dev_s[i]->accept(want);
+      toks[i].push_back(want);
+    }
+    stored += n;
+  }
+  EXPECT_GT(fake.steps_replayed(), 0);
+  EXPECT_EQ(fake.violations(), std::vector<std::string>{});
+}
+

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -209,4 +210,47 @@ TEST(Sampler, TopPStopsAtATokenThatReachesTheMassExactly) {
   EXPECT_GT(seen[1], 100);
   EXPECT_EQ(seen.count(2), 0u) << "a third token was kept past an exact top-p boundary";
   EXPECT_EQ(seen.count(3), 0u);
+}
+
+// Sampling on a device (issue 33): a Sampler's device_row with the
+// reference op (kernels::sample_ref, what the CPU backend and the fake
+// device run) picks the Sampler's own token, over random logits and every
+// kind of parameters, and a stream whose tokens come from the device
+// (device_row, then take_draw) stays aligned with one sampling on the host:
+// one draw per token either way, none when greedy.
+TEST(Sampler, DeviceRowsWithTheReferenceOpPickTheSamplersTokens) {
+  for (int n_vocab : {300, 5000}) {
+    for (int kind = 0; kind < 8; ++kind) {
+      SamplingParams p = plain(0.8f);
+      p.seed = 100 + kind;
+      if (kind == 0) p.temperature = 0;
+      if (kind == 1 || kind == 5) p.top_k = 40;
+      if (kind == 2 || kind == 5) p.top_p = 0.9f;
+      if (kind == 3 || kind == 5) p.min_p = 0.05f;
+      if (kind >= 4) p.repeat_penalty = 1.3f, p.frequency_penalty = 0.2f, p.presence_penalty = 0.3f;
+      if (kind == 6) p.temperature = 0, p.repeat_last_n = 8;
+      if (kind == 7) p.temperature = 1.7f, p.top_k = 1;
+      Sampler host(p), dev(p);
+      std::mt19937 rng(static_cast<uint32_t>(n_vocab + kind));
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      for (int t = 0; t < 6; ++t) {
+        const int32_t prompt = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+        host.accept(prompt), dev.accept(prompt);
+      }
+      for (int step = 0; step < 40; ++step) {
+        std::vector<float> logits(static_cast<size_t>(n_vocab));
+        for (float& l : logits) l = nd(rng);
+        std::vector<float> a = logits, b = logits;
+        const int32_t want = host.sample(a.data(), n_vocab);
+        std::vector<int32_t> pairs;
+        const atelier::kernels::SampleRow row = dev.device_row(pairs);
+        if (p.temperature <= 0) { EXPECT_EQ(row.r, 0.0); }
+        int32_t got = -1;
+        atelier::kernels::sample_ref(b.data(), 1, n_vocab, &row, pairs.data(), &got);
+        dev.take_draw();
+        ASSERT_EQ(got, want) << "vocab " << n_vocab << ", kind " << kind << ", step " << step;
+        host.accept(want), dev.accept(want);
+      }
+    }
+  }
 }

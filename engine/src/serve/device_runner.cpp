@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "api/text_model_impl.h"
 #include "formats/gguf.h"
@@ -239,8 +240,31 @@ class DeviceRunner final : public Runner {
       out.device_lost = true;
       return out;
     }
+    // Rows whose job only needs the Sampler's rules are sampled on the
+    // device (their logits never come to the host); the others' logits are
+    // downloaded and sampled here (JSON constraints, logprobs).
+    const size_t n = batch.inputs.size();
+    inputs_ = batch.inputs;
+    rows_.assign(n, kernels::SampleRow{});
+    pairs_.clear();
+    pair_at_.assign(n, 0);
+    ids_.assign(n, -1);
+    std::vector<bool> on_device(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      text::Generation* g = batch.samplers[i];
+      if (!device_sampling_ || !g || !inputs_[i].logits || inputs_[i].all_logits || !g->device_sampleable()) continue;
+      pair_at_[i] = pairs_.size();
+      rows_[i] = g->device_row(pairs_);
+      on_device[i] = true;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!on_device[i]) continue;
+      inputs_[i].sample = &rows_[i];
+      inputs_[i].sample_pairs = pairs_.data() + pair_at_[i];
+      inputs_[i].sampled = &ids_[i];
+    }
     try {
-      m.runner->forward_batch(batch.inputs);
+      m.runner->forward_batch(inputs_);
     } catch (const std::exception& e) {
       const std::string what = e.what();
       if (what.rfind(kDeviceLostPrefix, 0) == 0) {
@@ -253,11 +277,14 @@ class DeviceRunner final : public Runner {
       out.status = guarded([&]() -> Status { throw; });
       return out;
     }
-    // The logits are on the host (one download per step): sampling there.
-    out.sampled.assign(batch.inputs.size(), -1);
-    m.text->pool->parallel_for(static_cast<int64_t>(batch.inputs.size()), [&](int64_t b, int64_t e) {
+    // The host's rows' logits are here (one download per step): sampling them.
+    out.sampled.assign(n, -1);
+    for (size_t i = 0; i < n; ++i)
+      if (on_device[i]) out.sampled[i] = batch.samplers[i]->device_sampled(ids_[i]);
+    m.text->pool->parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
-        if (text::Generation* g = batch.samplers[static_cast<size_t>(i)]) out.sampled[static_cast<size_t>(i)] = g->sample();
+        if (text::Generation* g = batch.samplers[static_cast<size_t>(i)]; g && !on_device[static_cast<size_t>(i)])
+          out.sampled[static_cast<size_t>(i)] = g->sample();
     });
     out.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     return out;
@@ -369,6 +396,17 @@ class DeviceRunner final : public Runner {
   text::PrecisionPlan plan_;
   std::atomic<bool> lost_{false};
   std::string lost_message_;  // set before lost_ (text lane only)
+  // Sampling on the device (Backend::sample); ATELIER_DEVICE_SAMPLING=0
+  // keeps every row on the host (the A/B of the device check).
+  bool device_sampling_ = [] {
+    const char* e = std::getenv("ATELIER_DEVICE_SAMPLING");
+    return !(e && std::string(e) == "0");
+  }();
+  // One step's inputs with their sampling (text lane only).
+  std::vector<text::SeqInput> inputs_;
+  std::vector<kernels::SampleRow> rows_;
+  std::vector<int32_t> pairs_, ids_;
+  std::vector<size_t> pair_at_;
 };
 
 }  // namespace

@@ -48,6 +48,21 @@ class Generation {
   // sequence. The schema's mask still applies on top, so a test sees the
   // constraint overrule a forced text that breaks it.
   int32_t sample();
+  // Sampling on a device (kernels::Backend::sample): whether the next token
+  // may be drawn there (only the Sampler's rules apply: no json_schema, no
+  // logprobs, no forced test output), its parameters with the draw sample()
+  // would take (penalty pairs appended to PAIRS), and the device's token
+  // back: the draw is taken from the stream then, so a step that fails
+  // leaves the stream where it was. The token then goes through
+  // ends_with_eos / accept as a sampled one does.
+  bool device_sampleable() const {
+    return request_.json_schema.empty() && !request_.logprobs && request_.top_logprobs <= 0 && forced_.empty();
+  }
+  kernels::SampleRow device_row(std::vector<int32_t>& pairs) const { return sampler_.device_row(pairs); }
+  int32_t device_sampled(int32_t id) {
+    sampler_.take_draw();
+    return id;
+  }
   // ID ends the generation as end of generation ("eos"); it is then not accepted.
   bool ends_with_eos(int32_t id) const { return tokenizer_.is_eog(id) && !request_.ignore_eos; }
   // Appends ID: the sampler's history, the tokens, the stream. Returns its token event.

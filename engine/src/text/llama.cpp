@@ -451,12 +451,12 @@ void LlamaRunner::invalidate_steps() {
   be_.drop_graphs();
 }
 
-uint64_t LlamaRunner::step_key(int rows, int logits_rows, int max_len) {
+uint64_t LlamaRunner::step_key(int rows, int logits_rows, int max_len, bool sampling) {
   // Everything the step's op arguments take that is not fixed for the
   // runner's buffers (those move only with invalidate_steps): the shapes,
   // the attention bound, and the KV storages in the order their metadata
   // sections lie (their addresses and strides are op arguments).
-  std::vector<int64_t> shape = {rows, logits_rows, max_len, static_cast<int64_t>(storages_.size())};
+  std::vector<int64_t> shape = {rows, logits_rows, max_len, sampling, static_cast<int64_t>(storages_.size())};
   for (const KvSeq* s : storages_) {
     const kernels::KvLayout& kv = s->layout();
     shape.insert(shape.end(), {static_cast<int64_t>(kv.type), static_cast<int64_t>(reinterpret_cast<uintptr_t>(kv.k)),
@@ -575,6 +575,12 @@ void LlamaRunner::ensure_meta(int n_storages, int64_t table_entries) {
   meta_host_.assign(static_cast<size_t>(meta_at_.tables + cap_tables_), 0);
 }
 
+namespace {
+int64_t sampling_bytes(int64_t rows, int64_t pairs) {
+  return rows * int64_t{sizeof(kernels::SampleRow) + sizeof(int32_t)} + pairs * 2 * int64_t{sizeof(int32_t)};
+}
+}  // namespace
+
 int64_t LlamaRunner::workspace_bytes(const LlamaHparams& hp, int rows, int logits_rows, kernels::DType act) {
   const int64_t N = rows, d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim,
                 ff = hp.n_ff;
@@ -585,13 +591,29 @@ int64_t LlamaRunner::workspace_bytes(const LlamaHparams& hp, int rows, int logit
   // The metadata: ids, positions, table offsets, slots and lengths of one
   // storage (5 rows' worth), the logit rows, 1024 block-table entries.
   total += (5 * N + logits_rows + 1024) * int64_t{sizeof(int32_t)};
+  // Sampling on the device: a SampleRow and an id per logits row, 64 penalty pairs a row.
+  total += sampling_bytes(logits_rows, int64_t{64} * logits_rows);
   return total + MoeFfn::workspace_bytes(hp, N, act);
+}
+
+void LlamaRunner::ensure_sampling(int logits_rows, int64_t n_pairs) {
+  if (samp_ && logits_rows <= cap_sample_rows_ && n_pairs <= cap_pairs_) return;
+  cap_sample_rows_ = std::max(cap_sample_rows_, logits_rows);
+  // Room for 64 pairs a row (llama.cpp's default window) at least, doubled when outgrown.
+  const int64_t want = std::max<int64_t>(n_pairs, int64_t{64} * cap_sample_rows_);
+  if (want > cap_pairs_) cap_pairs_ = std::max(want, 2 * cap_pairs_);
+  const int64_t bytes = sampling_bytes(cap_sample_rows_, cap_pairs_);
+  invalidate_steps();
+  samp_.reset();
+  samp_ = be_.alloc(bytes);
+  samp_host_.assign(static_cast<size_t>(bytes), 0);
 }
 
 void LlamaRunner::reserve(int rows, int logits_rows) {
   const int rr = host_memory_ ? rows : bucket_rows(rows), lr = host_memory_ ? logits_rows : bucket_rows(logits_rows);
   ensure_workspace(rr, lr);
   ensure_meta(1, 1);  // block tables: their initial capacity (1024 entries)
+  if (!host_memory_) ensure_sampling(lr, 0);
   if (moe_ && moe_->reserve(w_.hp, rr)) invalidate_steps();
 }
 
@@ -612,8 +634,8 @@ void LlamaRunner::forward_batch(const std::vector<SeqInput>& seqs) {
 void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   const LlamaHparams& hp = w_.hp;
   // Check everything before computing anything.
-  int rows = 0, n_logits = 0, max_len = 0;
-  int64_t table_entries = 0;
+  int rows = 0, n_logits = 0, max_len = 0, n_sampled = 0;
+  int64_t table_entries = 0, n_pairs = 0;
   storages_.clear();
   for (int s = 0; s < count; ++s) {
     const SeqInput& in = seqs[s];
@@ -630,9 +652,16 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     for (int o = 0; o < s; ++o)
       if (seqs[o].n > 0 && seqs[o].kv == in.kv)
         throw Error("sequences " + std::to_string(o) + " and " + std::to_string(s) + " of the step share one KV cache");
+    if (in.sample && (in.all_logits || !in.sampled))
+      throw Error("sequence " + std::to_string(s) + " of the step asks for sampling on the device " +
+                  (in.all_logits ? "with every token's logits" : "with nowhere to put the token"));
     rows += in.n;
     max_len = std::max(max_len, in.pos0 + in.n);
-    if (in.logits) n_logits += in.all_logits ? in.n : 1;
+    if (in.logits || in.sample) n_logits += in.all_logits ? in.n : 1;
+    if (in.sample) {
+      ++n_sampled;
+      n_pairs += in.sample->penalty_count;
+    }
     table_entries += in.kv->n_blocks();
     if (std::none_of(storages_.begin(), storages_.end(), [&](const KvSeq* o) { return o->layout().k == in.kv->layout().k; }))
       storages_.push_back(in.kv);
@@ -666,8 +695,10 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
   }
   for (int64_t r = R; r < rr; ++r) m[o_ids + r] = 0, m[o_pos + r] = 0, m[o_table + r] = 0;
   std::fill(m + o_logit + n_logits, m + o_logit + lr, 0);
+  // The logits rows: the host's first (one download), then the device-sampled ones.
+  const int n_host = n_logits - n_sampled;
   int64_t t = o_tables;
-  for (int s = 0, r = 0, lg = 0; s < count; ++s) {
+  for (int s = 0, r = 0, lg = 0, ls = n_host; s < count; ++s) {
     const SeqInput& in = seqs[s];
     if (in.n <= 0) continue;
     const int g = static_cast<int>(std::find_if(storages_.begin(), storages_.end(), [&](const KvSeq* o) {
@@ -684,7 +715,9 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
       m[o_slots + 2 * C * g + C + r] = pos + 1;
     }
     t += in.kv->n_blocks();
-    if (in.logits) {
+    if (in.sample) {
+      m[o_logit + ls++] = r - 1;
+    } else if (in.logits) {
       if (in.all_logits)
         for (int i = in.n; i > 0; --i) m[o_logit + lg++] = r - i;
       else
@@ -692,6 +725,38 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     }
   }
   be_.upload(*meta_, 0, m, n_meta * int64_t{sizeof(int32_t)});
+  // Sampling on the device: a SampleRow per logits row of the bucket (the
+  // host's rows and the padding skipped), the penalty pairs, one upload.
+  const bool sampling = n_sampled > 0;
+  kernels::SampleRow* dparams = nullptr;
+  int32_t *dids = nullptr, *dpairs = nullptr;
+  if (sampling) {
+    ensure_sampling(lr, n_pairs);
+    auto* rows_host = reinterpret_cast<kernels::SampleRow*>(samp_host_.data());
+    const int64_t o_ids = int64_t{cap_sample_rows_} * int64_t{sizeof(kernels::SampleRow)};
+    const int64_t o_pairs = o_ids + int64_t{cap_sample_rows_} * int64_t{sizeof(int32_t)};
+    auto* pairs_host = reinterpret_cast<int32_t*>(samp_host_.data() + o_pairs);
+    kernels::SampleRow skip;
+    skip.skip = 1;
+    for (int i = 0; i < lr; ++i) rows_host[i] = skip;
+    int64_t pair = 0;
+    for (int s = 0, j = n_host; s < count; ++s) {
+      const SeqInput& in = seqs[s];
+      if (in.n <= 0 || !in.sample) continue;
+      kernels::SampleRow& row = rows_host[j++];
+      row = *in.sample;
+      row.skip = 0;
+      row.penalty_offset = static_cast<int32_t>(pair);
+      if (row.penalty_count > 0)
+        std::memcpy(pairs_host + 2 * pair, in.sample_pairs, static_cast<size_t>(row.penalty_count) * 2 * sizeof(int32_t));
+      pair += row.penalty_count;
+    }
+    // Up to the pairs' end (the ids in between are the op's to write).
+    be_.upload(*samp_, 0, samp_host_.data(), o_pairs + pair * 2 * int64_t{sizeof(int32_t)});
+    dparams = samp_->at<kernels::SampleRow>(0);
+    dids = samp_->at<int32_t>(o_ids);
+    dpairs = samp_->at<int32_t>(o_pairs);
+  }
   const int32_t* dm = meta_->at<int32_t>(0);
 
   const int64_t d = hp.n_embd, qd = int64_t{hp.n_head} * hp.head_dim, kvd = int64_t{hp.n_head_kv} * hp.head_dim;
@@ -800,23 +865,33 @@ void LlamaRunner::forward_batch(const SeqInput* seqs, int count) {
     be_.rms_norm(tmp_, output_norm_, xn_, lr, d, hp.rms_eps);
     be_.matmul(w_.output, xn_, logits_, lr);
     if (hp.final_logit_softcap > 0) be_.tanh_clamp(logits_, logits_, lr * hp.n_vocab, hp.final_logit_softcap);
+    if (sampling) be_.sample(logits_, lr, hp.n_vocab, dparams, dpairs, dids);
   };
   if (host_memory_) ops();
-  else be_.run_step(step_key(rr, lr, att.max_len), ops);
+  else be_.run_step(step_key(rr, lr, att.max_len, sampling), ops);
   if (n_logits == 0) return;
   const int64_t nv = hp.n_vocab, row_bytes = nv * int64_t{sizeof(float)};
   const int64_t logits_offset = logits_offset_;
-  // A device apart from the host: the step's logits in one download (one
-  // wait for the stream), then handed out. On the host each sequence's rows
-  // are copied straight to it.
+  // A device apart from the host: the host's logits rows in one download
+  // (one wait for the stream), then handed out; the device's tokens in
+  // another. On the host each sequence's rows are copied straight to it.
+  if (sampling) {
+    ids_host_.resize(static_cast<size_t>(n_sampled));
+    const int64_t o_ids = int64_t{cap_sample_rows_} * int64_t{sizeof(kernels::SampleRow)};
+    be_.download(*samp_, o_ids + int64_t{n_host} * int64_t{sizeof(int32_t)}, ids_host_.data(),
+                 int64_t{n_sampled} * int64_t{sizeof(int32_t)});
+    for (int s = 0, j = 0; s < count; ++s)
+      if (seqs[s].n > 0 && seqs[s].sample) *seqs[s].sampled = ids_host_[static_cast<size_t>(j++)];
+  }
+  if (n_host == 0) return;
   const float* host = nullptr;
   if (!host_memory_) {
-    logits_host_.resize(static_cast<size_t>(int64_t{n_logits} * nv));
-    be_.download(*work_, logits_offset, logits_host_.data(), n_logits * row_bytes);
+    logits_host_.resize(static_cast<size_t>(int64_t{n_host} * nv));
+    be_.download(*work_, logits_offset, logits_host_.data(), n_host * row_bytes);
     host = logits_host_.data();
   }
   for (int s = 0, k = 0; s < count; ++s) {
-    if (seqs[s].n <= 0 || !seqs[s].logits) continue;
+    if (seqs[s].n <= 0 || !seqs[s].logits || seqs[s].sample) continue;
     const int n_rows = seqs[s].all_logits ? seqs[s].n : 1;
     if (host)
       std::memcpy(seqs[s].logits, host + k * nv, static_cast<size_t>(n_rows * row_bytes));

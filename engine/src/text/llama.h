@@ -129,6 +129,14 @@ struct SeqInput {
   // row i for tokens[i]), for teacher-forced scoring (perplexity, KL).
   // Generation leaves it off: only the rows asked for go through the output matrix.
   bool all_logits = false;
+  // A device apart from the host: this sequence's next token is sampled on
+  // the device (kernels::Backend::sample) by these parameters, its
+  // penalty_count (token, count) pairs at sample_pairs (host), into
+  // *sampled; its logits are not downloaded (`logits` is then not written).
+  // Not with all_logits. The host-memory backend samples there too.
+  const kernels::SampleRow* sample = nullptr;
+  const int32_t* sample_pairs = nullptr;
+  int32_t* sampled = nullptr;
 };
 
 // The forward pass on a backend. Activations and the step's metadata
@@ -177,7 +185,10 @@ class LlamaRunner {
   // A buffer the ops point into moved: every recorded step is stale.
   void invalidate_steps();
   // The key of Backend::run_step for a step of this shape (step_ids_).
-  uint64_t step_key(int rows, int logits_rows, int max_len);
+  uint64_t step_key(int rows, int logits_rows, int max_len, bool sampling);
+  // The sampling section (Backend::sample's params, ids and penalty pairs)
+  // for logits_rows rows and n_pairs pairs.
+  void ensure_sampling(int logits_rows, int64_t n_pairs);
 
   const LlamaWeights& w_;
   std::unique_ptr<kernels::Backend> own_backend_;  // the CPU backend of the Executor constructor
@@ -217,6 +228,14 @@ class LlamaRunner {
   bool host_memory_ = true;
   int max_len_bound_ = 0;  // a device's attention length bound: grows by powers of two
   std::vector<float> logits_host_;  // a device's logits, downloaded once per step
+  // Backend::sample's arguments: cap_sample_rows_ SampleRows, as many int32
+  // ids, then cap_pairs_ (token, count) pairs; staged on the host, one upload
+  // before the step.
+  std::unique_ptr<kernels::Buffer> samp_;
+  int cap_sample_rows_ = 0;
+  int64_t cap_pairs_ = 0;
+  std::vector<uint8_t> samp_host_;
+  std::vector<int32_t> ids_host_;
   std::vector<const KvSeq*> storages_;  // one sequence per distinct KV storage of the step
   // A device's steps run through Backend::run_step (a CUDA graph per key).
   // A key is graph_scope_ << 32 | a number per distinct step shape: the

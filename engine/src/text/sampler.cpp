@@ -33,17 +33,55 @@ Sampler::Sampler(const SamplingParams& params) : p_(params) {
   for (auto& s : s_) s = splitmix64(x);
 }
 
-double Sampler::uniform01() {
-  // xoshiro256**
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
+namespace {
+// xoshiro256**, one draw in [0, 1) from state s.
+double next_uniform(uint64_t* s) {
+  const uint64_t result = rotl(s[1] * 5, 7) * 9;
+  const uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
   return static_cast<double>(result >> 11) * 0x1.0p-53;
+}
+}  // namespace
+
+double Sampler::uniform01() { return next_uniform(s_); }
+
+kernels::SampleRow Sampler::device_row(std::vector<int32_t>& pairs) const {
+  kernels::SampleRow r;
+  r.temperature = p_.temperature;
+  r.top_k = p_.top_k;
+  r.top_p = p_.top_p;
+  r.min_p = p_.min_p;
+  r.repeat_penalty = p_.repeat_penalty;
+  r.frequency_penalty = p_.frequency_penalty;
+  r.presence_penalty = p_.presence_penalty;
+  r.penalty_offset = static_cast<int32_t>(pairs.size() / 2);
+  if (penalized()) {
+    // Each token once with its count (the host's map, in id order here).
+    std::vector<int32_t> ids(recent_.begin(), recent_.end());
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j < ids.size() && ids[j] == ids[i]) ++j;
+      pairs.push_back(ids[i]);
+      pairs.push_back(static_cast<int32_t>(j - i));
+      ++r.penalty_count;
+      i = j;
+    }
+  }
+  if (p_.temperature > 0.0f) {
+    uint64_t s[4] = {s_[0], s_[1], s_[2], s_[3]};  // the next draw, without moving this stream
+    r.r = next_uniform(s);
+  }
+  return r;
+}
+
+void Sampler::take_draw() {
+  if (p_.temperature > 0.0f) uniform01();
 }
 
 void Sampler::accept(int32_t token) {
@@ -54,8 +92,7 @@ void Sampler::accept(int32_t token) {
 
 int32_t Sampler::sample(float* logits, int n_vocab) {
   // Penalties (llama.cpp's llama_sampler_penalties).
-  if (!recent_.empty() &&
-      (p_.repeat_penalty != 1.0f || p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f)) {
+  if (penalized()) {
     std::unordered_map<int32_t, int> counts;
     for (int32_t t : recent_) ++counts[t];
     for (const auto& [id, c] : counts) {

@@ -5,6 +5,7 @@
 // platform and standard library.
 #pragma once
 
+#include <atelier/backend.h>
 #include <atelier/requests.h>
 
 #include <cstdint>
@@ -21,9 +22,19 @@ class Sampler {
   // Picks the next token from n_vocab logits (modified in place).
   int32_t sample(float* logits, int n_vocab);
   uint64_t seed() const { return seed_; }
+  // For a device's sampling (kernels::Backend::sample): the parameters, the
+  // (token, count) pairs of the penalty window appended to PAIRS (none when
+  // no penalty applies), and the draw sample() would take next (none when
+  // greedy); the stream moves only at take_draw(), once the token came
+  // back, so a step that fails leaves it where the host path would.
+  kernels::SampleRow device_row(std::vector<int32_t>& pairs) const;
+  void take_draw();
 
  private:
   double uniform01();  // [0, 1)
+  bool penalized() const {
+    return !recent_.empty() && (p_.repeat_penalty != 1.0f || p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f);
+  }
 
   SamplingParams p_;
   uint64_t seed_;

@@ -178,6 +178,27 @@ struct Pad2d {
   int64_t top = 0, bottom = 0, left = 0, right = 0;
 };
 
+// One row's sampling parameters for Backend::sample (text::Sampler's rules,
+// llama.cpp's order): penalties, then greedy (temperature <= 0: the first
+// maximum, the lowest id) or top-k, top-p, min-p, temperature and the draw.
+// The draw r is the caller's (a job's own seeded stream), so a job takes one
+// draw per sampled token whichever side samples it.
+struct SampleRow {
+  double r = 0;                // uniform in [0, 1): the inverse CDF's point (unused when greedy)
+  float temperature = 0;       // <= 0: greedy
+  int32_t top_k = 0;           // <= 0 or >= n_vocab: every token
+  float top_p = 1.0f;          // >= 1: off
+  float min_p = 0.0f;          // <= 0: off
+  float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
+  // The row's (token, count) penalty pairs: penalty_tokens[2 * (offset + i)]
+  // is a token, [+ 1] its count in the recent window; ids outside the
+  // vocabulary are skipped. Each token at most once (a device applies the
+  // pairs in parallel).
+  int32_t penalty_offset = 0, penalty_count = 0;
+  int32_t skip = 0;            // nonzero: not sampled here (out_ids[r] = -1, the row untouched)
+};
+static_assert(sizeof(SampleRow) == 48, "SampleRow is uploaded as bytes: keep its layout");
+
 // What a device computes the products of float matrices (F32 / F16 / BF16
 // in the file) in: engine/src/text/precision.h's policy, handed to the
 // backend before a model's weights are prepared (Backend::set_weight_precision).
@@ -359,6 +380,19 @@ class Backend {
   // gpt-oss's clamped SwiGLU (kernels::swiglu_oai), rows of dim; out may be gate.
   virtual void swiglu_oai(Act gate, Act up, Act out, int64_t rows, int64_t dim, float alpha, float limit) = 0;
 
+  // ---- sampling (issue 33)
+  // One token per row of F32 logits (rows x n_vocab) by params[r] (device
+  // array), with penalty pairs from penalty_tokens (device int32), into
+  // out_ids (device int32; -1 for a skipped row). The rows sampled are
+  // modified in place (penalties applied; the rest is scratch). The
+  // selection rules are sample_ref's (text::Sampler's); a device's floating
+  // point may differ from it only where rounding puts two tokens at a
+  // boundary (a cumulative probability at top_p or r, a probability at the
+  // min-p threshold), and it keeps its own determinism: the same logits,
+  // params and r give the same token whatever else shares the call.
+  virtual void sample(Act logits, int64_t rows, int n_vocab, const SampleRow* params, const int32_t* penalty_tokens,
+                      int32_t* out_ids) = 0;
+
   // ---- KV and attention
   // Stores row r of k and v (rows x kv.row_elems) at slot slots[r] of
   // `layer` (device int32; -1 skips the row: a shared prefix block already
@@ -443,5 +477,11 @@ void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v,
 void causal_attention_ref(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t stride,
                           float* out);
 void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const float* q, float* out);
+// Backend::sample in plain loops, on host arrays: text::Sampler's arithmetic
+// (candidates sorted by logit, ties to the lower id; softmax with expf and a
+// double sum in that order; cumulative sums in double), so with the same r
+// it picks the Sampler's token. logits are modified in place.
+void sample_ref(float* logits, int64_t rows, int n_vocab, const SampleRow* params, const int32_t* penalty_tokens,
+                int32_t* out_ids);
 
 }  // namespace atelier::kernels
