@@ -86,6 +86,13 @@ struct EngineConfig {
 // (max_num_seqs 256); a CPU's cost grows with the rows.
 constexpr int kDefaultMaxBatchCpu = 32, kDefaultMaxBatchGpu = 256;
 constexpr int kDefaultPrefillTokensCpu = 64, kDefaultPrefillTokensGpu = 2048;
+// c with max_batch and prefill_tokens_per_step at 0 replaced by the device's
+// defaults (Engine::open does it; a runner or scheduler made directly too).
+inline EngineConfig with_batch_defaults(EngineConfig c, bool gpu) {
+  if (c.max_batch <= 0) c.max_batch = gpu ? kDefaultMaxBatchGpu : kDefaultMaxBatchCpu;
+  if (c.prefill_tokens_per_step <= 0) c.prefill_tokens_per_step = gpu ? kDefaultPrefillTokensGpu : kDefaultPrefillTokensCpu;
+  return c;
+}
 
 // Which device a --device value names, and why it was chosen.
 struct DeviceSelection {

@@ -170,10 +170,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineConfig& c) {
     if (!dev) return Status::error(StatusCode::Unsupported, "--device " + device.name + ": the device could not be opened");
   }
   // The batch caps the device decides where the caller left them at 0.
-  EngineConfig cfg = c;
-  const bool gpu = dev && !dev->info().host_memory;
-  if (cfg.max_batch == 0) cfg.max_batch = gpu ? kDefaultMaxBatchGpu : kDefaultMaxBatchCpu;
-  if (cfg.prefill_tokens_per_step == 0) cfg.prefill_tokens_per_step = gpu ? kDefaultPrefillTokensGpu : kDefaultPrefillTokensCpu;
+  const EngineConfig cfg = with_batch_defaults(c, dev && !dev->info().host_memory);
   return guarded([&]() -> Result<std::unique_ptr<Engine>> {
     std::error_code ec;
     fs::create_directories(cfg.data_dir, ec);

@@ -35,7 +35,7 @@ struct CpuImageSlot final : ImageSlot {
 
 class CpuRunner final : public Runner {
  public:
-  explicit CpuRunner(const EngineConfig& config) : config_(config) {}
+  explicit CpuRunner(const EngineConfig& config) : config_(with_batch_defaults(config, false)) {}
   std::string device() const override { return "cpu"; }
 
   int64_t model_budget_bytes() const override { return config_.model_cache_bytes; }

@@ -146,7 +146,11 @@ struct Need {
 class DeviceRunner final : public Runner {
  public:
   DeviceRunner(const EngineConfig& config, kernels::Device& device, std::string name, bool automatic)
-      : config_(config), device_(device), name_(std::move(name)), automatic_(automatic), cpu_(make_cpu_runner(config)) {
+      : config_(with_batch_defaults(config, true)),
+        device_(device),
+        name_(std::move(name)),
+        automatic_(automatic),
+        cpu_(make_cpu_runner(config)) {
     text::precision_choice_from_name(config.precision, &choice_);
     plan_ = text::precision_plan(text::device_caps(device_.info()), choice_, config.kv_type);  // Engine::open checked it
   }

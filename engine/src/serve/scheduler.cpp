@@ -109,7 +109,11 @@ struct ImageJob : JobBase {
 
 Scheduler::Scheduler(const EngineConfig& config, runtime::JobDb& db, EventHub& hub, MetricsRecorder& metrics,
                      std::unique_ptr<Runner> runner)
-    : config_(config), db_(db), hub_(hub), metrics_(metrics), runner_(std::move(runner)) {
+    : config_(with_batch_defaults(config, runner && runner->device() != "cpu")),
+      db_(db),
+      hub_(hub),
+      metrics_(metrics),
+      runner_(std::move(runner)) {
   if (const char* p = std::getenv("ATELIER_TEST_CRASH_PROMPT"); p && *p) poison_prompt_ = p;
   image_thread_ = std::thread([this] { image_loop(); });
   thread_ = std::thread([this] { run(); });
