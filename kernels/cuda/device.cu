@@ -343,7 +343,7 @@ class CudaBackend final : public Backend {
   void matmul_id(const WeightView* const* experts, const Act* y, const float* const* bias, int count, int n_expert,
                  Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) override {
     enter();
-    cuda::matmul_id(stream_, experts, y, bias, count, n_expert, x, x_per_row, ids, rows, k);
+    cuda::matmul_id(stream_, scratch_, experts, y, bias, count, n_expert, x, x_per_row, ids, rows, k);
   }
   void moe_combine(Act y, const float* weights, Act out, int64_t rows, int k, int64_t dim) override {
     enter();

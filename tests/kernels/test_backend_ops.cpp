@@ -1753,6 +1753,66 @@ TEST_P(CudaShapes, MatmulIdAtModelSizes) {
   }
 }
 
+// matmul_id grouped by expert on the device (from 2 token rows; policy.h's
+// moe_plan): two sets (gate and up: one sort shared, one with biases, one
+// without) over routings that fill chunks unevenly (every slot on one expert:
+// 129 chunks of one matrix; skewed; unrouted -1 slots), each token's k rows
+// bit for bit what that token alone gets (one row: the per-slot kernel), and
+// an unrouted slot's output untouched. ATELIER_CUDA_MOE_GROUPED=0 runs the
+// old kernel throughout (the device check runs both).
+TEST_P(CudaShapes, MatmulIdGroupedByExpertIsEachTokensOwnCall) {
+  const int n_expert = 64, k = 4;
+  const int64_t cols = 1004, out = 40;  // a float tail: 1004 is not a multiple of 8
+  for (DType t : {DType::F16, DType::Q8_0}) {
+    const int64_t c = t == DType::Q8_0 ? 1024 : cols;
+    Dev dev(GetParam());
+    std::vector<Weights> raw;
+    std::vector<std::unique_ptr<Buffer>> storage(static_cast<size_t>(2 * n_expert));
+    std::vector<WeightView> gate, up;
+    for (int e = 0; e < 2 * n_expert; ++e) raw.push_back(make_weights(t, out, c, 900 + e));
+    for (int e = 0; e < n_expert; ++e) {
+      gate.push_back(dev.be().prepare_weights(raw[static_cast<size_t>(e)].view, storage[static_cast<size_t>(e)]));
+      up.push_back(dev.be().prepare_weights(raw[static_cast<size_t>(n_expert + e)].view, storage[static_cast<size_t>(n_expert + e)]));
+    }
+    const float* bias[] = {dev.put<float>(random_floats(n_expert * out, 91)), nullptr};
+    const WeightView* sets[] = {gate.data(), up.data()};
+    for (int how = 0; how < 3; ++how) {
+      const int64_t rows = how == 0 ? 257 : how == 1 ? 33 : 9;
+      const std::string what = std::string(dtype_name(t)) + ", routing " + std::to_string(how);
+      std::vector<int32_t> ids(static_cast<size_t>(rows * k));
+      for (int64_t sl = 0; sl < rows * k; ++sl)
+        ids[static_cast<size_t>(sl)] = how == 0 ? 3                                                    // one expert
+                                       : how == 1 ? static_cast<int32_t>((sl * sl * 7 + sl) % 5 * 13)  // 5 experts
+                                                  : (sl % 3 == 1 ? -1 : static_cast<int32_t>(sl % n_expert));
+      const auto x = dev.rounded(random_floats(rows * c, 92));
+      auto dx = dev.put(x);
+      const int32_t* dids = dev.put(ids);
+      const float sentinel = 12345.0f;
+      const size_t n = static_cast<size_t>(rows * k * out);
+      float* y0 = dev.put<float>(std::vector<float>(n, sentinel));
+      float* y1 = dev.put<float>(std::vector<float>(n, sentinel));
+      const Act ys[] = {Act(y0, DType::F32), Act(y1, DType::F32)};
+      dev.be().matmul_id(sets, ys, bias, 2, n_expert, dx, 1, dids, rows, k);
+      const auto g0 = dev.get(y0, n), g1 = dev.get(y1, n);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* a0 = dev.put<float>(std::vector<float>(static_cast<size_t>(k * out), sentinel));
+        float* a1 = dev.put<float>(std::vector<float>(static_cast<size_t>(k * out), sentinel));
+        const Act ya[] = {Act(a0, DType::F32), Act(a1, DType::F32)};
+        dev.be().matmul_id(sets, ya, bias, 2, n_expert, dx + r * c, 1, dids + r * k, 1, k);
+        const size_t b = static_cast<size_t>(r * k * out), e = b + static_cast<size_t>(k * out);
+        ASSERT_EQ(dev.get(a0, static_cast<size_t>(k * out)), std::vector<float>(g0.begin() + static_cast<long>(b), g0.begin() + static_cast<long>(e)))
+            << what << " token " << r;
+        ASSERT_EQ(dev.get(a1, static_cast<size_t>(k * out)), std::vector<float>(g1.begin() + static_cast<long>(b), g1.begin() + static_cast<long>(e)))
+            << what << " token " << r;
+      }
+      for (int64_t sl = 0; sl < rows * k; ++sl)
+        if (ids[static_cast<size_t>(sl)] < 0) {
+          EXPECT_EQ(g0[static_cast<size_t>(sl * out)], sentinel) << what << " slot " << sl;
+        }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaShapes, ::testing::ValuesIn(cuda_cases()),
                          [](const ::testing::TestParamInfo<BackendCase>& i) { return i.param.name; });
 
