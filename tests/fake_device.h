@@ -464,7 +464,10 @@ class FakeDevice final : public kernels::Backend {
     kv_dev(kv, "store_kv"), act(k, "store_kv k"), act(v, "store_kv v"), meta(slots, "store_kv slots");
     row_counts_.push_back(rows);
     Emu e(*this);
-    cpu_->store_kv(kv, layer, e.in(k, rows * kv.row_elems), e.in(v, rows * kv.row_elems), slots, rows);
+    if (gpu_kv(kv))
+      kernels::store_kv_ref(kv, layer, e.in(k, rows * kv.row_elems).f32(), e.in(v, rows * kv.row_elems).f32(), slots,
+                            rows);
+    else cpu_->store_kv(kv, layer, e.in(k, rows * kv.row_elems), e.in(v, rows * kv.row_elems), slots, rows);
   }
   void rope_store_kv(kernels::Act q, kernels::Act k, kernels::Act v, int64_t rows, const int32_t* positions,
                      const kernels::RopeParams& rq, const kernels::RopeParams& rk, const kernels::KvLayout& kv,
@@ -475,6 +478,13 @@ class FakeDevice final : public kernels::Backend {
     opt(rq.freq_factors, "rope_store_kv freq_factors"), kv_dev(kv, "rope_store_kv");
     row_counts_.push_back(rows);
     Emu e(*this);
+    if (gpu_kv(kv)) {  // rope, then the reference's store (the CPU's store_kv refuses these types)
+      const kernels::Act qf = e.out(q, rows * rq.n_heads * rq.head_dim), kf = e.out(k, rows * kv.row_elems);
+      cpu_->rope(qf, rows, positions, rq);
+      cpu_->rope(kf, rows, positions, rk);
+      kernels::store_kv_ref(kv, layer, kf.f32(), e.in(v, rows * kv.row_elems).f32(), slots, rows);
+      return;
+    }
     cpu_->rope_store_kv(e.out(q, rows * rq.n_heads * rq.head_dim), e.out(k, rows * kv.row_elems),
                         e.in(v, rows * kv.row_elems), rows, positions, rq, rk, kv, layer, slots);
   }
@@ -489,7 +499,8 @@ class FakeDevice final : public kernels::Backend {
     row_counts_.push_back(a.max_len);  // a launch bound: constant while a captured step replays
     const int64_t n = a.rows * a.n_head * a.head_dim;
     Emu e(*this);
-    cpu_->paged_attention(kv, a, e.in(q, n), e.out(out, n));
+    if (gpu_kv(kv)) kernels::paged_attention_ref(kv, a, e.in(q, n).f32(), e.out(out, n).f32());
+    else cpu_->paged_attention(kv, a, e.in(q, n), e.out(out, n));
   }
   void attention(const kernels::AttentionShape& s, kernels::Act q, kernels::Act k, kernels::Act v,
                  kernels::Act out) override {
@@ -540,6 +551,14 @@ class FakeDevice final : public kernels::Backend {
 
  private:
   // A buffer of this device: the CPU backend's buffer, its range registered while it lives.
+  // KV types only a GPU keeps (BF16, MXFP8: --kv-type bf16 / fp8): stored
+  // and read by the references (store_kv_ref, paged_attention_ref: the
+  // types' definitions, sums in double), as the CUDA module's kv_store_row
+  // and kv_ld encode and decode them.
+  static bool gpu_kv(const kernels::KvLayout& kv) {
+    return kv.type == kernels::DType::BF16 || kv.type == kernels::DType::MXFP8;
+  }
+
   class FakeBuffer final : public kernels::Buffer {
    public:
     FakeBuffer(FakeDevice& d, std::unique_ptr<kernels::Buffer> b) : d_(d), b_(std::move(b)), shared_(d.shared_) {

@@ -293,8 +293,7 @@ void StoreWorker::fit(const QString& reference, qint64 kvBytesBudget, KvType kvT
             if (auto info = read_model_info(model->path, tok ? tok->path : ""); info.ok() && info->n_heads > 0) {
               const int64_t ctx = default_context_tokens(info->n_ctx_train);
               const int64_t kvDim = int64_t{info->n_embd} * (info->n_kv_heads > 0 ? info->n_kv_heads : info->n_heads) / info->n_heads;
-              const double elem = kvType == KvType::F32 ? 4 : kvType == KvType::F16 ? 2 : 34.0 / 32;  // Q8_0: 34 bytes per 32
-              f.workBytes = std::min<int64_t>(static_cast<int64_t>(2.0 * info->n_layers * ctx * kvDim * elem), kvBytesBudget);
+              f.workBytes = std::min<int64_t>(kv_type_bytes(kvType, 2 * int64_t{info->n_layers} * ctx * kvDim), kvBytesBudget);
             }
           }
         } else {

@@ -48,9 +48,10 @@ void add_kv_type_option(CLI::App& cmd, KvType& type) {
          "--kv-type",
          [&type](const std::string& v) {
            if (!kv_type_from_name(v, &type))
-             throw CLI::ValidationError("--kv-type", "'" + v + "' is not a KV cache type; use f16, f32 or q8_0");
+             throw CLI::ValidationError("--kv-type", "'" + v + "' is not a KV cache type; use f16, bf16, f32, q8_0 or fp8");
          },
-         std::string("KV cache precision: f16, f32 (exact) or q8_0 (half of f16's memory) (default: ") +
+         std::string("KV cache precision: f16, f32 (exact; CPU only), q8_0 (half of f16's memory), bf16 or fp8 "
+                     "(MXFP8: E4M3 in blocks of 32 with a shared scale, 33 bytes per 32 values) (GPU only) (default: ") +
              kv_type_name(type) + ")")
       ->type_name("TYPE");
 }

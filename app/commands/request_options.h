@@ -21,7 +21,7 @@ void add_request_options(CLI::App& cmd, TextRequest& req);
 // refused (exit 2) instead of wrapping around or silently becoming random.
 void add_seed_option(CLI::App& cmd, uint64_t& seed, const char* help);
 
-// --kv-type f16|f32|q8_0: the KV cache precision (default: what `type` holds).
+// --kv-type f16|f32|q8_0|bf16|fp8: the KV cache precision (default: what `type` holds).
 void add_kv_type_option(CLI::App& cmd, KvType& type);
 
 // --device, --precision, --gpu-memory-fraction (issue 33), on every command that runs models.

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace atelier::kernels {
@@ -385,6 +387,7 @@ class CpuBackend final : public Backend {
   }
 
   void store_kv(const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) override {
+    check_kv(kv);
     const int64_t n = kv.row_elems;
     const float *kf = k.f32(), *vf = v.f32();
     for_rows(rows, [&](int64_t r) { store_row(kv, layer, kf + r * n, vf + r * n, slots[r]); });
@@ -392,6 +395,7 @@ class CpuBackend final : public Backend {
 
   void rope_store_kv(Act q, Act k, Act v, int64_t rows, const int32_t* positions, const RopeParams& rq,
                      const RopeParams& rk, const KvLayout& kv, int layer, const int32_t* slots) override {
+    check_kv(kv);
     const int64_t qw = rq.n_heads * rq.head_dim, n = kv.row_elems;
     float *qf = q.f32(), *kf = k.f32();
     const float* vf = v.f32();
@@ -404,6 +408,7 @@ class CpuBackend final : public Backend {
     });
   }
   void paged_attention(const KvLayout& kv, const PagedAttention& a, Act q, Act out) override {
+    check_kv(kv);
     paged_attention_f32(kv, a, q.f32(), out.f32());
   }
 
@@ -430,6 +435,14 @@ class CpuBackend final : public Backend {
     };
     if (ex_ && n > 1) ex_->parallel_for(n, body);
     else body(0, n);
+  }
+
+  // The CPU's attention kernels read F32, F16 and Q8_0 caches; BF16 and
+  // MXFP8 are the GPU's (store_kv_ref / paged_attention_ref read them all).
+  static void check_kv(const KvLayout& kv) {
+    if (kv.type != DType::F32 && kv.type != DType::F16 && kv.type != DType::Q8_0)
+      throw std::invalid_argument("the CPU keeps its KV cache in f32, f16 or q8_0, not " +
+                                  std::string(dtype_name(kv.type)) + ": use --kv-type f16 (or q8_0) on the CPU");
   }
 
   static void store_row(const KvLayout& kv, int layer, const float* k, const float* v, int32_t s) {
@@ -726,24 +739,24 @@ Device& cpu_device() {
 
 // ---------------------------------------------------------------- references
 
+namespace {
+// Bytes at a KV row's start, any type the references read: element offsets
+// (KvLayout) scaled by the type's block (Q8_0 / MXFP8 rows start on a block).
+uint8_t* kv_row_bytes(void* base, const KvLayout& kv, int layer, int64_t slot) {
+  const int64_t bt = kv.block_tokens;
+  const int64_t e = (slot / bt) * kv.block_stride_elems + layer * kv.layer_stride_elems + (slot % bt) * kv.row_elems;
+  return static_cast<uint8_t*>(base) + e / dtype_block_elems(kv.type) * dtype_block_bytes(kv.type);
+}
+}  // namespace
+
 void store_kv_ref(const KvLayout& kv, int layer, const float* k, const float* v, const int32_t* slots, int64_t rows) {
   const int64_t n = kv.row_elems;
   for (int64_t r = 0; r < rows; ++r) {
     if (slots[r] < 0) continue;
-    if (kv.type == DType::Q8_0) {  // GGML's Q8_0 blocks of the row
-      quantize_row(DType::Q8_0, k + r * n, const_cast<uint8_t*>(kv_q8(kv.k, kv, layer, slots[r]).blocks), n);
-      quantize_row(DType::Q8_0, v + r * n, const_cast<uint8_t*>(kv_q8(kv.v, kv, layer, slots[r]).blocks), n);
-      continue;
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      if (kv.type == DType::F16) {
-        kv_row<uint16_t>(kv.k, kv, layer, slots[r])[j] = f32_to_fp16(k[r * n + j]);
-        kv_row<uint16_t>(kv.v, kv, layer, slots[r])[j] = f32_to_fp16(v[r * n + j]);
-      } else {
-        kv_row<float>(kv.k, kv, layer, slots[r])[j] = k[r * n + j];
-        kv_row<float>(kv.v, kv, layer, slots[r])[j] = v[r * n + j];
-      }
-    }
+    // quantize_row is each type's definition (Q8_0: GGML's blocks; MXFP8:
+    // DType::MXFP8's encoder; F16 / BF16 rounded to nearest even).
+    quantize_row(kv.type, k + r * n, kv_row_bytes(kv.k, kv, layer, slots[r]), n);
+    quantize_row(kv.type, v + r * n, kv_row_bytes(kv.v, kv, layer, slots[r]), n);
   }
 }
 
@@ -849,15 +862,11 @@ void paged_attention_ref(const KvLayout& kv, const PagedAttention& a, const floa
   const int64_t hd = a.head_dim, qd = a.n_head * hd;
   const int group = a.n_head / a.n_head_kv;
   const int bt = kv.block_tokens;
-  auto elem = [&](void* base, int64_t slot, int64_t j) -> double {
-    if (kv.type == DType::F16) return fp16_to_f32(kv_row<const uint16_t>(base, kv, a.layer, slot)[j]);
-    if (kv.type == DType::Q8_0) {  // dequantize_row of the value's block
-      float block[kQ8BlockElems];
-      const Q8Rows row = kv_q8(base, kv, a.layer, slot);
-      dequantize_row(DType::Q8_0, row.blocks + j / kQ8BlockElems * kQ8BlockBytes, block, kQ8BlockElems);
-      return block[j % kQ8BlockElems];
-    }
-    return kv_row<const float>(base, kv, a.layer, slot)[j];
+  const int64_t be = dtype_block_elems(kv.type), bb = dtype_block_bytes(kv.type);
+  auto elem = [&](void* base, int64_t slot, int64_t j) -> double {  // dequantize_row of the value's block
+    float block[32];
+    dequantize_row(kv.type, kv_row_bytes(base, kv, a.layer, slot) + j / be * bb, block, be);
+    return block[j % be];
   };
   for (int64_t i = 0; i < a.rows; ++i) {
     const int len = a.row_len[i];

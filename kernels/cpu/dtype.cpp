@@ -36,6 +36,7 @@ constexpr TypeInfo kTypes[] = {
     {DType::MXFP4, "mxfp4", 32, 1 + 16},
     // Blocks of 16 codes; dtype_row_bytes adds the row's scale header.
     {DType::E4M3_ROWS, "e4m3-rows", 16, 16},
+    {DType::MXFP8, "mxfp8", kMxfp8BlockElems, kMxfp8BlockBytes},
 };
 
 const TypeInfo* find(DType t) {
@@ -46,7 +47,7 @@ const TypeInfo* find(DType t) {
 }  // namespace
 
 bool dtype_known(uint32_t id) {
-  return id != static_cast<uint32_t>(DType::E4M3_ROWS) && find(static_cast<DType>(id)) != nullptr;
+  return id != static_cast<uint32_t>(DType::E4M3_ROWS) && id != static_cast<uint32_t>(DType::MXFP8) && find(static_cast<DType>(id)) != nullptr;
 }
 
 std::string_view dtype_name(DType t) {
@@ -92,6 +93,21 @@ uint8_t f32_to_e4m3(float f) {
   const float dl = a - e4m3_to_f32(static_cast<uint8_t>(lo)), dh = e4m3_to_f32(static_cast<uint8_t>(hi)) - a;
   const int c = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
   return static_cast<uint8_t>(sign | c);
+}
+
+uint8_t mxfp8_scale_byte(float amax) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 0;  // an all-zero block
+  // amax = m 2^x with m in [0.5, 1); 448 = 0.875 * 2^9, so amax <= 448 * 2^e
+  // first holds at e = x - 9 when m <= 0.875, else at e = x - 8. Exact
+  // (frexp), so the device's frexpf picks the same byte.
+  int x = 0;
+  const float m = std::frexp(amax, &x);
+  const int e = (m <= 0.875f ? x - 9 : x - 8) + 127;
+  return static_cast<uint8_t>(e < 0 ? 0 : e > 254 ? 254 : e);
+}
+
+float e8m0_to_f32(uint8_t s) {
+  return s == 255 ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, static_cast<int>(s) - 127);
 }
 
 float fp16_to_f32(uint16_t h) {

@@ -825,6 +825,14 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = scale * e4m3_to_f32(c[i]);
       break;
     }
+    case DType::MXFP8: {
+      const auto* b = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < nb; ++i, b += kMxfp8BlockBytes) {
+        const float d = e8m0_to_f32(b[0]);
+        for (int j = 0; j < kMxfp8BlockElems; ++j) dst[i * kMxfp8BlockElems + j] = e4m3_to_f32(b[1 + j]) * d;
+      }
+      break;
+    }
   }
 }
 
@@ -865,6 +873,18 @@ bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
       std::memset(b, 0, kE4M3RowHeaderBytes);
       std::memcpy(b, &scale, sizeof scale);
       for (int64_t i = 0; i < n; ++i) b[kE4M3RowHeaderBytes + i] = f32_to_e4m3(src[i] / scale);
+      return true;
+    }
+    case DType::MXFP8: {  // DType::MXFP8; the CUDA module's kv_store_row gives the same bytes
+      auto* b = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < nb; ++i, src += kMxfp8BlockElems, b += kMxfp8BlockBytes) {
+        float amax = 0.0f;  // of the finite values: an infinity saturates, it does not zero the block
+        for (int j = 0; j < kMxfp8BlockElems; ++j)
+          if (std::isfinite(src[j])) amax = std::max(amax, std::fabs(src[j]));
+        b[0] = mxfp8_scale_byte(amax);
+        const float inv = std::ldexp(1.0f, 127 - static_cast<int>(b[0]));  // exact: a power of two
+        for (int j = 0; j < kMxfp8BlockElems; ++j) b[1 + j] = f32_to_e4m3(src[j] * inv);
+      }
       return true;
     }
   }

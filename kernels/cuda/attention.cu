@@ -1,4 +1,4 @@
-// The KV cache and attention: store_kv (F32 / F16 / BF16 / Q8_0 rows), the
+// The KV cache and attention: store_kv (F32 / F16 / BF16 / Q8_0 / MXFP8 rows), the
 // fused RoPE + store, paged attention with an online softmax split into
 // chunks of kAttnChunk positions (flash-decoding), runs of prefill rows
 // tiled onto the tensor cores (flash attention, flash_plan.h), and dense
@@ -43,10 +43,24 @@ __device__ __forceinline__ int64_t kv_elem(const KvDev& kv, int layer, int64_t s
   return (slot / kv.bt) * kv.block_stride + layer * kv.layer_stride + (slot % kv.bt) * kv.row_elems;
 }
 
+// DType::MXFP8 (the fp8 cache): 33-byte blocks of 32, the E8M0 scale byte
+// then the E4M3 codes (kernels.h).
+constexpr int kKvMXFP8 = static_cast<int>(DType::MXFP8);
+
+// 2^(s - 127) for an E8M0 byte (NaN for 255), exactly kernels::e8m0_to_f32.
+__device__ __forceinline__ float e8m0_value(uint32_t s) {
+  return s == 255 ? __uint_as_float(0x7fc00000u) : s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23);
+}
+
 __device__ __forceinline__ float kv_ld(int type, const uint8_t* base, int64_t e) {
   if (type == kWQ8_0) {
     const uint8_t* b = base + (e >> 5) * 34;
     return h2f(b) * static_cast<float>(reinterpret_cast<const int8_t*>(b + 2)[e & 31]);
+  }
+  if (type == kKvMXFP8) {  // e4m3(code) * 2^(s - 127): exact unless subnormal, as dequantize_row(MXFP8)
+    const uint8_t* b = base + (e >> 5) * 33;
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b[1 + (e & 31)]), __NV_E4M3);
+    return __half2float(__half(h)) * e8m0_value(b[0]);
   }
   return ld(base, type, e);
 }
@@ -65,6 +79,27 @@ __device__ __forceinline__ void kv_store_row(int type, uint8_t* base, int64_t e,
       uint8_t* b = base + ((e >> 5) + blk) * 34;
       if (lane == 0) *reinterpret_cast<__half*>(b) = __float2half_rn(d);
       reinterpret_cast<int8_t*>(b + 2)[lane] = static_cast<int8_t>(roundf(v * id));
+    }
+    return;
+  }
+  if (type == kKvMXFP8) {
+    // One warp per block of 32: kernels::quantize_row(MXFP8) byte for byte.
+    // The scale from the finite values' max |x| (frexpf is exact), then each
+    // x * 2^(127 - s) (exact) to E4M3, nearest even, saturating (SATFINITE:
+    // an infinity becomes +-448, NaN stays NaN).
+    const int lane = threadIdx.x & 31;
+    for (int64_t blk = threadIdx.x >> 5; blk < n / 32; blk += blockDim.x >> 5) {
+      const float v = ld(x, xt, xo + blk * 32 + lane);
+      const float amax = warp_max(isfinite(v) ? fabsf(v) : 0.0f);
+      int s = 0;
+      if (amax > 0.0f) {
+        int ex = 0;
+        const float m = frexpf(amax, &ex);
+        s = min(max((m <= 0.875f ? ex - 9 : ex - 8) + 127, 0), 254);
+      }
+      uint8_t* b = base + ((e >> 5) + blk) * 33;
+      if (lane == 0) b[0] = static_cast<uint8_t>(s);
+      b[1 + lane] = __nv_cvt_float_to_fp8(v * ldexpf(1.0f, 127 - s), __NV_SATFINITE, __NV_E4M3);
     }
     return;
   }
@@ -659,11 +694,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 }  // namespace
 
 void check_kv(const KvLayout& kv, int64_t head_dim) {
-  if (kv.type != DType::F32 && kv.type != DType::F16 && kv.type != DType::BF16 && kv.type != DType::Q8_0)
+  if (kv.type != DType::F32 && kv.type != DType::F16 && kv.type != DType::BF16 && kv.type != DType::Q8_0 &&
+      kv.type != DType::MXFP8)
     throw std::logic_error("CUDA KV cache: type " + std::string(dtype_name(kv.type)) +
-                           " (the device keeps F32, F16, BF16 or Q8_0)");
-  if (kv.type == DType::Q8_0 && (kv.row_elems % 32 != 0 || (head_dim > 0 && head_dim % 32 != 0)))
-    throw std::logic_error("CUDA KV cache: Q8_0 rows need head_dim a multiple of 32");
+                           " (the device keeps F32, F16, BF16, Q8_0 or MXFP8)");
+  if ((kv.type == DType::Q8_0 || kv.type == DType::MXFP8) &&
+      (kv.row_elems % 32 != 0 || (head_dim > 0 && head_dim % 32 != 0)))
+    throw std::logic_error(std::string("CUDA KV cache: ") + (kv.type == DType::Q8_0 ? "Q8_0" : "MXFP8") +
+                           " rows need head_dim a multiple of 32");
 }
 
 void store_kv(cudaStream_t s, const KvLayout& kv, int layer, Act k, Act v, const int32_t* slots, int64_t rows) {

@@ -475,7 +475,7 @@ class CudaBackend final : public Backend {
     Timed timed(*this, [&] {
       return OpCost{"matmul_id " + std::string(dtype_name(experts[0][0].type)) + " rows " + rows_bucket(rows)};
     });
-    cuda::matmul_id(stream_, experts, y, bias, count, n_expert, x, x_per_row, ids, rows, k);
+    cuda::matmul_id(stream_, scratch_, experts, y, bias, count, n_expert, x, x_per_row, ids, rows, k);
   }
   void moe_combine(Act y, const float* weights, Act out, int64_t rows, int k, int64_t dim) override {
     enter();

@@ -2,6 +2,7 @@
 // small batches), cuBLASLt BF16 GEMM for prefill and large batches; weight
 // preparation and embedding lookups.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -270,8 +271,235 @@ void launch_matvec_id(cudaStream_t s, const WeightView* ex, int n_expert, Act x,
   CUDA_LAUNCHED();
 }
 
-void matmul_id(cudaStream_t s, const WeightView* const* experts, const Act* y, const float* const* bias, int count,
-               int n_expert, Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) {
+// ---- grouped by expert (policy.h's moe_plan): a counting sort of the slots
+// into scratch by one block, then one block per (chunk of up to
+// kMoeChunkRows slots of one expert, 4 weight rows).
+
+constexpr int kPlanWarps = 16;  // the sort's segments of slots, one warp each
+
+// One block of kPlanWarps warps writes moe_plan(ids) at n_chunks / chunks /
+// order. Warp w counts its segment's slots per expert (__match_any_sync:
+// the lanes of one expert add once), warp 0 scans the experts (each lane a
+// run of them) into each expert's first sorted index and first chunk and
+// each warp's cursor within the expert, then every warp places its
+// segment's slots in slot order: by expert, then slot, as moe_plan. Shared:
+// (kPlanWarps + 3) * n_expert ints (38 KiB at 512 experts).
+__global__ void __launch_bounds__(kPlanWarps * 32)
+    moe_plan_kernel(const int32_t* __restrict__ ids, int64_t slots, int n_expert, int chunk, int32_t* n_chunks,
+                    int4* __restrict__ chunks, int32_t* __restrict__ order) {
+  extern __shared__ int sh[];
+  int* cnt = sh;                           // [kPlanWarps][n_expert]: counts, then cursors
+  int* tot = sh + kPlanWarps * n_expert;   // slots of expert e
+  int* base = tot + n_expert;              // its first sorted index
+  int* cbase = base + n_expert;            // its first chunk
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < kPlanWarps * n_expert; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  const int64_t seg = (slots + kPlanWarps - 1) / kPlanWarps;
+  const int64_t s_begin = min(slots, w * seg), s_end = min(slots, s_begin + seg);
+  int* mine = cnt + w * n_expert;
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += 32) {
+    const int64_t s = s0 + lane;
+    int e = s < s_end ? ids[s] : -1;
+    if (e >= n_expert) e = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) mine[e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  if (w == 0) {
+    const int per = (n_expert + 31) / 32;
+    const int e0 = min(n_expert, lane * per), e1 = min(n_expert, e0 + per);
+    int t_run = 0, c_run = 0;
+    for (int e = e0; e < e1; ++e) {
+      int t = 0;
+      for (int k = 0; k < kPlanWarps; ++k) t += cnt[k * n_expert + e];
+      tot[e] = t;
+      t_run += t;
+      c_run += (t + chunk - 1) / chunk;
+    }
+    int t_inc = t_run, c_inc = c_run;  // inclusive scans over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, t_inc, d), c = __shfl_up_sync(0xffffffffu, c_inc, d);
+      if (lane >= d) t_inc += a, c_inc += c;
+    }
+    int at = t_inc - t_run, cat = c_inc - c_run;
+    for (int e = e0; e < e1; ++e) {
+      base[e] = at;
+      cbase[e] = cat;
+      for (int k = 0; k < kPlanWarps; ++k) {  // warp k's first index among expert e's slots
+        const int c = cnt[k * n_expert + e];
+        cnt[k * n_expert + e] = at;
+        at += c;
+      }
+      cat += (tot[e] + chunk - 1) / chunk;
+    }
+    if (lane == 31) *n_chunks = c_inc;
+  }
+  __syncthreads();
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += 32) {
+    const int64_t s = s0 + lane;
+    int e = s < s_end ? ids[s] : -1;
+    if (e >= n_expert) e = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (e >= 0) order[mine[e] + rank] = static_cast<int32_t>(s);
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) mine[e] += __popc(peers);
+    __syncwarp();
+  }
+  // The chunk table: chunk c belongs to the last expert whose first chunk is
+  // at or before it (experts with no chunk share their successor's).
+  const int total = cbase[n_expert - 1] + (tot[n_expert - 1] + chunk - 1) / chunk;
+  for (int c = threadIdx.x; c < total; c += blockDim.x) {
+    int lo = 0, hi = n_expert - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (cbase[mid] <= c) lo = mid;
+      else hi = mid - 1;
+    }
+    const int j = (c - cbase[lo]) * chunk;
+    chunks[c] = make_int4(lo, base[lo] + j, min(chunk, tot[lo] - j), 0);
+  }
+}
+
+// Block (chunk, 4 weight rows): the chunk's slots (one expert, at most
+// kMatvecRows) against that expert's matrix, one warp per weight row, each
+// weight group loaded once for the chunk and each slot's sum exactly
+// matvec_id_kernel's (one FMA chain per lane over groups l, l + 32, ...,
+// the float tail, the fixed butterfly, the bias before the one rounding):
+// bit for bit the one-row product, whichever chunk a slot lands in.
+template <int WT, class XT>
+__global__ void __launch_bounds__(kMvWarps * 32)
+    matvec_grouped_kernel(const __grid_constant__ ExpertRows w, int64_t w_rows, int64_t row_bytes, int64_t cols,
+                          bool wvec, const XT* __restrict__ x, int x_per_row, int k,
+                          const int32_t* __restrict__ n_chunks, const int4* __restrict__ chunks,
+                          const int32_t* __restrict__ order, bool xvec, const float* __restrict__ bias,
+                          void* __restrict__ y, int yt) {
+  if (static_cast<int>(blockIdx.x) >= *n_chunks) return;  // the grid is the bound
+  const int4 ch = chunks[blockIdx.x];
+  const int e = ch.x, nm = ch.z;
+  int64_t slot[kMatvecRows];
+  const XT* xr[kMatvecRows];
+#pragma unroll
+  for (int m = 0; m < kMatvecRows; ++m) {
+    slot[m] = m < nm ? order[ch.y + m] : 0;
+    xr[m] = x + (x_per_row == 1 ? slot[m] / k : slot[m]) * cols;
+  }
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = cols / 8;
+  for (int64_t rb = blockIdx.y; rb * kMvWarps < w_rows; rb += gridDim.y) {
+    const int64_t r = rb * kMvWarps + (threadIdx.x >> 5);
+    if (r >= w_rows) continue;
+    const uint8_t* row = w.p[e] + r * row_bytes;
+    float acc[kMatvecRows];
+#pragma unroll
+    for (int m = 0; m < kMatvecRows; ++m) acc[m] = 0.0f;
+    for (int64_t g = lane; g < groups; g += 32) {
+      float wv[8];
+      load8<WT>(row, g, wvec, wv);
+#pragma unroll
+      for (int m = 0; m < kMatvecRows; ++m) {
+        if (m < nm) {
+          float xv[8];
+          load8x<XT>(xr[m] + g * 8, xvec, xv);
+          float a = acc[m];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
+          acc[m] = a;
+        }
+      }
+    }
+    for (int64_t c = groups * 8 + lane; c < cols; c += 32) {
+      const float wv = load1(WT, row, c);
+#pragma unroll
+      for (int m = 0; m < kMatvecRows; ++m)
+        if (m < nm) acc[m] = fmaf(wv, to_f(xr[m][c]), acc[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < kMatvecRows; ++m) {
+      if (m < nm) {
+        float v = warp_sum(acc[m]);
+        if (lane == 0) {
+          if (bias) v += bias[e * w_rows + r];
+          st(y, yt, slot[m] * w_rows + r, v);
+        }
+      }
+    }
+  }
+}
+
+// The plan in scratch (policy.h's moe_plan_bytes), made once per call for
+// all its sets.
+struct MoeGroups {
+  const int32_t* n_chunks;
+  const int4* chunks;
+  const int32_t* order;
+  int64_t bound;
+};
+
+MoeGroups plan_moe_groups(cudaStream_t s, Scratch& scratch, const int32_t* ids, int64_t slots, int n_expert) {
+  auto* p = static_cast<uint8_t*>(scratch.get(static_cast<size_t>(moe_plan_bytes(slots, n_expert))));
+  MoeGroups g;
+  g.bound = moe_chunk_bound(slots, n_expert);
+  g.n_chunks = reinterpret_cast<const int32_t*>(p);
+  g.chunks = reinterpret_cast<const int4*>(p + 16);
+  g.order = reinterpret_cast<const int32_t*>(p + 16 + 16 * g.bound);
+  const size_t shared = static_cast<size_t>(kPlanWarps + 3) * static_cast<size_t>(n_expert) * sizeof(int);
+  moe_plan_kernel<<<1, kPlanWarps * 32, shared, s>>>(ids, slots, n_expert, kMoeChunkRows, reinterpret_cast<int32_t*>(p),
+                                                     reinterpret_cast<int4*>(p + 16),
+                                                     reinterpret_cast<int32_t*>(p + 16 + 16 * g.bound));
+  CUDA_LAUNCHED();
+  return g;
+}
+
+template <int WT>
+void launch_matvec_grouped(cudaStream_t s, const WeightView* ex, int n_expert, Act x, int x_per_row,
+                           const MoeGroups& g, int k, const float* bias, Act y) {
+  ExpertRows w{};
+  bool wvec = ex[0].row_stride_bytes % 16 == 0;
+  for (int e = 0; e < n_expert; ++e) {
+    w.p[e] = static_cast<const uint8_t*>(ex[e].data);
+    wvec = wvec && reinterpret_cast<uintptr_t>(w.p[e]) % 16 == 0;
+  }
+  const WeightView& w0 = ex[0];
+  const size_t xe = static_cast<size_t>(x.elem_bytes());
+  const bool xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (w0.cols * xe) % 16 == 0;
+  const int64_t blocks = (w0.rows + kMvWarps - 1) / kMvWarps;
+  const dim3 grid(static_cast<unsigned>(g.bound), static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
+  const int yt = act_code(y);
+  switch (act_code(x)) {
+    case kF32:
+      matvec_grouped_kernel<WT, float><<<grid, kMvWarps * 32, 0, s>>>(
+          w, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const float*>(x.data()), x_per_row, k,
+          g.n_chunks, g.chunks, g.order, xvec, bias, y.data(), yt);
+      break;
+    case kF16:
+      matvec_grouped_kernel<WT, __half><<<grid, kMvWarps * 32, 0, s>>>(
+          w, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const __half*>(x.data()), x_per_row, k,
+          g.n_chunks, g.chunks, g.order, xvec, bias, y.data(), yt);
+      break;
+    default:
+      matvec_grouped_kernel<WT, __nv_bfloat16><<<grid, kMvWarps * 32, 0, s>>>(
+          w, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const __nv_bfloat16*>(x.data()), x_per_row,
+          k, g.n_chunks, g.chunks, g.order, xvec, bias, y.data(), yt);
+      break;
+  }
+  CUDA_LAUNCHED();
+}
+
+// ATELIER_CUDA_MOE_GROUPED=0: every call on matvec_id_kernel (the A/B).
+bool moe_grouped_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ATELIER_CUDA_MOE_GROUPED");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+void matmul_id(cudaStream_t s, Scratch& scratch, const WeightView* const* experts, const Act* y, const float* const* bias,
+               int count, int n_expert, Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) {
   if (rows <= 0 || k <= 0 || count <= 0) return;
   if (n_expert <= 0 || n_expert > kMaxExperts)
     throw std::logic_error("CUDA matmul_id: " + std::to_string(n_expert) + " experts (1 to " +
@@ -279,6 +507,11 @@ void matmul_id(cudaStream_t s, const WeightView* const* experts, const Act* y, c
   if (x_per_row != 1 && x_per_row != k) throw std::logic_error("CUDA matmul_id: x_per_row must be 1 or k");
   const int64_t slots = rows * k;
   if (slots > int64_t{0x7fffffff}) throw std::logic_error("CUDA matmul_id: too many routed rows");
+  // Grouped by expert (one sort for all the sets), or a block per slot.
+  const bool grouped = moe_grouped(rows, moe_grouped_enabled());
+  MoeGroups g{};
+  for (int i = 0; i < count && grouped && !g.order; ++i)
+    if (experts[i][0].rows > 0) g = plan_moe_groups(s, scratch, ids, slots, n_expert);
   for (int i = 0; i < count; ++i) {
     const WeightView* ex = experts[i];
     const WeightView& w0 = ex[0];
@@ -292,15 +525,24 @@ void matmul_id(cudaStream_t s, const WeightView* const* experts, const Act* y, c
     if (w0.rows <= 0) continue;
     const float* b = bias ? bias[i] : nullptr;
     switch (w0.type) {
-      case DType::BF16: launch_matvec_id<kWBF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::F32: launch_matvec_id<kWF32>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::F16: launch_matvec_id<kWF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q8_0: launch_matvec_id<kWQ8_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q4_0: launch_matvec_id<kWQ4_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q4_K: launch_matvec_id<kWQ4_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q5_K: launch_matvec_id<kWQ5_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q6_K: launch_matvec_id<kWQ6_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::MXFP4: launch_matvec_id<kWMXFP4>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::BF16: grouped ? launch_matvec_grouped<kWBF16>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWBF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::F32: grouped ? launch_matvec_grouped<kWF32>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWF32>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::F16: grouped ? launch_matvec_grouped<kWF16>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q8_0: grouped ? launch_matvec_grouped<kWQ8_0>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWQ8_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q4_0: grouped ? launch_matvec_grouped<kWQ4_0>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWQ4_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q4_K: grouped ? launch_matvec_grouped<kWQ4_K>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWQ4_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q5_K: grouped ? launch_matvec_grouped<kWQ5_K>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWQ5_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::Q6_K: grouped ? launch_matvec_grouped<kWQ6_K>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWQ6_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::MXFP4: grouped ? launch_matvec_grouped<kWMXFP4>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
+                         : launch_matvec_id<kWMXFP4>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
       default:
         throw std::logic_error("CUDA matmul_id: experts of type " + std::string(dtype_name(w0.type)) +
                                " were not prepared for this device (prepare_weights)");

@@ -76,12 +76,16 @@ class Gemm {
 // (policy.h's device types) or raw device rows of F32 / F16.
 void matmul(cudaStream_t s, Gemm& gemm, Scratch& scratch, bool deterministic, const WeightView& w, Act x, Act y,
             int64_t rows);
-// Backend::matmul_id: per set, one launch over (slot, 4 weight rows) blocks,
-// each slot's row the one-row matrix-vector product of its expert (bit for
-// bit matmul's one-row call: batch-invariant at any row count). At most
-// kMaxExperts experts (their pointers travel as a kernel parameter).
+// Backend::matmul_id: each slot's row the one-row matrix-vector product of
+// its expert (bit for bit matmul's one-row call: batch-invariant at any row
+// count). From 2 token rows the slots are grouped by expert on the device
+// (a counting sort into scratch, policy.h's moe_plan), one launch per set
+// over (chunk of up to kMatvecRows slots of one expert, 4 weight rows), so
+// a weight row is read once per chunk; one token row (or
+// ATELIER_CUDA_MOE_GROUPED=0) one launch per set over (slot, 4 weight rows).
+// At most kMaxExperts experts (their pointers travel as a kernel parameter).
 constexpr int kMaxExperts = 512;
-void matmul_id(cudaStream_t s, const WeightView* const* experts, const Act* y, const float* const* bias, int count,
+void matmul_id(cudaStream_t s, Scratch& scratch, const WeightView* const* experts, const Act* y, const float* const* bias, int count,
                int n_expert, Act x, int x_per_row, const int32_t* ids, int64_t rows, int k);
 // Backend::get_rows: decoded rows of a device table of any readable type.
 void get_rows(cudaStream_t s, const WeightView& table, const int32_t* ids, Act y, int64_t rows);

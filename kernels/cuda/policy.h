@@ -7,7 +7,9 @@
 #include <atelier/backend.h>
 #include <atelier/kernels.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace atelier::kernels::cuda {
 
@@ -77,6 +79,59 @@ constexpr int64_t kGemmSliceBytes = int64_t{64} << 20;
 inline int64_t gemm_slice_rows(int64_t rows, int64_t cols) {
   const int64_t n = kGemmSliceBytes / (cols * 2);
   return n < 1 ? 1 : n > rows ? rows : n;
+}
+
+// Mixtures of experts (matmul_id) grouped by expert: a step's routed slots
+// (row * k + j) sorted by expert by a counting sort on the device (stable:
+// ascending slot within an expert; ids outside [0, n_expert) left out), and
+// each expert's run cut into chunks of at most kMoeChunkRows slots; one
+// block row of the grouped kernel per chunk reads each weight row once for
+// the chunk's slots, each slot with the one-row product's arithmetic. The
+// grid is sized by moe_chunk_bound (no host sync: the device writes the
+// chunk count, blocks past it return). moe_plan is what the device's
+// planning kernel writes, as a plain function (CudaPolicy tests).
+constexpr int kMoeChunkRows = static_cast<int>(kMatvecRows);
+// Grouped from this many token rows (one row's k slots are k distinct
+// experts: nothing to share), unless ATELIER_CUDA_MOE_GROUPED=0.
+constexpr int64_t kMoeGroupedMinRows = 2;
+inline bool moe_grouped(int64_t rows, bool enabled) { return enabled && rows >= kMoeGroupedMinRows; }
+struct MoeChunk {
+  int32_t expert = 0, start = 0, count = 0;  // start: index into the sorted slots
+  bool operator==(const MoeChunk&) const = default;
+};
+// The most chunks any routing of `slots` slots over n_expert experts makes:
+// sum over experts of ceil(c_e / chunk) <= ceil(slots / chunk) + (experts
+// hit), and never more than one per slot.
+inline int64_t moe_chunk_bound(int64_t slots, int n_expert, int chunk = kMoeChunkRows) {
+  if (slots <= 0) return 0;
+  return std::min<int64_t>(slots, (slots + chunk - 1) / chunk + std::min<int64_t>(n_expert, slots));
+}
+struct MoePlan {
+  std::vector<int32_t> order;    // the routed slots, by expert then slot
+  std::vector<MoeChunk> chunks;  // by expert, then position in its run
+};
+inline MoePlan moe_plan(const int32_t* ids, int64_t slots, int n_expert, int chunk = kMoeChunkRows) {
+  MoePlan p;
+  std::vector<int64_t> count(static_cast<size_t>(n_expert), 0), next(static_cast<size_t>(n_expert), 0);
+  for (int64_t s = 0; s < slots; ++s)
+    if (ids[s] >= 0 && ids[s] < n_expert) ++count[static_cast<size_t>(ids[s])];
+  int64_t at = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    next[static_cast<size_t>(e)] = at;
+    for (int64_t j = 0; j < count[static_cast<size_t>(e)]; j += chunk)
+      p.chunks.push_back({e, static_cast<int32_t>(at + j),
+                          static_cast<int32_t>(std::min<int64_t>(chunk, count[static_cast<size_t>(e)] - j))});
+    at += count[static_cast<size_t>(e)];
+  }
+  p.order.resize(static_cast<size_t>(at));
+  for (int64_t s = 0; s < slots; ++s)
+    if (ids[s] >= 0 && ids[s] < n_expert) p.order[static_cast<size_t>(next[static_cast<size_t>(ids[s])]++)] = static_cast<int32_t>(s);
+  return p;
+}
+// The plan's scratch: the chunk count (16 bytes), the chunk table (16 bytes
+// a chunk, at the bound), then the sorted slots (int32).
+inline int64_t moe_plan_bytes(int64_t slots, int n_expert) {
+  return 16 + 16 * moe_chunk_bound(slots, n_expert) + 4 * slots;
 }
 
 // Paged attention splits each row's positions into chunks of this many

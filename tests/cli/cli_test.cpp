@@ -130,6 +130,17 @@ TEST(Cli, BadUsageIsOneLineWithExit2) {
   CliRun q8 = run({"text", "-m", kGguf, "-p", "x", "--kv-type", "q8_0"});
   EXPECT_EQ(q8.code, 1);
   EXPECT_NE(q8.err.find("multiple of 32"), std::string::npos) << q8.err;
+  // bf16 and fp8 parse (the list names them) and are a GPU's: the CPU refuses them naming what to use.
+  CliRun e4 = run({"text", "-m", kGguf, "-p", "x", "--kv-type", "e4m3"});
+  EXPECT_EQ(e4.code, 2);
+  EXPECT_NE(e4.err.find("fp8"), std::string::npos) << e4.err;
+  for (const char* t : {"fp8", "bf16"}) {
+    CliRun gpu_kv = run({"text", "-m", kGguf, "-p", "x", "--device", "cpu", "--kv-type", t});
+    EXPECT_EQ(gpu_kv.code, 2) << t;
+    EXPECT_EQ(gpu_kv.err.find("is not a KV cache type"), std::string::npos) << gpu_kv.err;
+    EXPECT_NE(gpu_kv.err.find(std::string("--kv-type ") + t + " is for a GPU"), std::string::npos) << gpu_kv.err;
+    EXPECT_NE(gpu_kv.err.find("--kv-type f16"), std::string::npos) << gpu_kv.err;
+  }
   EXPECT_EQ(run({"text", "--help"}).code, 0);
   EXPECT_EQ(run({"bench", "text", "--help"}).code, 0);
   EXPECT_EQ(run({"models", "synth", "--help"}).code, 0);

@@ -162,6 +162,12 @@ step ops-deterministic 120 env ATELIER_CUDA_DETERMINISTIC=1 "$pack/test_kernels"
   --gtest_filter='*/BackendOps.*/cuda' --gtest_brief=1
 while read -r l; do say "  $l"; done < <(grep -E "^\[  (PASSED|FAILED) " "$work/ops-deterministic.log" | head -10)
 
+# MoE A/B: the experts' products on the per-slot kernel (ATELIER_CUDA_MOE_GROUPED=0)
+# against the same cases grouped by expert (the run above): both bit for bit
+# each token's one-row products.
+step ops-moe-per-slot 60 env ATELIER_CUDA_MOE_GROUPED=0 "$pack/test_kernels" \
+  --gtest_filter='*/BackendOps.MatmulId*/cuda:Cuda/CudaShapes.MatmulId*' --gtest_brief=1
+
 # CUDA graphs A/B (a decode step as one graph launch): 8B BF16, batch 1,
 # 128 tokens, with graphs and with ATELIER_CUDA_GRAPHS=0.
 for g in 1 0; do

@@ -699,9 +699,11 @@ Cache paged_layout(DType t, int n_layer, int block_tokens, int n_blocks, int64_t
   return c;
 }
 
-// Bytes of n cached values of type t (Q8_0: GGML blocks of 32).
+// Bytes of n cached values of type t (Q8_0: GGML blocks of 32; MXFP8: 33 bytes per 32).
 int64_t kv_bytes_of(DType t, int64_t n) {
-  return t == DType::Q8_0 ? n / kQ8BlockElems * kQ8BlockBytes : n * (t == DType::F16 ? 2 : 4);
+  if (t == DType::Q8_0) return n / kQ8BlockElems * kQ8BlockBytes;
+  if (t == DType::MXFP8) return n / kMxfp8BlockElems * kMxfp8BlockBytes;
+  return n * (t == DType::F16 || t == DType::BF16 ? 2 : 4);
 }
 
 // K of block 0 at base, V block_tokens rows after it.
@@ -941,6 +943,84 @@ TEST_P(BackendOps, PagedAttentionOverAQ8_0CacheReadsItsDequantizedRows) {
           std::vector<float> ref(static_cast<size_t>(rows * qd));
           paged_attention_ref(h.layout, ha, q.data(), ref.data());
           EXPECT_REL(y8, ref, 1e-5);
+        }
+      }
+    }
+  }
+}
+
+// A GPU's KV types (--kv-type bf16 / fp8): BF16 rows and MXFP8 blocks
+// (DType::MXFP8). store_kv writes each row as quantize_row's bytes (the
+// device's encoder is the host's, byte for byte), and paged attention over
+// them is the reference over the same bytes (decoded by dequantize_row:
+// sums in double) within 1e-5 (the activation type's rounding on a
+// BF16 device). The CPU backend refuses them, naming what to use.
+TEST_P(BackendOps, PagedAttentionOverBf16AndFp8Caches) {
+  for (DType t : {DType::BF16, DType::MXFP8}) {
+    for (int bt : {1, 16}) {
+      for (int64_t hd : {32, 64}) {
+        const std::string what = std::string(dtype_name(t)) + ", block " + std::to_string(bt) + ", hd " + std::to_string(hd);
+        Dev dev(GetParam());
+        const int n_head = 4, n_head_kv = 2, n_layer = 2, layer = 1, len = 45;
+        const int64_t row = n_head_kv * hd, qd = n_head * hd;
+        const int n_blocks = (len + bt - 1) / bt + 2;
+        Cache c = paged_layout(t, n_layer, bt, n_blocks, row);
+        const size_t bytes = static_cast<size_t>(kv_bytes_of(t, c.elems));
+        place(c, dev.zeros<uint8_t>(bytes));
+        std::vector<int32_t> table, slots;
+        for (int b = 0; b < (len + bt - 1) / bt; ++b) table.push_back(n_blocks - 1 - b);  // scrambled
+        for (int p = 0; p < len; ++p) slots.push_back(table[static_cast<size_t>(p / bt)] * bt + p % bt);
+        // K with a few large channels (some models' K rows reach the hundreds).
+        auto k = random_floats(len * row, 50, 2.0f);
+        for (int p = 0; p < len; ++p) k[static_cast<size_t>(p * row + 3)] *= 150.0f;
+        k = dev.rounded(k);
+        const auto v = dev.rounded(random_floats(len * row, 51, 2.0f));
+        const int32_t* ds = dev.put(slots);
+        if (!GetParam().fake && !GetParam().cuda) {  // the CPU backend
+          try {
+            dev.be().store_kv(c.layout, layer, dev.put(k), dev.put(v), ds, len);
+            ADD_FAILURE() << what << ": the CPU backend stored a GPU-only KV type";
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("--kv-type f16"), std::string::npos) << e.what();
+          }
+          continue;
+        }
+        dev.be().store_kv(c.layout, layer, dev.put(k), dev.put(v), ds, len);
+        auto kbytes = dev.get(static_cast<uint8_t*>(c.layout.k), bytes);
+        std::vector<uint8_t> want(bytes, 0);
+        Cache h = c;
+        place(h, want.data());
+        store_kv_ref(h.layout, layer, k.data(), v.data(), slots.data(), len);
+        ASSERT_EQ(kbytes, want) << what;  // K and V of every row, byte for byte, and nothing else
+        std::vector<int32_t> row_len, row_table;
+        for (int n : {1, 2, 31, 32, 33, 45}) row_len.push_back(n), row_table.push_back(0);
+        for (int n = 36; n <= 45; ++n) row_len.push_back(n), row_table.push_back(0);  // a prompt chunk
+        const int64_t rows = static_cast<int64_t>(row_len.size());
+        const auto q = random_floats(rows * qd, 52);
+        for (int window : {0, 17}) {
+          PagedAttention a;
+          a.window = window;
+          a.rows = rows;
+          a.n_head = n_head;
+          a.n_head_kv = n_head_kv;
+          a.head_dim = hd;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          a.layer = layer;
+          a.max_len = len;
+          a.row_len = dev.put(row_len);
+          a.row_table = dev.put(row_table);
+          a.block_tables = dev.put(table);
+          auto dq = dev.put(q), out = dev.zeros<float>(static_cast<size_t>(rows * qd));
+          dev.be().paged_attention(c.layout, a, dq, out);
+          const auto y = dev.get(out, static_cast<size_t>(rows * qd));
+          expect_attention_batch_invariant(dev, c.layout, a, dq, y, what);
+          PagedAttention ha = a;
+          ha.row_len = row_len.data();
+          ha.row_table = row_table.data();
+          ha.block_tables = table.data();
+          std::vector<float> ref(static_cast<size_t>(rows * qd));
+          paged_attention_ref(h.layout, ha, q.data(), ref.data());
+          EXPECT_REL(y, ref, 1e-5);
         }
       }
     }
@@ -1971,6 +2051,66 @@ TEST_P(CudaShapes, SampleAtVocabularySizes) {
       one.logits.assign(c.logits.end() - n_vocab, c.logits.end());
       one.rows = {c.rows.back()};
       EXPECT_EQ(sample_on(dev, one, 1, n_vocab), std::vector<int32_t>{got.back()}) << what << ": the last row alone";
+    }
+  }
+}
+
+// matmul_id grouped by expert on the device (from 2 token rows; policy.h's
+// moe_plan): two sets (gate and up: one sort shared, one with biases, one
+// without) over routings that fill chunks unevenly (every slot on one expert:
+// 129 chunks of one matrix; skewed; unrouted -1 slots), each token's k rows
+// bit for bit what that token alone gets (one row: the per-slot kernel), and
+// an unrouted slot's output untouched. ATELIER_CUDA_MOE_GROUPED=0 runs the
+// old kernel throughout (the device check runs both).
+TEST_P(CudaShapes, MatmulIdGroupedByExpertIsEachTokensOwnCall) {
+  const int n_expert = 64, k = 4;
+  const int64_t cols = 1004, out = 40;  // a float tail: 1004 is not a multiple of 8
+  for (DType t : {DType::F16, DType::Q8_0}) {
+    const int64_t c = t == DType::Q8_0 ? 1024 : cols;
+    Dev dev(GetParam());
+    std::vector<Weights> raw;
+    std::vector<std::unique_ptr<Buffer>> storage(static_cast<size_t>(2 * n_expert));
+    std::vector<WeightView> gate, up;
+    for (int e = 0; e < 2 * n_expert; ++e) raw.push_back(make_weights(t, out, c, 900 + e));
+    for (int e = 0; e < n_expert; ++e) {
+      gate.push_back(dev.be().prepare_weights(raw[static_cast<size_t>(e)].view, storage[static_cast<size_t>(e)]));
+      up.push_back(dev.be().prepare_weights(raw[static_cast<size_t>(n_expert + e)].view, storage[static_cast<size_t>(n_expert + e)]));
+    }
+    const float* bias[] = {dev.put<float>(random_floats(n_expert * out, 91)), nullptr};
+    const WeightView* sets[] = {gate.data(), up.data()};
+    for (int how = 0; how < 3; ++how) {
+      const int64_t rows = how == 0 ? 257 : how == 1 ? 33 : 9;
+      const std::string what = std::string(dtype_name(t)) + ", routing " + std::to_string(how);
+      std::vector<int32_t> ids(static_cast<size_t>(rows * k));
+      for (int64_t sl = 0; sl < rows * k; ++sl)
+        ids[static_cast<size_t>(sl)] = how == 0 ? 3                                                    // one expert
+                                       : how == 1 ? static_cast<int32_t>((sl * sl * 7 + sl) % 5 * 13)  // 5 experts
+                                                  : (sl % 3 == 1 ? -1 : static_cast<int32_t>(sl % n_expert));
+      const auto x = dev.rounded(random_floats(rows * c, 92));
+      auto dx = dev.put(x);
+      const int32_t* dids = dev.put(ids);
+      const float sentinel = 12345.0f;
+      const size_t n = static_cast<size_t>(rows * k * out);
+      float* y0 = dev.put<float>(std::vector<float>(n, sentinel));
+      float* y1 = dev.put<float>(std::vector<float>(n, sentinel));
+      const Act ys[] = {Act(y0, DType::F32), Act(y1, DType::F32)};
+      dev.be().matmul_id(sets, ys, bias, 2, n_expert, dx, 1, dids, rows, k);
+      const auto g0 = dev.get(y0, n), g1 = dev.get(y1, n);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* a0 = dev.put<float>(std::vector<float>(static_cast<size_t>(k * out), sentinel));
+        float* a1 = dev.put<float>(std::vector<float>(static_cast<size_t>(k * out), sentinel));
+        const Act ya[] = {Act(a0, DType::F32), Act(a1, DType::F32)};
+        dev.be().matmul_id(sets, ya, bias, 2, n_expert, dx + r * c, 1, dids + r * k, 1, k);
+        const size_t b = static_cast<size_t>(r * k * out), e = b + static_cast<size_t>(k * out);
+        ASSERT_EQ(dev.get(a0, static_cast<size_t>(k * out)), std::vector<float>(g0.begin() + static_cast<long>(b), g0.begin() + static_cast<long>(e)))
+            << what << " token " << r;
+        ASSERT_EQ(dev.get(a1, static_cast<size_t>(k * out)), std::vector<float>(g1.begin() + static_cast<long>(b), g1.begin() + static_cast<long>(e)))
+            << what << " token " << r;
+      }
+      for (int64_t sl = 0; sl < rows * k; ++sl)
+        if (ids[static_cast<size_t>(sl)] < 0) {
+          EXPECT_EQ(g0[static_cast<size_t>(sl * out)], sentinel) << what << " slot " << sl;
+        }
     }
   }
 }

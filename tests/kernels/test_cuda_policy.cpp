@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -212,6 +213,62 @@ TEST(CudaFlashPlan, SwitchesAndDeterministicMode) {
   EXPECT_FALSE(flash_prefill_on("0", false));
   EXPECT_FALSE(flash_prefill_on(nullptr, true));
   EXPECT_FALSE(flash_prefill_on("1", true));
+}
+
+// matmul_id grouped by expert: the plan the device's counting sort writes.
+TEST(CudaPolicy, MoePlanGroupsSlotsByExpertInChunksOfTheMatvecRows) {
+  // By hand: 4 tokens x k 2 over 4 experts; -1 and 9 are not routed.
+  const std::vector<int32_t> ids = {2, 0, 2, 1, 0, 2, -1, 9};
+  const MoePlan p = moe_plan(ids.data(), 8, 4, 2);
+  EXPECT_EQ(p.order, (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
+  EXPECT_EQ(p.chunks, (std::vector<MoeChunk>{{0, 0, 2}, {1, 2, 1}, {2, 3, 2}, {2, 5, 1}}));
+  EXPECT_EQ(kMoeChunkRows, kMatvecRows);
+  EXPECT_FALSE(moe_grouped(1, true));  // one token's k slots are k experts: nothing to share
+  EXPECT_TRUE(moe_grouped(2, true));
+  EXPECT_FALSE(moe_grouped(2048, false));  // ATELIER_CUDA_MOE_GROUPED=0
+  EXPECT_EQ(moe_chunk_bound(0, 32), 0);
+  EXPECT_EQ(moe_chunk_bound(4, 32), 4);  // never more chunks than slots
+  // Random and adversarial routings (one expert takes all; every expert
+  // one slot more than a chunk): every routed slot once, in expert then slot
+  // order, chunks contiguous, one expert each, at most kMoeChunkRows, and no
+  // more of them than the bound the grid is sized by.
+  std::mt19937 rng(5);
+  for (int n_expert : {1, 4, 32, 128, 512}) {
+    for (int64_t slots : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{257 * 4}, int64_t{2048 * 8}}) {
+      for (int how = 0; how < 3; ++how) {
+        std::vector<int32_t> id(static_cast<size_t>(slots));
+        for (int64_t s = 0; s < slots; ++s)
+          id[static_cast<size_t>(s)] = how == 0 ? static_cast<int32_t>(rng() % static_cast<unsigned>(n_expert))
+                                     : how == 1 ? 0
+                                                : static_cast<int32_t>(s / (kMoeChunkRows + 1) % n_expert);
+        const MoePlan q = moe_plan(id.data(), slots, n_expert);
+        const std::string what = std::to_string(n_expert) + " experts, " + std::to_string(slots) + " slots, " +
+                                 std::to_string(how);
+        ASSERT_EQ(static_cast<int64_t>(q.order.size()), slots) << what;
+        ASSERT_LE(static_cast<int64_t>(q.chunks.size()), moe_chunk_bound(slots, n_expert)) << what;
+        EXPECT_EQ(moe_plan_bytes(slots, n_expert), 16 + 16 * moe_chunk_bound(slots, n_expert) + 4 * slots);
+        int64_t at = 0;
+        std::vector<int> seen(static_cast<size_t>(slots), 0);
+        for (const MoeChunk& c : q.chunks) {
+          ASSERT_EQ(c.start, at) << what;
+          ASSERT_GE(c.count, 1);
+          ASSERT_LE(c.count, kMoeChunkRows);
+          for (int32_t i = c.start; i < c.start + c.count; ++i) {
+            const int32_t s = q.order[static_cast<size_t>(i)];
+            ASSERT_EQ(id[static_cast<size_t>(s)], c.expert) << what;
+            ++seen[static_cast<size_t>(s)];
+            if (i > 0) {
+              const int32_t prev = q.order[static_cast<size_t>(i - 1)];
+              ASSERT_TRUE(id[static_cast<size_t>(prev)] < c.expert || (id[static_cast<size_t>(prev)] == c.expert && prev < s))
+                  << what;
+            }
+          }
+          at += c.count;
+        }
+        EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(slots), 1)) << what;
+      }
+    }
+  }
 }
 
 }  // namespace

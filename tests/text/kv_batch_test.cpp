@@ -256,6 +256,40 @@ TEST(KvBatch, BadStepsAreRefusedBeforeComputing) {
   runner.forward_batch({SeqInput{toks.data(), 0, 0, nullptr, nullptr}});  // empty entries are skipped
 }
 
+// The GPU's KV types: BF16 2 bytes a value; FP8 MXFP8 blocks (kernels.h:
+// 32 E4M3 values and one E8M0 scale, 33 bytes), laid out as Q8_0's
+// (element offsets, V one block's rows after K); FP8 needs 32-wide heads.
+TEST(KvPool, Bf16AndFp8CachesAreSizedAndLaidOutByTheirBlocks) {
+  text::LlamaHparams hp = tiny_hp();
+  hp.head_dim = 32;  // 2 layers, 2 kv heads: 64 values a row
+  EXPECT_EQ(KvPool::block_bytes_for(hp, 4, KvType::BF16), 2 * 2 * 4 * 64 * 2);
+  EXPECT_EQ(KvPool::block_bytes_for(hp, 4, KvType::FP8), 2 * 2 * 4 * 64 / 32 * 33);
+  EXPECT_EQ(text::kv_bytes(KvType::FP8, 64), 66);
+  EXPECT_EQ(text::kv_bytes(KvType::BF16, 10), 20);
+  EXPECT_EQ(text::kv_bytes(KvType::Q8_0, 64), 68);
+  for (KvType t : {KvType::BF16, KvType::FP8}) {
+    KvPool pool(hp, 4, 3 * KvPool::block_bytes_for(hp, 4, t), t);
+    EXPECT_EQ(pool.total_blocks(), 3) << static_cast<int>(t);
+    const kernels::KvLayout& l = pool.layout();
+    EXPECT_EQ(l.type, t == KvType::BF16 ? kernels::DType::BF16 : kernels::DType::MXFP8);
+    EXPECT_EQ(l.row_elems, 64);
+    EXPECT_EQ(l.block_tokens, 4);
+    EXPECT_EQ(static_cast<const uint8_t*>(l.v) - static_cast<const uint8_t*>(l.k), text::kv_bytes(t, 4 * 64));
+    KvCache flat(hp, 10, t);
+    EXPECT_EQ(flat.layout().type, l.type);
+    EXPECT_EQ(static_cast<const uint8_t*>(flat.layout().v) - static_cast<const uint8_t*>(flat.layout().k),
+              text::kv_bytes(t, 2 * 10 * 64));
+  }
+  hp.head_dim = 8;  // stories260K's heads
+  try {
+    KvPool(hp, 4, 4096, KvType::FP8);
+    ADD_FAILURE() << "an fp8 cache of 8-wide heads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8 KV cache needs a head size that is a multiple of 32"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(KvPool, SizedByBudgetAndAccounted) {
   const auto hp = tiny_hp();
   // 2 layers * (K+V) * 4 tokens * 8 values.

@@ -97,6 +97,22 @@ TEST(PrecisionPolicy, AGpuKeepsItsKvInF16OrQ8) {
   EXPECT_NE(refusal(gpu(90), PrecisionChoice::Auto, KvType::F32).find("f16"), std::string::npos);
 }
 
+// --kv-type bf16 / fp8 are a GPU's (the CPU's attention reads f32, f16 and
+// q8_0 caches): the CPU refuses them naming what to use, as a GPU refuses f32.
+TEST(PrecisionPolicy, TheCpuRefusesBf16AndFp8KvNamingWhatToUse) {
+  for (KvType kv : {KvType::BF16, KvType::FP8}) {
+    const std::string why = refusal({}, PrecisionChoice::Auto, kv);
+    EXPECT_NE(why.find(std::string("--kv-type ") + (kv == KvType::BF16 ? "bf16" : "fp8") + " is for a GPU"),
+              std::string::npos) << why;
+    EXPECT_NE(why.find("--kv-type f16"), std::string::npos) << why;
+    const PrecisionPlan p = precision_plan(gpu(80), PrecisionChoice::Auto, kv);
+    EXPECT_EQ(p.kv, kv);
+    EXPECT_EQ(precision_label(p), std::string("weights:bf16 quant:kept act:bf16 kv:") +
+                                      (kv == KvType::BF16 ? "bf16" : "fp8") + " acc:f32");
+  }
+  EXPECT_NE(refusal(gpu(90), PrecisionChoice::Auto, KvType::F32).find("fp8"), std::string::npos);
+}
+
 TEST(PrecisionPolicy, ChoicesByName) {
   PrecisionChoice c;
   for (const char* n : {"auto", "bf16", "fp16", "fp8"}) {

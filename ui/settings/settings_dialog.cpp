@@ -70,6 +70,8 @@ SettingsDialog::SettingsDialog(const StudioSettings& c, bool apiServerAvailable,
   kvType_->addItem(tr("F16 (half the memory)"), QStringLiteral("f16"));
   kvType_->addItem(tr("F32 (exact)"), QStringLiteral("f32"));
   kvType_->addItem(tr("Q8_0 (a quarter of the memory)"), QStringLiteral("q8_0"));
+  kvType_->addItem(tr("BF16 (half the memory; GPU only)"), QStringLiteral("bf16"));
+  kvType_->addItem(tr("FP8 (a quarter of the memory; GPU only)"), QStringLiteral("fp8"));
   kvType_->setCurrentIndex(std::max(0, kvType_->findData(c.kvType)));
   kvType_->setToolTip(tr("The precision the KV cache is kept in"));
   // Where models run: auto, the CPU, and the CUDA devices this machine has.

@@ -15,7 +15,7 @@ struct StudioSettings {
   int maxWaitMs = 100;         // the dynamic batching window
   int kvMemoryMiB = 1024;      // KV cache budget per loaded model
   int modelMemoryMiB = 8192;   // loaded models kept until their bytes pass this
-  QString kvType = QStringLiteral("f16");  // "f16", "f32" or "q8_0" (kv_type_name)
+  QString kvType = QStringLiteral("f16");  // "f16", "f32", "q8_0", "bf16" or "fp8" (kv_type_name)
   QString device = QStringLiteral("auto");  // --device: "auto", "cpu", "cuda:N" (EngineConfig::devices)
   QString storeDir;            // "" = the data folder
   // Paint, at once.

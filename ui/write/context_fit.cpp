@@ -22,11 +22,7 @@ int64_t kv_bytes_per_token(const ModelInfo& m, KvType kv_type) {
   if (m.n_layers <= 0 || m.n_heads <= 0 || m.n_embd <= 0) return 0;
   const int64_t kv_heads = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
   const int64_t values = 2 * int64_t{m.n_layers} * kv_heads * (m.n_embd / m.n_heads);  // keys and values
-  switch (kv_type) {
-    case KvType::F32: return values * 4;
-    case KvType::Q8_0: return values / 32 * 34;  // GGML's blocks: 32 int8 values and one f16 scale
-    default: return values * 2;
-  }
+  return kv_type_bytes(kv_type, values);  // q8_0: 34 bytes per 32 values, fp8 (MXFP8) 33
 }
 
 namespace {

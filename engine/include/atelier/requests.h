@@ -35,11 +35,17 @@ struct SamplingParams {
 
 // The precision keys and values are cached in. Q8_0 (GGML's blocks, as
 // llama.cpp's `-ctk q8_0 -ctv q8_0`) holds half of F16's bytes at a small
-// cost in accuracy; it needs a head size that is a multiple of 32.
-enum class KvType { F32, F16, Q8_0 };
-// "f32", "f16", "q8_0"; kv_type_from_name returns false for any other name.
+// cost in accuracy; it needs a head size that is a multiple of 32. F32 is
+// the CPU's only; BF16 and FP8 a GPU's only: FP8 is OCP MXFP8 (E4M3 values
+// in blocks of 32 with one shared power-of-two scale, 33 bytes per 32
+// values: kernels::DType::MXFP8), also a head size that is a multiple of 32.
+enum class KvType { F32, F16, Q8_0, BF16, FP8 };
+// "f32", "f16", "q8_0", "bf16", "fp8"; kv_type_from_name returns false for any other name.
 const char* kv_type_name(KvType t);
 bool kv_type_from_name(const std::string& name, KvType* t);
+// Bytes of `values` cached keys or values at type t (F32 4, F16/BF16 2, Q8_0
+// 34 per 32, FP8 33 per 32): what memory admission and the studio's sizing count.
+int64_t kv_type_bytes(KvType t, int64_t values);
 
 struct TextRequest {
   std::string model;                // a store reference (NAME, NAME@V, NAME:CHANNEL, sha256:HEX) or a model file path; see resolve_model

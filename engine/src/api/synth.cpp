@@ -445,7 +445,7 @@ Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::st
     // --precision (or --type fp8) on a device: float matrices drawn in the
     // plan's product type (what loading a file at that precision would give).
     const text::PrecisionPlan prec =
-        be->device().host_memory ? text::PrecisionPlan{}
+        be->device().host_memory ? text::precision_plan({}, text::PrecisionChoice::Auto, options.kv_type)  // refuses bf16/fp8 KV
                                  : text::apply_precision(*be, fp8 ? "fp8" : options.precision, options.kv_type);
     if (fp8 && !prec.gpu)
       throw InvalidArgumentError("--type fp8 runs on a GPU with FP8 (compute capability 8.9 or newer): add --device cuda");

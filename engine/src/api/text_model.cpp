@@ -76,11 +76,20 @@ std::string find_llama2c_tokenizer(const std::string& model_path, const std::str
 }  // namespace
 
 const char* kv_type_name(KvType t) {
-  return t == KvType::F32 ? "f32" : t == KvType::F16 ? "f16" : "q8_0";
+  switch (t) {
+    case KvType::F32: return "f32";
+    case KvType::F16: return "f16";
+    case KvType::Q8_0: return "q8_0";
+    case KvType::BF16: return "bf16";
+    case KvType::FP8: return "fp8";
+  }
+  return "f16";
 }
 
+int64_t kv_type_bytes(KvType t, int64_t values) { return text::kv_bytes(t, values); }
+
 bool kv_type_from_name(const std::string& name, KvType* t) {
-  for (KvType k : {KvType::F32, KvType::F16, KvType::Q8_0})
+  for (KvType k : {KvType::F32, KvType::F16, KvType::Q8_0, KvType::BF16, KvType::FP8})
     if (name == kv_type_name(k)) return *t = k, true;
   return false;
 }
@@ -147,6 +156,7 @@ Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::
   return guarded([&]() -> Result<std::shared_ptr<text::LoadedTextModel>> {
     // The precision policy reaches the device before any matrix is prepared.
     if (!be.device().host_memory) text::apply_precision(be, options.precision, options.kv_type);
+    else text::precision_plan({}, text::PrecisionChoice::Auto, options.kv_type);  // refuses a GPU's KV types
     auto impl = std::make_shared<text::LoadedTextModel>();
     impl->backend = std::move(own);
     impl->options = options;

@@ -23,19 +23,29 @@ int64_t kv_bytes(KvType type, int64_t n) {
     case KvType::F32: return 4 * n;
     case KvType::F16: return 2 * n;
     case KvType::Q8_0: return n / kernels::kQ8BlockElems * kernels::kQ8BlockBytes;
+    case KvType::BF16: return 2 * n;
+    case KvType::FP8: return n / kernels::kMxfp8BlockElems * kernels::kMxfp8BlockBytes;  // MXFP8: 33 bytes per 32
   }
   return 4 * n;
 }
 
 void check_kv_type(const LlamaHparams& hp, KvType type) {
-  if (type == KvType::Q8_0 && hp.head_dim % kernels::kQ8BlockElems != 0)
-    throw Error("the q8_0 KV cache needs a head size that is a multiple of 32, and this model's is " +
-                std::to_string(hp.head_dim) + "; use the f16 or f32 KV cache for it");
+  if ((type == KvType::Q8_0 || type == KvType::FP8) && hp.head_dim % kernels::kQ8BlockElems != 0)
+    throw Error(std::string("the ") + (type == KvType::Q8_0 ? "q8_0" : "fp8") +
+                " KV cache needs a head size that is a multiple of 32, and this model's is " +
+                std::to_string(hp.head_dim) + "; use the f16 KV cache for it");
 }
 
 namespace {
 kernels::DType kv_dtype(KvType type) {
-  return type == KvType::F32 ? kernels::DType::F32 : type == KvType::F16 ? kernels::DType::F16 : kernels::DType::Q8_0;
+  switch (type) {
+    case KvType::F32: return kernels::DType::F32;
+    case KvType::F16: return kernels::DType::F16;
+    case KvType::Q8_0: return kernels::DType::Q8_0;
+    case KvType::BF16: return kernels::DType::BF16;
+    case KvType::FP8: return kernels::DType::MXFP8;
+  }
+  return kernels::DType::F16;
 }
 }  // namespace
 

@@ -69,10 +69,15 @@ PrecisionPlan precision_plan(const DeviceCaps& caps, PrecisionChoice choice, KvT
       throw InvalidArgumentError(std::string("--precision ") + precision_choice_name(choice) +
                                  " is for a GPU: the CPU computes in each file's own weight types (use --precision auto, "
                                  "or a quantized file such as Q8_0 for a smaller, faster model)");
+    if (kv == KvType::BF16 || kv == KvType::FP8)
+      throw InvalidArgumentError(std::string("--kv-type ") + (kv == KvType::BF16 ? "bf16" : "fp8") +
+                                 " is for a GPU: the CPU keeps its KV cache in f16 (default), f32 or q8_0 (half of "
+                                 "f16's memory); use --kv-type f16 or q8_0, or --device cuda");
     return p;  // file types, F32 activations
   }
   if (kv == KvType::F32)
-    throw InvalidArgumentError("--kv-type f32 is for the CPU: a GPU keeps its KV cache in f16 (default) or q8_0");
+    throw InvalidArgumentError(
+        "--kv-type f32 is for the CPU: a GPU keeps its KV cache in f16 (default), bf16, q8_0 or fp8");
   const std::string cc = std::to_string(caps.compute_capability / 10) + "." + std::to_string(caps.compute_capability % 10);
   switch (choice) {
     case PrecisionChoice::Auto: p.floats = caps.bf16() ? MatrixPrecision::BF16 : MatrixPrecision::FP16; break;
@@ -96,7 +101,16 @@ PrecisionPlan precision_plan(const DeviceCaps& caps, PrecisionChoice choice, KvT
 
 namespace {
 // kv_type_name lives in the engine's API; the text library names them itself.
-const char* kv_name(KvType t) { return t == KvType::F32 ? "f32" : t == KvType::F16 ? "f16" : "q8_0"; }
+const char* kv_name(KvType t) {
+  switch (t) {
+    case KvType::F32: return "f32";
+    case KvType::F16: return "f16";
+    case KvType::Q8_0: return "q8_0";
+    case KvType::BF16: return "bf16";
+    case KvType::FP8: return "fp8";
+  }
+  return "f16";
+}
 }  // namespace
 
 std::string precision_label(const PrecisionPlan& p) {

@@ -29,6 +29,14 @@ enum class DType : uint32_t {
   // quantize_row picks scale = max |x| / 448 (1 for an all-zero row) and
   // rounds to nearest even, saturating.
   E4M3_ROWS = 1000,
+  // Device-only: OCP MXFP8 (E4M3), the fp8 KV cache (--kv-type fp8): blocks
+  // of 32 values, one E8M0 scale byte s (2^(s - 127); 255 is NaN) then 32
+  // E4M3 codes, 33 bytes; element i = e4m3(code i) * 2^(s - 127).
+  // quantize_row picks the smallest s with max |x| <= 448 * 2^(s - 127)
+  // (never clipping the block's largest value: large K rows keep their
+  // magnitude; s = 0 for an all-zero block), then rounds each x * 2^(127 - s)
+  // to nearest even, saturating (an infinity becomes +-448, NaN stays NaN).
+  MXFP8 = 1001,
 };
 
 // Whether `id` is a DType this library can read (dequantize).
@@ -42,6 +50,12 @@ int64_t dtype_row_bytes(DType t, int64_t n);
 
 // Bytes of E4M3_ROWS' per-row header (its f32 scale, padded to 16).
 constexpr int64_t kE4M3RowHeaderBytes = 16;
+// MXFP8's block: 32 values in 33 bytes (the E8M0 scale, then the codes).
+constexpr int64_t kMxfp8BlockElems = 32, kMxfp8BlockBytes = 33;
+// The E8M0 scale byte of an MXFP8 block whose largest finite magnitude is
+// amax (see DType::MXFP8), and its value 2^(s - 127) (NaN for 255).
+uint8_t mxfp8_scale_byte(float amax);
+float e8m0_to_f32(uint8_t s);
 
 // fp16 / bf16 scalar conversions (round to nearest even); FP8 E4M3 (OCP),
 // saturating to +-448 (NaN stays NaN).
