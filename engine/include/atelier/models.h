@@ -234,4 +234,39 @@ Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& s
 // .bin, .safetensors, .pth, .pt, .ckpt, .json).
 bool model_ref_is_path(const std::string& ref);
 
+// A synthetic model reference: a seeded random Llama-shaped text model made
+// on the runner's device when it loads, no file (benchmarks of an 8B model
+// without a 16 GB download). Grammar:
+//   synth:PARAMS[:TYPE][:seed=N]
+// PARAMS a dense synth preset (260K, 15M, 42M, 110M, 1B, 8B: Llama 3.1 8B's
+// shapes), TYPE the matrices' type (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K,
+// q4_k_m; fp8 on a GPU with FP8; default bf16, any case), N the seed
+// (default 1), TYPE and seed in either order: synth:8B, synth:8B:q4_k_m,
+// synth:110M:bf16:seed=7. The same reference, the same weights on a device.
+// Its vocabulary is synthetic (SynthModelRef::vocabulary below). The store
+// has no entry for it (its commands refuse it); a store model may not be
+// named "synth".
+struct SynthModelRef {
+  std::string params;         // a preset name
+  std::string type = "bf16";  // canonical spelling (q4_K, q6_K; the rest lower case)
+  uint64_t seed = 1;
+  // "synth:8B:bf16:seed=1": every field written out, what a job records as its model's path.
+  std::string canonical() const;
+  // What a job records as the model's digest: a stable function of the spec
+  // and the generator's version ("synthetic-v1:8B:bf16:seed=1"), no file hash.
+  std::string digest() const;
+};
+// Whether REF is meant as one (it starts with "synth:"); then resolve_model
+// takes it as such and refuses it when malformed.
+bool is_synth_model_ref(std::string_view ref);
+// InvalidArgument naming the bad field and the grammar.
+Result<SynthModelRef> parse_synth_model_ref(const std::string& ref);
+// The synthetic vocabulary of a preset of N_VOCAB tokens: 0 <unk>, 1 <s>
+// (BOS, added), 2 </s> (EOS), 3..258 the bytes <0x00>..<0xFF>, 259 U+2581
+// (a space), then "<tID>" pieces (the token's own id) to the end. Text
+// tokenizes as its bytes, one token each (a space as 259; no space prefix),
+// so prompts of N tokens are N - 1 bytes and decode(encode(text)) == text; a
+// generated "<tID>" id detokenizes as those characters.
+inline constexpr int kSynthFirstPieceId = 260;
+
 }  // namespace atelier
