@@ -110,22 +110,24 @@ struct BenchServeOptions {
 int run_bench_serve(const BenchServeOptions& o) {
   if (o.model.empty() == o.bench.synth.empty())
     return fail(Status::error(StatusCode::InvalidArgument, "bench serve needs -m MODEL or --synth PARAMS (one of them)"));
-  auto dev = select_device(o.device.device, o.device.precision, o.bench.kv_type);
-  if (!dev.ok()) return fail(dev.status());
-  if (!o.json) std::fprintf(stderr, "%s\n", device_line(dev.value()).c_str());
-  // --synth: the reference it stands for, checked before any work.
-  std::string model = o.model;
+  // --synth: the reference it stands for, checked before any work; --type
+  // fp8 is the fp8 policy (E4M3 matrices), which the device must run.
+  std::string model = o.model, precision = o.device.precision;
   if (!o.bench.synth.empty()) {
     auto spec = parse_synth_model_ref("synth:" + o.bench.synth + ":" + o.bench.synth_type + ":seed=" + std::to_string(o.bench.synth_seed));
     if (!spec.ok()) return fail(spec.status());
     model = spec->canonical();
+    if (spec->type == "fp8" && precision == "auto") precision = "fp8";
   }
+  auto dev = select_device(o.device.device, precision, o.bench.kv_type);
+  if (!dev.ok()) return fail(dev.status());
+  if (!o.json) std::fprintf(stderr, "%s\n", device_line(dev.value()).c_str());
   Result<std::string> path = std::string();
   if (o.bench.synth.empty()) path = model_path(o.model, o.store);
   if (!path.ok()) return fail(path.status());
   ServeBenchOptions bo = o.bench;
   bo.device = o.device.device;
-  bo.precision = o.device.precision;
+  bo.precision = precision;
   bo.gpu_memory_fraction = o.device.gpu_memory_fraction;
   auto res = bench_serve(path.value(), bo);
   if (!res.ok()) return fail(res.status());

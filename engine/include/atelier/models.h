@@ -124,6 +124,7 @@ class TextModel {
 // weights (GGUF: metadata and tensor table only; a llama2.c checkpoint is
 // small and is opened). n_params counts every tensor's elements;
 // weight_bytes is not filled. TOKENIZER: a llama2.c model's tokenizer file.
+// A synth: reference (SynthModelRef below): its preset's facts, format "synthetic".
 Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer = "");
 
 // The context a text model gets when TextModelOptions::context_tokens is 0:
@@ -132,7 +133,8 @@ Result<ModelInfo> read_model_info(const std::string& path, const std::string& to
 inline int default_context_tokens(int n_ctx_train) { return n_ctx_train > 0 ? n_ctx_train : 4096; }
 
 // A tokenizer on its own: from a GGUF (weights not needed, so vocabulary-only
-// files work), a Hugging Face tokenizer.json, or a llama2.c tokenizer.bin.
+// files work), a Hugging Face tokenizer.json, a llama2.c tokenizer.bin, or a
+// synth: reference (its synthetic vocabulary).
 class Vocabulary {
  public:
   static Result<std::shared_ptr<Vocabulary>> open(const std::string& path);
@@ -201,7 +203,7 @@ std::string default_store_dir();
 // the command line, the engine's queue and the window all call resolve_model.
 struct ResolvedModel {
   std::string path;          // the file to load: a blob in the store, or the plain file
-  std::string digest;        // "sha256:<64 hex>" of that file; "" for a plain file unless check_digest
+  std::string digest;        // "sha256:<64 hex>" of that file; "" for a plain file unless check_digest; a synth: reference's SynthModelRef::digest
   std::string display;       // "stories260k@1", or the plain file's path
   std::string name;          // the store model's name ("" for a plain file)
   int version = 0;           // its version number (0 for a plain file)
@@ -220,8 +222,9 @@ struct ResolveOptions {
   bool check_digest = false;
 };
 
-// REF: a path to an existing file (used as it is, no store entry needed), or
-// a store reference: NAME (prod, else stable, else the newest version),
+// REF: a synth: reference (SynthModelRef below: path its canonical form,
+// kind "text", format "synthetic", never hashed), a path to an existing file
+// (used as it is, no store entry needed), or a store reference: NAME (prod, else stable, else the newest version),
 // NAME@VERSION, NAME:CHANNEL, sha256:HEX (at least 12 digits). STORE_DIR ""
 // means default_store_dir(); a store that does not exist yet is not created.
 // NotFound names what to pull or import; InvalidArgument for a malformed

@@ -226,6 +226,10 @@ class DeviceRunner final : public Runner {
       slot->bytes = weights_on_device(m.weights) + int64_t{slot->kv->total_blocks()} * slot->kv->block_bytes();
     slot->device = name_;
     slot->precision = text::precision_label(plan_);
+    // A synth:...:fp8 reference is drawn in E4M3 whatever --precision says: its record says so.
+    if (auto ref = parse_synth_model_ref(resolved.path); ref.ok() && ref->type == "fp8")
+      slot->precision = text::precision_label(
+          text::precision_plan(text::device_caps(device_.info()), text::PrecisionChoice::FP8, config_.kv_type));
     return std::unique_ptr<TextSlot>(std::move(slot));
   }
 
