@@ -108,21 +108,35 @@ struct BenchServeOptions {
 };
 
 int run_bench_serve(const BenchServeOptions& o) {
-  auto dev = select_device(o.device.device, o.device.precision, o.bench.kv_type);
+  if (o.model.empty() == o.bench.synth.empty())
+    return fail(Status::error(StatusCode::InvalidArgument, "bench serve needs -m MODEL or --synth PARAMS (one of them)"));
+  // --synth: the reference it stands for, checked before any work; --type
+  // fp8 is the fp8 policy (E4M3 matrices), which the device must run.
+  std::string model = o.model, precision = o.device.precision;
+  if (!o.bench.synth.empty()) {
+    auto spec = parse_synth_model_ref("synth:" + o.bench.synth + ":" + o.bench.synth_type + ":seed=" + std::to_string(o.bench.synth_seed));
+    if (!spec.ok()) return fail(spec.status());
+    model = spec->canonical();
+    if (spec->type == "fp8" && precision == "auto") precision = "fp8";
+  }
+  auto dev = select_device(o.device.device, precision, o.bench.kv_type);
   if (!dev.ok()) return fail(dev.status());
   if (!o.json) std::fprintf(stderr, "%s\n", device_line(dev.value()).c_str());
-  auto path = model_path(o.model, o.store);
+  Result<std::string> path = std::string();
+  if (o.bench.synth.empty()) path = model_path(o.model, o.store);
   if (!path.ok()) return fail(path.status());
   ServeBenchOptions bo = o.bench;
   bo.device = o.device.device;
-  bo.precision = o.device.precision;
+  bo.precision = precision;
   bo.gpu_memory_fraction = o.device.gpu_memory_fraction;
   auto res = bench_serve(path.value(), bo);
   if (!res.ok()) return fail(res.status());
   const auto& levels = res.value();
-  const double single = levels.front().tokens_per_s;
+  const double single = levels.front().tokens_per_s, single_itl = levels.front().inter_token_ms.p99;
+  const bool telemetry = std::any_of(levels.begin(), levels.end(), [](const ServeBenchLevel& l) { return l.device_busy_percent >= 0; });
   auto figures = [](const ServeBenchRound& r) {
     return nlohmann::json{{"tokens_per_s", r.tokens_per_s},
+                          {"device_busy_percent", r.device_busy_percent >= 0 ? nlohmann::json(r.device_busy_percent) : nlohmann::json(nullptr)},
                           {"seconds", r.seconds},
                           {"mean_batch", r.mean_batch},
                           {"ttft_ms_p50", r.time_to_first_token_ms.p50},
@@ -143,11 +157,12 @@ int run_bench_serve(const BenchServeOptions& o) {
       j["speedup_vs_first_level"] = single > 0 ? l.tokens_per_s / single : 0;
       j["bound_tokens_per_s"] = l.bound_tokens_per_s;
       j["bound_vs_first_level"] = single > 0 ? l.bound_tokens_per_s / single : 0;
+      j["itl_p99_vs_first_level"] = single_itl > 0 ? l.inter_token_ms.p99 / single_itl : 0;
       j["rounds"] = nlohmann::json::array();
       for (const auto& r : l.rounds) j["rounds"].push_back(figures(r));
       arr.push_back(j);
     }
-    print_json_line({{"model", o.model},
+    print_json_line({{"model", model},
                      {"prompt_tokens", o.bench.prompt_tokens},
                      {"gen_tokens", o.bench.gen_tokens},
                      {"rounds", o.bench.rounds},
@@ -158,18 +173,23 @@ int run_bench_serve(const BenchServeOptions& o) {
     return 0;
   }
   std::printf("model %s, %d prompt tokens and %d new tokens per request; each figure the median of %d rounds\n",
-              o.model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens, o.bench.rounds);
-  std::printf("%11s %11s %8s %10s %18s %18s %16s %20s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms",
-              "ITL p50/p99 ms", "ITL p99 rounds", "ceiling tok/s (x first)");
+              model.c_str(), o.bench.prompt_tokens, o.bench.gen_tokens, o.bench.rounds);
+  std::printf("%11s %11s %8s %10s %18s %18s %8s %16s %20s%s\n", "concurrency", "tokens/s", "x first", "mean batch", "TTFT p50/p99 ms",
+              "ITL p50/p99 ms", "p99 x1st", "ITL p99 rounds", "ceiling tok/s (x first)", telemetry ? "  busy %" : "");
   for (const auto& l : levels) {
     const auto [lo, hi] = p99_range(l);
-    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f %7.1f - %-7.1f %11.0f (%.2f)\n", l.concurrency,
+    char busy[32] = "";
+    if (telemetry) std::snprintf(busy, sizeof busy, "  %6.1f", l.device_busy_percent);
+    std::printf("%11d %11.1f %8.2f %10.1f %8.1f / %-8.1f %8.1f / %-8.1f %8.2f %7.1f - %-7.1f %11.0f (%.2f)%s\n", l.concurrency,
                 l.tokens_per_s, single > 0 ? l.tokens_per_s / single : 0, l.mean_batch, l.time_to_first_token_ms.p50,
-                l.time_to_first_token_ms.p99, l.inter_token_ms.p50, l.inter_token_ms.p99, lo, hi, l.bound_tokens_per_s,
-                single > 0 ? l.bound_tokens_per_s / single : 0);
+                l.time_to_first_token_ms.p99, l.inter_token_ms.p50, l.inter_token_ms.p99,
+                single_itl > 0 ? l.inter_token_ms.p99 / single_itl : 0, lo, hi, l.bound_tokens_per_s,
+                single > 0 ? l.bound_tokens_per_s / single : 0, busy);
   }
   std::printf("ceiling: each level's matrix products at this machine's peak dot rate measured in this run (int8 dots for\n"
-              "integer weights, FMA otherwise); (x first): its ratio to the first level's measured tokens/s\n");
+              "integer weights, FMA otherwise; 0 on a GPU); (x first): its ratio to the first level's measured tokens/s;\n"
+              "p99 x1st: the level's ITL p99 over the first level's (single-stream when the first level is 1)%s\n",
+              telemetry ? ";\nbusy %: the GPU's utilisation (NVML) sampled every 100 ms through each round, averaged" : "");
   return 0;
 }
 }  // namespace
@@ -314,7 +334,12 @@ void add_bench_commands(CLI::App& root, int& exit_code) {
 
   auto so = std::make_shared<BenchServeOptions>();
   CLI::App* serve = bench->add_subcommand("serve", "Aggregate tokens/s and latency percentiles of the engine under concurrent requests");
-  serve->add_option("-m,--model", so->model, "Model: a store reference or a file")->required();
+  serve->add_option("-m,--model", so->model, "Model: a store reference, a file or a synth:PARAMS[:TYPE][:seed=N] reference");
+  serve->add_option("--synth", so->bench.synth,
+                    "Instead of -m: a random model of a synth preset's shapes made on the engine's device, no file (8B: Llama 3.1 8B)");
+  serve->add_option("--type", so->bench.synth_type, "With --synth: the weights' type (bf16, f16, f32, q8_0, q4_k_m, q4_0, q4_K, q6_K; fp8 on a GPU with FP8)")
+      ->capture_default_str();
+  serve->add_option("--synth-seed", so->bench.synth_seed, "With --synth: the weights' seed")->capture_default_str();
   serve->add_option("--store", so->store, "Model store folder (default: $ATELIER_HOME, else $XDG_DATA_HOME/atelier, else ~/.local/share/atelier)");
   // Parsed here, item by item: CLI11's delimiter drops an empty item ("1,,2" read as 1,2).
   serve->add_option_function<std::string>(

@@ -321,6 +321,11 @@ struct PullOptionsCli {
 };
 
 int run_pull(const PullOptionsCli& o) {
+  for (const auto& name : o.names)
+    if (is_synth_model_ref(name))
+      return fail(Status::error(StatusCode::InvalidArgument,
+                                "\"" + name + "\" is a synthetic model, made on the device when it loads: there is nothing "
+                                "to pull. Use it directly (e.g. `atelier text -m " + name + "`)"));
   const std::string catalog_path = o.catalog.empty() ? default_catalog_path() : o.catalog;
   auto catalog = load_catalog(catalog_path);
   if (!catalog.ok()) return fail(catalog.status());

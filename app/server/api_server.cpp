@@ -152,7 +152,7 @@ ModelEntry Context::model(const std::string& requested, const std::string& field
   }
   ModelEntry e;
   e.resolved = resolved.value();
-  if (!e.resolved.in_store && ref != options.default_model) {
+  if (!e.resolved.in_store && e.resolved.format != "synthetic" && ref != options.default_model) {
     // A client's file that is no model is the request's fault (400), told now, not as a failed job (500).
     auto file = inspect_model_file(e.resolved.path);
     if (!file.ok() && file.status().code != StatusCode::Io)

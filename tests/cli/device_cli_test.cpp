@@ -120,7 +120,7 @@ TEST_F(DeviceCli, BenchTextMakesASynthPresetWithoutAFile) {
                            "--threads", "1", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = jsonl(r.out).at(0);
-  EXPECT_EQ(j.value("model", ""), "synthetic:260K");
+  EXPECT_EQ(j.value("model", ""), "synth:260K:q4_k_m:seed=1") << "the reference that makes the same model";
   EXPECT_EQ(j.value("device", ""), "cpu");
   EXPECT_GT(j.value("gen_tokens_per_s", 0.0), 0.0);
   EXPECT_EQ(sb.run({"bench", "text", "-m", kGguf, "--synth", "260K"}).code, 2);  // one or the other

@@ -152,9 +152,33 @@ for type in bf16 q4_k_m; do
     --type "$type" -p 512 -n 32 --reps 1 --json
   grep "^cuda profile" "$work/profile-$type.log" | head -18 | while read -r l; do say "  $type $l"; done
 done
-# bench serve has no --synth (a file it would write is 16 GB): its figures
-# need `bench serve --device cuda -m 8B.gguf --concurrency 64,256` on a
-# written model; not in this 8-minute check.
+# Serving: the whole engine (queue, scheduler, device runner) on the 8B
+# synthetic model made on the device (synth:8B:TYPE, no file), 128 prompt and
+# 128 new tokens a request, all of a level's requests at once, one round at
+# 1, 64 and 256 streams. --max-batch 256 lets 256 streams decode together (a
+# GPU's default too); --prefill-tokens 8192 prefills 64 prompts a step (the
+# GPU's default is 2048); the KV pool is what --gpu-memory-fraction 0.9 leaves after
+# the weights (256 x 256 tokens x 128 KiB = 8 GiB of it). Targets (issue 33):
+# 256 streams >= 20k output tok/s BF16, >= 30k FP8; GPU busy >= 85 %; ITL p99
+# at 64 streams < 3x single-stream.
+serve_level() {  # serve_level FILE CONCURRENCY KEY: KEY of that level (one round: the round's figure is the level's)
+  sed 's/"concurrency":/\n&/g' "$1" | grep "^\"concurrency\":$2," | grep -o "\"$3\":[-0-9.e+a-z]*" | head -1 | cut -d: -f2
+}
+serve() {  # serve TYPE TARGET_TOK_S
+  local type=$1 target=$2 name="serve-$1"
+  step "$name" 100 "$pack/atelier" bench serve --device cuda --synth 8B --type "$type" --concurrency 1,64,256 \
+    -p 128 -n 128 --rounds 1 --max-batch 256 --prefill-tokens 8192 --json || return
+  local f="$work/$name.log" t1 t64 t256 r64 b256 verdict
+  t1=$(serve_level "$f" 1 tokens_per_s); t64=$(serve_level "$f" 64 tokens_per_s); t256=$(serve_level "$f" 256 tokens_per_s)
+  r64=$(serve_level "$f" 64 itl_p99_vs_first_level); b256=$(serve_level "$f" 256 device_busy_percent)
+  verdict=$(awk -v t="$t256" -v tg="$target" -v r="$r64" -v b="$b256" 'BEGIN {
+    m = ""; if (t == "" || t + 0 < tg) m = m " tok/s"; if (r == "" || r + 0 >= 3) m = m " ITL"; if (b == "" || b == "null" || b + 0 < 85) m = m " busy";
+    print (m == "") ? "all three targets met" : "MISSED:" m }')
+  say "  8B $type serve, output tok/s: 1 stream $(calc "$t1"), 64 streams $(calc "$t64"), 256 streams $(calc "$t256") (target >= $target)"
+  say "     ITL p99 at 64 streams: $(calc "$r64") x single-stream (target < 3); GPU busy at 256 streams: $b256 % (target >= 85); $verdict"
+}
+serve bf16 20000
+serve fp8 30000
 
 # 5. The op suite again with ATELIER_CUDA_DETERMINISTIC=1: every product on the
 #    matrix-vector kernels, so the suite's batch-invariance checks run too.

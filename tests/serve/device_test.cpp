@@ -9,6 +9,7 @@
 
 #include <atelier/devices.h>
 #include <atelier/engine.h>
+#include <atelier/tools.h>
 
 #include <chrono>
 #include <cstdio>
@@ -419,6 +420,56 @@ TEST(DeviceRunner, ImageJobsAreRefusedOnANamedGpuAndRunOnTheCpuUnderAuto) {
   EXPECT_EQ(tried.status().message.find("GPU"), std::string::npos) << tried.status().message;
 }
 
+TEST(DeviceRunner, ASynthReferenceIsMadeOnTheDeviceWithItsVocabulary) {
+  test::FakeGpu gpu(64 * kMiB);
+  const EngineConfig c = small_config();
+  auto runner = make_device_runner(c, gpu, "fake:0", /*automatic=*/false);
+  auto resolved = resolve_model("synth:260K:bf16:seed=3", "");
+  ASSERT_TRUE(resolved.ok()) << resolved.status().message;
+  // Admission knows what it will hold before it is made, as it knows it of
+  // the same model written as a GGUF file (its header's tensors at the
+  // policy's bytes, the step workspace, one KV block): the same figure, but
+  // for each matrix's 64-byte alignment in the device buffer.
+  const int64_t bf16_matrices = 2 * (512 * 64 + 5 * (64 * 64 * 2 + 64 * 32 * 2 + 172 * 64 * 3));
+  const int64_t estimate = runner->estimate_text_bytes(resolved.value());
+  SynthTextSpec spec;
+  spec.params = "260K";
+  spec.type = "bf16";
+  spec.seed = 3;
+  const fs::path dir = test::fresh_dir("device-synth-file");
+  fs::create_directories(dir);
+  const std::string file = (dir / "m.gguf").string();
+  ASSERT_TRUE(synth_text_model(spec, file).ok());
+  auto written = resolve_model(file, "");
+  ASSERT_TRUE(written.ok());
+  const int64_t file_estimate = runner->estimate_text_bytes(written.value());
+  fs::remove_all(dir);
+  EXPECT_GT(file_estimate, bf16_matrices);
+  EXPECT_GE(estimate, file_estimate);
+  EXPECT_LE(estimate, file_estimate + 64 * 36) << "36 matrices, each aligned to 64 bytes";
+  auto slot = runner->load_text(resolved.value());
+  ASSERT_TRUE(slot.ok()) << slot.status().message;
+  TextSlot& s = *slot.value();
+  EXPECT_EQ(s.device, "fake:0");
+  EXPECT_EQ(s.precision, "weights:bf16 quant:kept act:bf16 kv:f16 acc:f32");
+  ASSERT_NE(s.tokenizer, nullptr);
+  EXPECT_EQ(s.tokenizer->encode("ab", true, false), (std::vector<int32_t>{1, 3 + 'a', 3 + 'b'}));
+  EXPECT_EQ(s.n_ctx, 512);
+  ASSERT_GT(s.kv->total_blocks(), 0);
+  const int64_t kv = int64_t{s.kv->total_blocks()} * s.kv->block_bytes();
+  EXPECT_GE(gpu.held_bytes() - kv, bf16_matrices) << "the matrices were drawn on the device";
+  EXPECT_TRUE(gpu.violations().empty()) << gpu.violations().front();
+  slot.value().reset();
+  // A device too small refuses it with the figures, as it does a file.
+  test::FakeGpu tiny(1 * kMiB);
+  auto named = make_device_runner(c, tiny, "fake:1", false);
+  auto refused = named->load_text(resolved.value());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message.find("synth:260K:bf16:seed=3 does not fit fake:1"), std::string::npos)
+      << refused.status().message;
+  EXPECT_EQ(tiny.backends_made(), 0) << "refused from its layout, before anything was made on the device";
+}
+
 // ---- through the engine
 
 TEST(DeviceEngine, AJobOnTheDeviceGivesTheCpusTokensAndRecordsWhereItRan) {
@@ -519,6 +570,28 @@ TEST(DeviceEngine, SampledJobsGiveTheCpusTokensAloneAndBesideHostOnlyJobs) {
     ASSERT_EQ(j.state, JobState::Completed) << j.error;
     if (i != 2) { EXPECT_EQ(j.text, want[i]) << "job " << i << " in the batch"; }
   }
+  EXPECT_TRUE(gpu.violations().empty()) << gpu.violations().front();
+  e.reset();
+  fs::remove_all(dir);
+}
+
+TEST(DeviceEngine, ASynthJobRunsOnTheDeviceAndRecordsItsDigest) {
+  test::FakeGpu gpu(64 * kMiB);
+  gpu.register_as("fake:0");
+  const fs::path dir = test::fresh_dir("device-synth");
+  EngineConfig c = small_config();
+  c.devices = {"fake:0"};
+  auto e = open_engine(dir, c);
+  ASSERT_TRUE(e);
+  TextRequest r = greedy(12);
+  r.model = "synth:260K:seed=4";
+  const JobInfo j = run_one(*e, r);
+  ASSERT_EQ(j.state, JobState::Completed) << j.error;
+  EXPECT_EQ(j.device, "fake:0");
+  EXPECT_EQ(j.model_version, "synthetic-v1:260K:bf16:seed=4");
+  EXPECT_EQ(j.model_name, "synth:260K:bf16:seed=4");
+  EXPECT_EQ(j.stats.new_tokens, 12);
+  EXPECT_GT(gpu.held_bytes(), 0) << "the model stays loaded on the device";
   EXPECT_TRUE(gpu.violations().empty()) << gpu.violations().front();
   e.reset();
   fs::remove_all(dir);

@@ -124,6 +124,7 @@ class TextModel {
 // weights (GGUF: metadata and tensor table only; a llama2.c checkpoint is
 // small and is opened). n_params counts every tensor's elements;
 // weight_bytes is not filled. TOKENIZER: a llama2.c model's tokenizer file.
+// A synth: reference (SynthModelRef below): its preset's facts, format "synthetic".
 Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer = "");
 
 // The context a text model gets when TextModelOptions::context_tokens is 0:
@@ -132,7 +133,8 @@ Result<ModelInfo> read_model_info(const std::string& path, const std::string& to
 inline int default_context_tokens(int n_ctx_train) { return n_ctx_train > 0 ? n_ctx_train : 4096; }
 
 // A tokenizer on its own: from a GGUF (weights not needed, so vocabulary-only
-// files work), a Hugging Face tokenizer.json, or a llama2.c tokenizer.bin.
+// files work), a Hugging Face tokenizer.json, a llama2.c tokenizer.bin, or a
+// synth: reference (its synthetic vocabulary).
 class Vocabulary {
  public:
   static Result<std::shared_ptr<Vocabulary>> open(const std::string& path);
@@ -201,7 +203,7 @@ std::string default_store_dir();
 // the command line, the engine's queue and the window all call resolve_model.
 struct ResolvedModel {
   std::string path;          // the file to load: a blob in the store, or the plain file
-  std::string digest;        // "sha256:<64 hex>" of that file; "" for a plain file unless check_digest
+  std::string digest;        // "sha256:<64 hex>" of that file; "" for a plain file unless check_digest; a synth: reference's SynthModelRef::digest
   std::string display;       // "stories260k@1", or the plain file's path
   std::string name;          // the store model's name ("" for a plain file)
   int version = 0;           // its version number (0 for a plain file)
@@ -220,8 +222,9 @@ struct ResolveOptions {
   bool check_digest = false;
 };
 
-// REF: a path to an existing file (used as it is, no store entry needed), or
-// a store reference: NAME (prod, else stable, else the newest version),
+// REF: a synth: reference (SynthModelRef below: path its canonical form,
+// kind "text", format "synthetic", never hashed), a path to an existing file
+// (used as it is, no store entry needed), or a store reference: NAME (prod, else stable, else the newest version),
 // NAME@VERSION, NAME:CHANNEL, sha256:HEX (at least 12 digits). STORE_DIR ""
 // means default_store_dir(); a store that does not exist yet is not created.
 // NotFound names what to pull or import; InvalidArgument for a malformed
@@ -233,5 +236,40 @@ Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& s
 // reference: it holds a '/' or ends in a model file's extension (.gguf,
 // .bin, .safetensors, .pth, .pt, .ckpt, .json).
 bool model_ref_is_path(const std::string& ref);
+
+// A synthetic model reference: a seeded random Llama-shaped text model made
+// on the runner's device when it loads, no file (benchmarks of an 8B model
+// without a 16 GB download). Grammar:
+//   synth:PARAMS[:TYPE][:seed=N]
+// PARAMS a dense synth preset (260K, 15M, 42M, 110M, 1B, 8B: Llama 3.1 8B's
+// shapes), TYPE the matrices' type (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K,
+// q4_k_m; fp8 on a GPU with FP8; default bf16, any case), N the seed
+// (default 1), TYPE and seed in either order: synth:8B, synth:8B:q4_k_m,
+// synth:110M:bf16:seed=7. The same reference, the same weights on a device.
+// Its vocabulary is synthetic (SynthModelRef::vocabulary below). The store
+// has no entry for it (its commands refuse it); a store model may not be
+// named "synth".
+struct SynthModelRef {
+  std::string params;         // a preset name
+  std::string type = "bf16";  // canonical spelling (q4_K, q6_K; the rest lower case)
+  uint64_t seed = 1;
+  // "synth:8B:bf16:seed=1": every field written out, what a job records as its model's path.
+  std::string canonical() const;
+  // What a job records as the model's digest: a stable function of the spec
+  // and the generator's version ("synthetic-v1:8B:bf16:seed=1"), no file hash.
+  std::string digest() const;
+};
+// Whether REF is meant as one (it starts with "synth:"); then resolve_model
+// takes it as such and refuses it when malformed.
+bool is_synth_model_ref(std::string_view ref);
+// InvalidArgument naming the bad field and the grammar.
+Result<SynthModelRef> parse_synth_model_ref(const std::string& ref);
+// The synthetic vocabulary of a preset of N_VOCAB tokens: 0 <unk>, 1 <s>
+// (BOS, added), 2 </s> (EOS), 3..258 the bytes <0x00>..<0xFF>, 259 U+2581
+// (a space), then "<tID>" pieces (the token's own id) to the end. Text
+// tokenizes as its bytes, one token each (a space as 259; no space prefix),
+// so prompts of N tokens are N - 1 bytes and decode(encode(text)) == text; a
+// generated "<tID>" id detokenizes as those characters.
+inline constexpr int kSynthFirstPieceId = 260;
 
 }  // namespace atelier

@@ -85,6 +85,11 @@ struct ServeBenchOptions {
   // tokens holds 63 inter-token gaps per stream, so its P99 is nearly its
   // largest gap, and one slow moment of a shared machine moves it.
   int rounds = 3;
+  // Non-empty: no model file; the synthetic model synth:SYNTH:SYNTH_TYPE:seed=SYNTH_SEED
+  // (atelier/models.h SynthModelRef, made on the engine's device at load),
+  // its prompts of exactly prompt_tokens tokens. model_path must then be "".
+  std::string synth, synth_type = "bf16";
+  uint64_t synth_seed = 1;
 };
 
 struct ServeBenchRound {
@@ -92,6 +97,10 @@ struct ServeBenchRound {
   double seconds = 0;
   Percentiles time_to_first_token_ms, inter_token_ms;
   double mean_batch = 0;    // mean sequences decoded per step
+  // The device's own utilisation (Device::telemetry: NVML's share of time a
+  // kernel ran) sampled every 100 ms through the round, averaged; -1 where
+  // the device reports none (the CPU).
+  double device_busy_percent = -1;
 };
 
 // The medians over the level's rounds, and each round.
@@ -99,11 +108,13 @@ struct ServeBenchLevel : ServeBenchRound {
   int concurrency = 0;
   // What this machine allows at this level, from the limits measured at the
   // start of the run: every token's matrix products at the peak dot rate (an
-  // upper bound: attention, sampling and memory are taken as free).
+  // upper bound: attention, sampling and memory are taken as free). 0 when
+  // the engine runs on a GPU (the CPU's peak says nothing of it).
   double bound_tokens_per_s = 0;
   std::vector<ServeBenchRound> rounds;
 };
 
+// MODEL_PATH: a file or any reference resolve_model takes (synth:... too), or "" with options.synth.
 Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& options);
 
 // `atelier bench image`: a Stable Diffusion checkpoint's UNet step time at a

@@ -12,14 +12,19 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <unistd.h>
+
+#include <atelier/devices.h>
 
 #include "core/process_memory.h"
 #include "image/sd_model.h"
 #include "api/text_model_impl.h"
 #include "formats/gguf.h"
 #include "formats/sniff.h"
+#include "text/precision.h"
 
 namespace atelier {
 
@@ -143,15 +148,62 @@ Result<TextBenchResult> bench_text(const std::string& model_path, const TextBenc
 
 namespace atelier {
 
-Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, const ServeBenchOptions& o) {
+namespace {
+// Samples a device's utilisation every 100 ms on a thread of its own until
+// stop(), which returns the mean (-1 without a device or its sensors).
+class TelemetrySampler {
+ public:
+  explicit TelemetrySampler(kernels::Device* device) {
+    if (!device) return;
+    thread_ = std::thread([this, device] {
+      std::unique_lock lock(mu_);
+      do {
+        lock.unlock();
+        const kernels::DeviceTelemetry t = device->telemetry();
+        lock.lock();
+        if (t.available) sum_ += t.utilization_percent, ++n_;
+      } while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop_; }));
+    });
+  }
+  ~TelemetrySampler() { stop(); }
+  double stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard lock(mu_);
+    return n_ > 0 ? sum_ / n_ : -1;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  double sum_ = 0;
+  int n_ = 0;
+  std::thread thread_;
+};
+}  // namespace
+
+Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path_in, const ServeBenchOptions& o) {
   if (o.concurrency.empty() || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.max_batch < 0 || o.rounds < 1)
     return Status::error(StatusCode::InvalidArgument,
                          "bench serve needs concurrency levels, and prompt tokens, generated tokens and rounds >= 1");
   for (int c : o.concurrency)
     if (c < 1 || c > 4096) return Status::error(StatusCode::InvalidArgument, "concurrency levels must be between 1 and 4096");
+  if (model_path_in.empty() == o.synth.empty())
+    return Status::error(StatusCode::InvalidArgument, "bench serve needs a model or a synthetic preset (--synth), one of them");
+  std::string model_path = model_path_in;
+  if (!o.synth.empty()) {
+    auto spec = parse_synth_model_ref("synth:" + o.synth + ":" + o.synth_type + ":seed=" + std::to_string(o.synth_seed));
+    if (!spec.ok()) return spec.status();
+    model_path = spec->canonical();
+  }
+  const bool synthetic = is_synth_model_ref(model_path);
   auto vocab = Vocabulary::open(model_path);
   if (!vocab.ok()) return vocab.status();
-  const MachineLimits limits = measure_machine_limits(o.threads);
   // The ceiling of a round at concurrency c (see bound_tokens_per_s): its
   // matrix products at the peak dot rate. Per row every matrix but the
   // embedding table and the output one; the output matrix (the embedding
@@ -159,27 +211,27 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   // integer ones, which run on the int8 dot units. (No memory term: whether
   // the weights stream from DRAM or stay in a large L3 depends on the machine.)
   double row_params = 0, out_params = 0, matrix_bytes = 0, embd_params = 0;
-  if (formats::sniff_model_file(model_path).kind == formats::FileKind::gguf) {
+  auto count = [&](const std::string& name, double n, double bytes) {
+    if (name == "token_embd.weight") embd_params = n;
+    else if (name == "output.weight") out_params = n;
+    else row_params += n, matrix_bytes += bytes;
+  };
+  if (synthetic) {
+    auto layout = synth_layout(parse_synth_model_ref(model_path).value(), text::PrecisionPlan{});
+    if (!layout.ok()) return layout.status();
+    for (const SynthLayout::Matrix& m : layout->matrices)
+      count(m.name, static_cast<double>(m.rows * m.cols), static_cast<double>(kernels::dtype_row_bytes(m.type, m.cols) * m.rows));
+  } else if (formats::sniff_model_file(model_path).kind == formats::FileKind::gguf) {
     Status st = guarded([&]() -> Status {
       const auto f = formats::GgufFile::open(model_path);
-      for (const auto& t : f->tensors()) {
-        if (t.shape.size() < 2) continue;
-        const double n = static_cast<double>(t.elements());
-        if (t.name == "token_embd.weight") embd_params = n;
-        else if (t.name == "output.weight") out_params = n;
-        else row_params += n, matrix_bytes += static_cast<double>(t.bytes);
-      }
+      for (const auto& t : f->tensors())
+        if (t.shape.size() >= 2) count(t.name, static_cast<double>(t.elements()), static_cast<double>(t.bytes));
       return Status{};
     });
     if (!st.ok()) return st;
   }
   if (out_params == 0) out_params = embd_params;
   const bool integer = row_params > 0 && matrix_bytes < 1.9 * row_params;
-  const double peak_ops = 1e9 * (integer ? limits.peak_int8_gop_per_s : limits.peak_gflop_per_s);
-  auto ceiling_seconds = [&](int c) {
-    const double ops = static_cast<double>(c) * ((o.prompt_tokens + o.gen_tokens) * 2.0 * row_params + o.gen_tokens * 2.0 * out_params);
-    return peak_ops > 0 ? ops / peak_ops : 0;
-  };
 
   // Distinct prompts of printable vocabulary pieces, so no two share a prefix.
   std::vector<std::string> words;
@@ -218,6 +270,10 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
       if (!ids.ok() || static_cast<int>(ids.value().size()) >= o.prompt_tokens) break;
       r.prompt += words[next() % words.size()];
     }
+    // A synthetic vocabulary counts a byte a token: exactly prompt_tokens.
+    if (synthetic)
+      while (r.prompt.size() > 1 && static_cast<int>(vocab.value()->tokenize(r.prompt, true, false)->size()) > o.prompt_tokens)
+        r.prompt.pop_back();
     r.max_new_tokens = n;
     r.ignore_eos = true;
     r.sampling.seed = static_cast<uint64_t>(seed);
@@ -226,6 +282,23 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
   // Warm-up: loads the model and touches the code paths, outside every measurement.
   if (auto id = e.submit(make_request(0, 4)); !id.ok()) return id.status();
   e.wait_idle(24 * 3600 * 1000);
+  if (const EngineMetrics m = e.metrics(); m.failed > 0) {
+    auto jobs = e.list({});
+    return Status::error(StatusCode::Internal, "bench serve: the warm-up request failed" +
+                                                   (jobs.empty() ? std::string() : ": " + jobs.front().error));
+  }
+  // Where the engine runs: the CPU's limits are this run's ceiling there; a
+  // GPU's sensors (NVML) are sampled through each round.
+  const std::string device = e.metrics().device;
+  MachineLimits limits;
+  kernels::Device* gpu = nullptr;
+  if (device == "cpu") limits = measure_machine_limits(o.threads);
+  else gpu = kernels::open_device(device).device;
+  const double peak_ops = 1e9 * (integer ? limits.peak_int8_gop_per_s : limits.peak_gflop_per_s);
+  auto ceiling_seconds = [&](int c) {
+    const double ops = static_cast<double>(c) * ((o.prompt_tokens + o.gen_tokens) * 2.0 * row_params + o.gen_tokens * 2.0 * out_params);
+    return peak_ops > 0 ? ops / peak_ops : 0;
+  };
   std::vector<ServeBenchLevel> levels;
   int seed = 0;
   for (int c : o.concurrency) {
@@ -240,9 +313,11 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
       for (int i = 0; i < c; ++i) reqs.push_back(make_request(++seed, o.gen_tokens));
       if (auto ids = e.submit_many(reqs); !ids.ok()) return ids.status();
       const auto t0 = std::chrono::steady_clock::now();
+      TelemetrySampler busy(gpu);
       e.resume();
       e.wait_idle(24 * 3600 * 1000);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double busy_percent = busy.stop();
       const EngineMetrics m = e.metrics();
       if (m.failed > 0) return Status::error(StatusCode::Internal, "bench serve: a request failed at concurrency " + std::to_string(c));
       ServeBenchRound r;
@@ -256,6 +331,7 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
         seqs += static_cast<int64_t>(k) * m.batch_size_histogram[k];
       }
       r.mean_batch = steps ? static_cast<double>(seqs) / static_cast<double>(steps) : 0;
+      r.device_busy_percent = busy_percent;
       lv.rounds.push_back(r);
     }
     // Each figure of the level: the median of that figure over its rounds.
@@ -266,7 +342,8 @@ Result<std::vector<ServeBenchLevel>> bench_serve(const std::string& model_path, 
       const size_t n = v.size();
       return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     };
-    for (double ServeBenchRound::*f : {&ServeBenchRound::seconds, &ServeBenchRound::tokens_per_s, &ServeBenchRound::mean_batch})
+    for (double ServeBenchRound::*f : {&ServeBenchRound::seconds, &ServeBenchRound::tokens_per_s, &ServeBenchRound::mean_batch,
+                                       &ServeBenchRound::device_busy_percent})
       lv.*f = median([f](const ServeBenchRound& r) { return r.*f; });
     for (Percentiles ServeBenchRound::*f : {&ServeBenchRound::time_to_first_token_ms, &ServeBenchRound::inter_token_ms})
       for (double Percentiles::*q : {&Percentiles::p50, &Percentiles::p99})

@@ -229,7 +229,7 @@ namespace {
 // runner then reports what is wrong with the file).
 int runner_context(const ResolvedModel& m) {
   // GGUF headers only: a llama2.c checkpoint is read whole, too slow for a submit.
-  if (formats::sniff_model_file(m.path).kind != formats::FileKind::gguf) return 1 << 20;
+  if (!is_synth_model_ref(m.path) && formats::sniff_model_file(m.path).kind != formats::FileKind::gguf) return 1 << 20;
   auto info = read_model_info(m.path, m.file("tokenizer"));
   if (!info.ok()) return 1 << 20;
   return default_context_tokens(info->n_ctx_train);

@@ -384,6 +384,9 @@ Result<QuantizeResult> quantize_model(const std::string& ref, const QuantizeSpec
   auto src = resolve_model(ref, spec.store_dir, ro);
   if (!src.ok()) return src.status();
   const ResolvedModel& S = src.value();
+  if (S.format == "synthetic")
+    return bad(S.display + " is a synthetic model (no file to re-encode): name the type in the reference instead "
+               "(synth:PARAMS:q4_k_m, :q8_0, ...), or write it as a file with `atelier models synth` and quantize that");
   if (S.in_store && S.kind != "text") return bad(S.display + " is a " + S.kind + " model; quantize takes a text model (GGUF)");
   const std::string target = spec.name.empty() ? S.name : spec.name;
   if (spec.quality && !spec.text_path.empty()) {

@@ -141,6 +141,19 @@ Result<ResolvedModel> resolve_model(const std::string& ref, const std::string& s
   if (ref.empty())
     return Status::error(StatusCode::InvalidArgument,
                          "no model given: name a store model (see `atelier models list`) or a model file");
+  if (is_synth_model_ref(ref)) {
+    // Made on the runner's device when it loads: nothing to find or hash; its
+    // digest names the spec (SynthModelRef::digest), so a job records what ran.
+    auto spec = parse_synth_model_ref(ref);
+    if (!spec.ok()) return spec.status();
+    ResolvedModel r;
+    r.path = r.display = spec->canonical();
+    r.digest = spec->digest();
+    r.kind = "text";
+    r.format = "synthetic";
+    r.files = {{"model", r.path}};
+    return r;
+  }
   return store_call([&]() -> Result<ResolvedModel> {
     ResolvedModel r;
     std::error_code ec;

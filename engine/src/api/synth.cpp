@@ -104,6 +104,27 @@ void add_vocab(formats::GgufWriter& w, int n_vocab, Rng& rng, const std::vector<
   w.set_bool("tokenizer.ggml.add_bos_token", true);
 }
 
+// The keys every synthetic text GGUF opens with, in this order (the golden
+// files depend on it): architecture, name, seed, chat template, then the
+// architecture's sizes.
+struct HeaderSizes {
+  int ctx, dim, ff, layers, heads, kv_heads;
+};
+void write_common_keys(formats::GgufWriter& w, const std::string& arch, const std::string& name, const SynthTextSpec& spec,
+                       const HeaderSizes& z) {
+  const std::string k = arch + ".";
+  w.set_string("general.architecture", arch);
+  w.set_string("general.name", name);
+  w.set_u64("atelier.synthetic.seed", spec.seed);
+  if (!spec.chat_template.empty()) w.set_string("tokenizer.chat_template", spec.chat_template);
+  w.set_u32(k + "context_length", static_cast<uint32_t>(z.ctx));
+  w.set_u32(k + "embedding_length", static_cast<uint32_t>(z.dim));
+  w.set_u32(k + "feed_forward_length", static_cast<uint32_t>(z.ff));
+  w.set_u32(k + "block_count", static_cast<uint32_t>(z.layers));
+  w.set_u32(k + "attention.head_count", static_cast<uint32_t>(z.heads));
+  w.set_u32(k + "attention.head_count_kv", static_cast<uint32_t>(z.kv_heads));
+}
+
 }  // namespace
 
 namespace {
@@ -144,16 +165,8 @@ Status synth_moe_model(const SynthTextSpec& spec, const std::string& out_path) {
     const std::string k = arch + ".";
     formats::GgufWriter w;
     Rng vocab_rng{spec.seed};
-    w.set_string("general.architecture", arch);
-    w.set_string("general.name", "synthetic-" + spec.arch + "-" + P.name + "-" + spec.type);
-    w.set_u64("atelier.synthetic.seed", spec.seed);
-    if (!spec.chat_template.empty()) w.set_string("tokenizer.chat_template", spec.chat_template);
-    w.set_u32(k + "context_length", static_cast<uint32_t>(P.ctx));
-    w.set_u32(k + "embedding_length", static_cast<uint32_t>(P.dim));
-    w.set_u32(k + "feed_forward_length", static_cast<uint32_t>(P.ff_exp));
-    w.set_u32(k + "block_count", static_cast<uint32_t>(P.layers));
-    w.set_u32(k + "attention.head_count", static_cast<uint32_t>(P.heads));
-    w.set_u32(k + "attention.head_count_kv", static_cast<uint32_t>(P.kv_heads));
+    write_common_keys(w, arch, "synthetic-" + spec.arch + "-" + P.name + "-" + spec.type, spec,
+                      {P.ctx, P.dim, P.ff_exp, P.layers, P.heads, P.kv_heads});
     w.set_u32(k + "attention.key_length", static_cast<uint32_t>(P.head_dim));
     w.set_u32(k + "attention.value_length", static_cast<uint32_t>(P.head_dim));
     w.set_u32(k + "rope.dimension_count", static_cast<uint32_t>(P.head_dim));
@@ -278,16 +291,8 @@ Status synth_text_model(const SynthTextSpec& spec, const std::string& out_path) 
     formats::GgufWriter w;
     Rng vocab_rng{spec.seed};
     const std::string k = arch + ".";
-    w.set_string("general.architecture", arch);
-    w.set_string("general.name", "synthetic-" + arch + "-" + P.name + "-" + spec.type);
-    w.set_u64("atelier.synthetic.seed", spec.seed);
-    if (!spec.chat_template.empty()) w.set_string("tokenizer.chat_template", spec.chat_template);
-    w.set_u32(k + "context_length", static_cast<uint32_t>(P.ctx));
-    w.set_u32(k + "embedding_length", static_cast<uint32_t>(P.dim));
-    w.set_u32(k + "feed_forward_length", static_cast<uint32_t>(P.hidden));
-    w.set_u32(k + "block_count", static_cast<uint32_t>(P.layers));
-    w.set_u32(k + "attention.head_count", static_cast<uint32_t>(P.heads));
-    w.set_u32(k + "attention.head_count_kv", static_cast<uint32_t>(P.kv_heads));
+    write_common_keys(w, arch, "synthetic-" + arch + "-" + P.name + "-" + spec.type, spec,
+                      {P.ctx, P.dim, P.hidden, P.layers, P.heads, P.kv_heads});
     if (wide_heads) {
       w.set_u32(k + "attention.key_length", static_cast<uint32_t>(hd));
       w.set_u32(k + "attention.value_length", static_cast<uint32_t>(hd));
@@ -399,124 +404,304 @@ Status synth_image_model(const SynthImageSpec& spec, const std::string& out_path
   return Status{};
 }
 
-// `bench text --synth PARAMS`: the preset's model made on the device the
-// options name, no file: one device buffer of matrices drawn in place by
-// Backend::fill_random (uniform, std 1/sqrt(cols), as the files above), norms
-// near 1. No tokenizer: a benchmark feeds token ids.
-Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::string& params, const std::string& type,
-                                                                   uint64_t seed, const TextModelOptions& options) {
-  const Preset* preset = nullptr;
+// ---------------------------------------------------------------- models made on a device
+
+namespace {
+
+const Preset* find_preset(const std::string& params) {
   for (const auto& p : kPresets)
-    if (params == p.name) preset = &p;
-  if (!preset) {
-    std::string all;
-    for (const auto& n : synth_param_presets()) all += (all.empty() ? "" : ", ") + n;
-    return Status::error(StatusCode::InvalidArgument, "--synth '" + params + "' is not a preset (allowed: " + all + ")");
+    if (params == p.name) return &p;
+  return nullptr;
+}
+
+std::string dense_presets() {
+  std::string all;
+  for (const auto& p : kPresets) all += (all.empty() ? "" : ", ") + std::string(p.name);
+  return all;
+}
+
+// The weight types a model made on a device takes, as they are spelled canonically.
+constexpr const char* kSynthTypes[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q4_k_m", "fp8"};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// TYPE in its canonical spelling (any case accepted), or "".
+std::string canonical_type(const std::string& type) {
+  for (const char* t : kSynthTypes)
+    if (lower(type) == lower(t)) return t;
+  return "";
+}
+
+std::string type_list() {
+  std::string all;
+  for (const char* t : kSynthTypes) all += (all.empty() ? "" : ", ") + std::string(t);
+  return all + " (fp8 on a GPU with FP8)";
+}
+
+// What the matrices become: the type's own (q4_k_m: llama.cpp's recipe keeps
+// its most sensitive matrices, the output, attn_v and ffn_down, in Q6_K and
+// the rest in Q4_K; fp8: E4M3 with a scale per row, DType::E4M3_ROWS, the
+// matrices --precision fp8 gives a GPU), and float matrices in the product
+// type of the device's plan (what loading a file at that precision gives).
+struct MatrixTypes {
+  kernels::DType base = kernels::DType::BF16;
+  bool k_m = false;
+  kernels::DType of(bool sensitive, int64_t cols) const {
+    using kernels::DType;
+    DType t = k_m && sensitive ? DType::Q6_K : base;
+    // Rows a block type cannot hold fall back to q8_0 or f16, as llama.cpp's quantizer does.
+    if (cols % kernels::dtype_block_elems(t) != 0) t = cols % 32 == 0 ? DType::Q8_0 : DType::F16;
+    return t;
   }
+};
+MatrixTypes matrix_types(const std::string& type, const text::PrecisionPlan& prec) {
   using kernels::DType;
-  // q4_k_m as llama.cpp's recipe keeps its most sensitive matrices: Q6_K for
-  // the output, attn_v and ffn_down, Q4_K for the rest.
-  const bool k_m = type == "q4_k_m";
-  // fp8: E4M3 with a scale per row (DType::E4M3_ROWS), the matrices
-  // --precision fp8 gives a device; only a GPU with FP8 runs them.
-  const bool fp8 = type == "fp8";
-  DType base = DType::BF16;
-  if (fp8) {
-    base = DType::E4M3_ROWS;
-  } else if (!k_m) {
-    auto parsed = guarded([&]() -> Result<DType> { return parse_type(type); });
-    if (!parsed.ok())
-      return Status::error(StatusCode::InvalidArgument, parsed.status().message + " or q4_k_m");
-    base = parsed.value();
+  MatrixTypes m;
+  if (type == "fp8") {
+    m.base = DType::E4M3_ROWS;
+  } else if (type == "q4_k_m") {
+    m.base = DType::Q4_K;
+    m.k_m = true;
   } else {
-    base = DType::Q4_K;
+    m.base = parse_type(type);
   }
+  if (m.base == DType::BF16 || m.base == DType::F16 || m.base == DType::F32) {
+    if (prec.floats == text::MatrixPrecision::FP16) m.base = DType::F16;
+    if (prec.floats == text::MatrixPrecision::FP8_E4M3) m.base = DType::E4M3_ROWS;
+  }
+  return m;
+}
+
+struct PlannedMatrix {
+  std::string name;
+  kernels::WeightView* view;  // null when only the layout is wanted
+  int64_t rows, cols;
+  kernels::DType t;
+};
+
+// Every matrix of preset P in the order they are drawn; views into W's
+// layers when W is given (W->layers sized here).
+std::vector<PlannedMatrix> plan_matrices(const Preset& P, const MatrixTypes& types, text::LlamaWeights* w) {
+  std::vector<PlannedMatrix> plans;
+  auto plan = [&](const std::string& name, kernels::WeightView* v, int64_t cols, int64_t rows, bool sensitive) {
+    plans.push_back({name, v, rows, cols, types.of(sensitive, cols)});
+  };
+  const int64_t hd = P.dim / P.heads, kvd = hd * P.kv_heads;
+  plan("token_embd.weight", w ? &w->tok_embd : nullptr, P.dim, P.vocab, false);
+  if (w) w->layers.resize(static_cast<size_t>(P.layers));
+  for (int l = 0; l < P.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    text::LlamaLayer* L = w ? &w->layers[static_cast<size_t>(l)] : nullptr;
+    plan(b + "attn_q.weight", L ? &L->wq : nullptr, P.dim, P.dim, false);
+    plan(b + "attn_k.weight", L ? &L->wk : nullptr, P.dim, kvd, false);
+    plan(b + "attn_v.weight", L ? &L->wv : nullptr, P.dim, kvd, true);
+    plan(b + "attn_output.weight", L ? &L->wo : nullptr, P.dim, P.dim, false);
+    plan(b + "ffn_gate.weight", L ? &L->w_gate : nullptr, P.dim, P.hidden, false);
+    plan(b + "ffn_up.weight", L ? &L->w_up : nullptr, P.dim, P.hidden, false);
+    plan(b + "ffn_down.weight", L ? &L->w_down : nullptr, P.hidden, P.dim, true);
+  }
+  if (!P.tied) plan("output.weight", w ? &w->output : nullptr, P.dim, P.vocab, true);
+  return plans;
+}
+
+int64_t aligned_bytes(const PlannedMatrix& p) { return (kernels::dtype_row_bytes(p.t, p.cols) * p.rows + 63) / 64 * 64; }
+
+text::LlamaHparams synth_hparams(const Preset& P, const std::string& type) {
+  text::LlamaHparams hp;
+  hp.architecture = "llama";
+  hp.name = std::string("synthetic-llama-") + P.name + "-" + type;
+  hp.n_vocab = P.vocab;
+  hp.n_ctx_train = P.ctx;
+  hp.n_embd = P.dim;
+  hp.n_layer = P.layers;
+  hp.n_head = P.heads;
+  hp.n_head_kv = P.kv_heads;
+  hp.n_ff = P.hidden;
+  hp.head_dim = hp.n_rot = P.dim / P.heads;
+  hp.rope_freq_base = P.rope_base;
+  return hp;
+}
+
+void fill_header_info(ModelInfo& info, const text::LlamaHparams& hp, const std::string& path) {
+  info.path = path;
+  info.format = "synthetic";
+  info.architecture = hp.architecture;
+  info.name = hp.name;
+  info.tokenizer = "llama";
+  info.n_vocab = hp.n_vocab;
+  info.n_ctx_train = hp.n_ctx_train;
+  info.n_embd = hp.n_embd;
+  info.n_layers = hp.n_layer;
+  info.n_heads = hp.n_head;
+  info.n_kv_heads = hp.n_head_kv;
+  info.n_ff = hp.n_ff;
+  info.bos_token = "<s>";
+  info.eos_token = "</s>";
+}
+
+// The reference a model made by synth_text_model_on names (bench text's
+// --synth: the canonical form when the fields parse).
+std::string reference_of(const std::string& params, const std::string& type, uint64_t seed) {
+  SynthModelRef r;
+  r.params = params;
+  r.type = type;
+  r.seed = seed;
+  return r.canonical();
+}
+
+}  // namespace
+
+bool is_synth_model_ref(std::string_view ref) { return ref.substr(0, 6) == "synth:"; }
+
+std::string SynthModelRef::canonical() const {
+  return "synth:" + params + ":" + type + ":seed=" + std::to_string(seed);
+}
+
+std::string SynthModelRef::digest() const {
+  // v1: the generator of this file (presets, name-hashed seeds, Backend::fill_random's draw).
+  return "synthetic-v1:" + canonical().substr(6);
+}
+
+Result<SynthModelRef> parse_synth_model_ref(const std::string& ref) {
+  auto bad = [&](const std::string& why) {
+    return Status::error(StatusCode::InvalidArgument,
+                         "bad synthetic model reference \"" + ref + "\": " + why +
+                             "; write synth:PARAMS[:TYPE][:seed=N], e.g. synth:8B, synth:8B:q4_k_m, synth:110M:bf16:seed=7");
+  };
+  if (!is_synth_model_ref(ref)) return bad("it does not start with synth:");
+  std::vector<std::string> fields;
+  for (size_t at = 6;;) {
+    const size_t colon = ref.find(':', at);
+    fields.push_back(ref.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  SynthModelRef r;
+  r.params = fields[0];
+  if (!find_preset(r.params)) {
+    const bool moe = std::any_of(std::begin(kMoePresets), std::end(kMoePresets), [&](const MoePreset& p) { return r.params == p.name; });
+    return bad("PARAMS '" + r.params + "' is not a dense preset (" + dense_presets() + ")" +
+               (moe ? "; mixtures of experts are made as files: `atelier models synth --arch ARCH --params " + r.params + "`" : ""));
+  }
+  bool typed = false, seeded = false;
+  for (size_t i = 1; i < fields.size(); ++i) {
+    const std::string& f = fields[i];
+    if (f.rfind("seed=", 0) == 0) {
+      const std::string n = f.substr(5);
+      if (seeded || n.empty() || n.size() > 19 || !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return bad(seeded ? "the seed is given twice" : "the seed '" + n + "' is not a whole number below 10^19");
+      r.seed = std::stoull(n);
+      seeded = true;
+    } else if (const std::string t = canonical_type(f); !t.empty() && !typed) {
+      r.type = t;
+      typed = true;
+    } else {
+      return bad(typed && !canonical_type(f).empty() ? "the type is given twice"
+                                                     : "'" + f + "' is neither a type (" + type_list() + ") nor seed=N");
+    }
+  }
+  return r;
+}
+
+namespace {
+Result<std::pair<const Preset*, std::string>> preset_and_type(const std::string& params, const std::string& type) {
+  const Preset* preset = find_preset(params);
+  if (!preset)
+    return Status::error(StatusCode::InvalidArgument, "--synth '" + params + "' is not a preset (allowed: " + dense_presets() + ")");
+  const std::string t = canonical_type(type);
+  if (t.empty()) return Status::error(StatusCode::InvalidArgument, "unknown weight type '" + type + "' (allowed: " + type_list() + ")");
+  return std::make_pair(preset, t);
+}
+}  // namespace
+
+Result<SynthLayout> synth_layout(const SynthModelRef& ref, const text::PrecisionPlan& prec) {
+  auto pt = preset_and_type(ref.params, ref.type);
+  if (!pt.ok()) return pt.status();
+  return guarded([&]() -> Result<SynthLayout> {
+    const Preset& P = *pt->first;
+    SynthLayout L;
+    L.hp = synth_hparams(P, pt->second);
+    fill_header_info(L.info, L.hp, ref.canonical());
+    for (const PlannedMatrix& p : plan_matrices(P, matrix_types(pt->second, prec), nullptr)) {
+      L.matrices.push_back({p.name, p.t, p.rows, p.cols});
+      L.weight_bytes += aligned_bytes(p);
+      L.info.n_params += p.rows * p.cols;
+    }
+    L.weight_bytes += int64_t{P.dim} * (2 * P.layers + 1) * 4;  // the norms (F32, host and device)
+    return L;
+  });
+}
+
+int64_t synth_model_bytes(const std::string& ref) {
+  auto r = parse_synth_model_ref(ref);
+  if (!r.ok()) return 0;
+  auto L = synth_layout(r.value(), text::PrecisionPlan{});
+  return L.ok() ? L->weight_bytes : 0;
+}
+
+// The preset's model made on a device (BACKEND's, else the one the options
+// name): one device buffer of matrices drawn in place by
+// Backend::fill_random (uniform, std 1/sqrt(cols), as the files above), norms
+// near 1, the synthetic vocabulary (SynthModelRef).
+Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::string& params, const std::string& type_in,
+                                                                   uint64_t seed, const TextModelOptions& options,
+                                                                   kernels::Backend* backend) {
+  auto pt = preset_and_type(params, type_in);
+  if (!pt.ok()) return pt.status();
+  const Preset& P = *pt->first;
+  const std::string type = pt->second;
+  const bool fp8 = type == "fp8";
   return guarded([&]() -> Result<std::shared_ptr<text::LoadedTextModel>> {
-    const Preset& P = *preset;
     auto m = std::make_shared<text::LoadedTextModel>();
     m->options = options;
-    kernels::Backend* be = &kernels::default_cpu_backend();
-    if (!options.device.empty() && options.device != "cpu") {
+    kernels::Backend* be = backend ? backend : &kernels::default_cpu_backend();
+    if (!backend && !options.device.empty() && options.device != "cpu") {
       const kernels::DeviceChoice d = kernels::open_device(options.device);
       if (!d.device) throw UnsupportedError("--device " + options.device + ": " + d.why);
       m->backend = d.device->make_backend(nullptr, 0);
       be = m->backend.get();
     }
-    // --precision (or --type fp8) on a device: float matrices drawn in the
-    // plan's product type (what loading a file at that precision would give).
+    // --precision (or --type fp8) on a device: the plan reaches the backend first.
     const text::PrecisionPlan prec =
         be->device().host_memory ? text::precision_plan({}, text::PrecisionChoice::Auto, options.kv_type)  // refuses bf16/fp8 KV
                                  : text::apply_precision(*be, fp8 ? "fp8" : options.precision, options.kv_type);
     if (fp8 && !prec.gpu)
-      throw InvalidArgumentError("--type fp8 runs on a GPU with FP8 (compute capability 8.9 or newer): add --device cuda");
-    if (base == DType::BF16 || base == DType::F16 || base == DType::F32) {
-      if (prec.floats == text::MatrixPrecision::FP16) base = DType::F16;
-      if (prec.floats == text::MatrixPrecision::FP8_E4M3) base = DType::E4M3_ROWS;
-    }
+      throw InvalidArgumentError("--type fp8 (synth:" + params + ":fp8) runs on a GPU with FP8 (compute capability 8.9 or newer): add --device cuda");
     text::LlamaWeights& w = m->weights;
-    text::LlamaHparams& hp = w.hp;
-    hp.architecture = "llama";
-    hp.name = std::string("synthetic-llama-") + P.name + "-" + type;
-    hp.n_vocab = P.vocab;
-    hp.n_ctx_train = P.ctx;
-    hp.n_embd = P.dim;
-    hp.n_layer = P.layers;
-    hp.n_head = P.heads;
-    hp.n_head_kv = P.kv_heads;
-    hp.n_ff = P.hidden;
-    hp.head_dim = hp.n_rot = P.dim / P.heads;
-    hp.rope_freq_base = P.rope_base;
+    w.hp = synth_hparams(P, type);
     w.format = "synthetic";
-    struct Plan {
-      std::string name;
-      kernels::WeightView* view;
-      int64_t rows, cols, offset;
-      DType t;
-    };
-    std::vector<Plan> plans;
-    int64_t total = 0;
-    auto plan = [&](const std::string& name, kernels::WeightView& v, int64_t cols, int64_t rows, bool sensitive) {
-      DType t = k_m && sensitive ? DType::Q6_K : base;
-      if (cols % kernels::dtype_block_elems(t) != 0) t = cols % 32 == 0 ? DType::Q8_0 : DType::F16;
-      plans.push_back({name, &v, rows, cols, total, t});
-      total += (kernels::dtype_row_bytes(t, cols) * rows + 63) / 64 * 64;
-    };
+    text::check_kv_type(w.hp, options.kv_type);
     auto norm = [&](const std::string& name) {
       std::vector<float> v(static_cast<size_t>(P.dim));
       Rng rng{name_hash(name, seed)};
       for (auto& x : v) x = 1.0f + 0.1f * rng.uniform_pm1();
       return v;
     };
-    const int64_t hd = P.dim / P.heads, kvd = hd * P.kv_heads;
-    plan("token_embd.weight", w.tok_embd, P.dim, P.vocab, false);
+    std::vector<PlannedMatrix> plans = plan_matrices(P, matrix_types(type, prec), &w);
     w.output_norm = norm("output_norm.weight");
-    w.layers.resize(static_cast<size_t>(P.layers));
     for (int l = 0; l < P.layers; ++l) {
       const std::string b = "blk." + std::to_string(l) + ".";
       text::LlamaLayer& L = w.layers[static_cast<size_t>(l)];
       L.attn_norm = norm(b + "attn_norm.weight");
       L.ffn_norm = norm(b + "ffn_norm.weight");
-      plan(b + "attn_q.weight", L.wq, P.dim, P.dim, false);
-      plan(b + "attn_k.weight", L.wk, P.dim, kvd, false);
-      plan(b + "attn_v.weight", L.wv, P.dim, kvd, true);
-      plan(b + "attn_output.weight", L.wo, P.dim, P.dim, false);
-      plan(b + "ffn_gate.weight", L.w_gate, P.dim, P.hidden, false);
-      plan(b + "ffn_up.weight", L.w_up, P.dim, P.hidden, false);
-      plan(b + "ffn_down.weight", L.w_down, P.hidden, P.dim, true);
     }
-    if (!P.tied) plan("output.weight", w.output, P.dim, P.vocab, true);
+    int64_t total = 0;
+    for (const PlannedMatrix& p : plans) total += aligned_bytes(p);
     std::shared_ptr<kernels::Buffer> buf = be->alloc(total);
-    int64_t read_per_token = 0;
+    int64_t read_per_token = 0, offset = 0;
     std::map<std::string, int> types;
-    for (const Plan& p : plans) {
-      be->fill_random(*buf, p.offset, p.t, p.rows, p.cols, name_hash(p.name, seed),
-                      std::sqrt(3.0f / static_cast<float>(p.cols)));
+    for (const PlannedMatrix& p : plans) {
+      be->fill_random(*buf, offset, p.t, p.rows, p.cols, name_hash(p.name, seed), std::sqrt(3.0f / static_cast<float>(p.cols)));
       kernels::WeightView& v = *p.view;
       v.type = p.t;
-      v.data = static_cast<const uint8_t*>(buf->data()) + p.offset;
+      v.data = static_cast<const uint8_t*>(buf->data()) + offset;
       v.rows = p.rows;
       v.cols = p.cols;
       v.row_stride_bytes = kernels::dtype_row_bytes(p.t, p.cols);
+      offset += aligned_bytes(p);
       w.n_params += p.rows * p.cols;
       if (p.name != "token_embd.weight") read_per_token += v.row_stride_bytes * p.rows;
       ++types[std::string(kernels::dtype_name(p.t))];
@@ -528,22 +713,13 @@ Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::st
     be->synchronize();
     w.prepared.push_back(buf);
     for (const auto& [t, n] : types) w.weight_types += (w.weight_types.empty() ? "" : ", ") + t + " (" + std::to_string(n) + ")";
+    m->tokenizer = tok::Tokenizer::synthetic(P.vocab);
     ModelInfo& info = m->info;
-    info.path = "synthetic:" + std::string(P.name);
-    info.format = w.format;
-    info.architecture = hp.architecture;
-    info.name = hp.name;
+    fill_header_info(info, w.hp, reference_of(params, type, seed));
     info.weight_types = w.weight_types;
     info.n_params = w.n_params;
-    info.weight_bytes = read_per_token;
-    info.n_vocab = hp.n_vocab;
-    info.n_ctx_train = hp.n_ctx_train;
-    info.n_embd = hp.n_embd;
-    info.n_layers = hp.n_layer;
-    info.n_heads = hp.n_head;
-    info.n_kv_heads = hp.n_head_kv;
-    info.n_ff = hp.n_ff;
-    m->n_ctx = options.context_tokens > 0 ? options.context_tokens : default_context_tokens(hp.n_ctx_train);
+    info.weight_bytes = info.active_weight_bytes = read_per_token;
+    m->n_ctx = options.context_tokens > 0 ? options.context_tokens : default_context_tokens(w.hp.n_ctx_train);
     m->pool = std::make_unique<ThreadPool>(options.threads);
     return m;
   });

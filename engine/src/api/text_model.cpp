@@ -139,6 +139,15 @@ const ModelInfo& TextModel::info() const { return model_->info; }
 Result<std::shared_ptr<text::LoadedTextModel>> text::load_text_model(const std::string& path,
                                                                      const TextModelOptions& options,
                                                                      kernels::Backend* backend) {
+  if (is_synth_model_ref(path)) {  // made on the device, no file
+    auto ref = parse_synth_model_ref(path);
+    if (!ref.ok()) return ref.status();
+    if (options.threads < 0 || options.threads > 1024)
+      return Status::error(StatusCode::InvalidArgument, "threads must be between 1 and 1024 (0: one per core)");
+    if (options.context_tokens < 0)
+      return Status::error(StatusCode::InvalidArgument, "context size must be >= 0 (0: the model's own)");
+    return synth_text_model_on(ref->params, ref->type, ref->seed, options, backend);
+  }
   std::unique_ptr<kernels::Backend> own;
   if (!backend && !options.device.empty() && options.device != "cpu") {
     const kernels::DeviceChoice d = kernels::open_device(options.device);
@@ -299,6 +308,13 @@ Result<TextResult> TextModel::generate(const TextRequest& request,
 }
 
 Result<ModelInfo> read_model_info(const std::string& path, const std::string& tokenizer) {
+  if (is_synth_model_ref(path)) {  // its preset's facts, on the CPU's plan
+    auto ref = parse_synth_model_ref(path);
+    if (!ref.ok()) return ref.status();
+    auto layout = synth_layout(ref.value(), text::PrecisionPlan{});
+    if (!layout.ok()) return layout.status();
+    return layout->info;
+  }
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such model file");
   if (formats::sniff_model_file(path).kind != formats::FileKind::gguf) {  // by content: llama2.c loads whole

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "text/llama.h"
+#include "text/precision.h"
 #include "tokenizer/tokenizer.h"
 
 namespace atelier {
@@ -39,12 +40,33 @@ Result<std::shared_ptr<LoadedTextModel>> load_text_model(const std::string& path
 
 }  // namespace text
 
-// `bench text --synth PARAMS --type T` (api/synth.cpp): a synth preset's
-// LLaMA made on options.device with random weights drawn there
-// (Backend::fill_random), no file and no tokenizer. T: f32, f16, bf16, q8_0,
-// q4_0, q4_K, q6_K, q4_k_m.
+// A synthetic model (api/synth.cpp; `bench text --synth PARAMS --type T`, a
+// synth:PARAMS[:TYPE][:seed=N] reference, atelier/models.h): a synth preset's
+// LLaMA made on BACKEND's device (nullptr: the one options.device names) with
+// random weights drawn there (Backend::fill_random), no file, the synthetic
+// vocabulary. T: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_k_m, fp8.
+// text::load_text_model hands synth: references here.
 Result<std::shared_ptr<text::LoadedTextModel>> synth_text_model_on(const std::string& params, const std::string& type,
-                                                                   uint64_t seed, const TextModelOptions& options);
+                                                                   uint64_t seed, const TextModelOptions& options,
+                                                                   kernels::Backend* backend = nullptr);
+
+// What a synthetic model will hold on a device of plan PREC, without making
+// it: its header facts, hparams, matrices (types after the plan) and the
+// bytes of its weights (matrices as allocated, norms F32).
+struct SynthLayout {
+  ModelInfo info;
+  text::LlamaHparams hp;
+  struct Matrix {
+    std::string name;
+    kernels::DType type;
+    int64_t rows, cols;
+  };
+  std::vector<Matrix> matrices;
+  int64_t weight_bytes = 0;
+};
+Result<SynthLayout> synth_layout(const SynthModelRef& ref, const text::PrecisionPlan& prec);
+// A synth: reference's weight bytes on the CPU (its "file size"); 0 when it does not parse.
+int64_t synth_model_bytes(const std::string& ref);
 
 // InvalidArgument with a message naming the bad value, or Ok.
 Status validate_request(const TextRequest& request, int n_ctx);

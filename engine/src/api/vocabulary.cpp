@@ -19,6 +19,17 @@ Vocabulary::Vocabulary(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Vocabulary::~Vocabulary() = default;
 
 Result<std::shared_ptr<Vocabulary>> Vocabulary::open(const std::string& path) {
+  if (is_synth_model_ref(path)) {  // a synthetic model's vocabulary (SynthModelRef)
+    auto ref = parse_synth_model_ref(path);
+    if (!ref.ok()) return ref.status();
+    auto layout = synth_layout(ref.value(), text::PrecisionPlan{});
+    if (!layout.ok()) return layout.status();
+    return guarded([&]() -> Result<std::shared_ptr<Vocabulary>> {
+      auto impl = std::make_unique<Impl>();
+      impl->tokenizer = tok::Tokenizer::synthetic(layout->hp.n_vocab);
+      return std::shared_ptr<Vocabulary>(new Vocabulary(std::move(impl)));
+    });
+  }
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return Status::error(StatusCode::NotFound, path + ": no such file");
   return guarded([&]() -> Result<std::shared_ptr<Vocabulary>> {

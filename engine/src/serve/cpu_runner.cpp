@@ -132,6 +132,7 @@ class CpuRunner final : public Runner {
 }  // namespace
 
 int64_t model_file_bytes(const std::string& path) {
+  if (is_synth_model_ref(path)) return synth_model_bytes(path);  // no file: what a file of its weights would hold
   std::error_code ec;
   int64_t bytes = 0;
   if (std::filesystem::is_directory(path, ec)) {

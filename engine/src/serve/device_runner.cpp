@@ -231,6 +231,10 @@ class DeviceRunner final : public Runner {
       slot->bytes = weights_on_device(m.weights) + int64_t{slot->kv->total_blocks()} * slot->kv->block_bytes();
     slot->device = name_;
     slot->precision = text::precision_label(plan_);
+    // A synth:...:fp8 reference is drawn in E4M3 whatever --precision says: its record says so.
+    if (auto ref = parse_synth_model_ref(resolved.path); ref.ok() && ref->type == "fp8")
+      slot->precision = text::precision_label(
+          text::precision_plan(text::device_caps(device_.info()), text::PrecisionChoice::FP8, config_.kv_type));
     return std::unique_ptr<TextSlot>(std::move(slot));
   }
 
@@ -335,6 +339,19 @@ class DeviceRunner final : public Runner {
   Need need_of(const ResolvedModel& resolved) const {
     Need n;
     guarded([&]() -> Status {
+      if (is_synth_model_ref(resolved.path)) {  // made on the device: its layout at this plan
+        auto ref = parse_synth_model_ref(resolved.path);
+        if (!ref.ok()) return Status{};
+        auto layout = synth_layout(ref.value(), plan_);
+        if (!layout.ok()) return Status{};
+        n.weights = layout->weight_bytes;
+        n.hp = layout->hp;
+        n.n_params = layout->info.n_params;
+        n.workspace = text::LlamaRunner::workspace_bytes(n.hp, reserve_rows(), config_.max_batch, plan_.activations);
+        n.block = text::KvPool::block_bytes_for(n.hp, config_.kv_block_tokens, config_.kv_type);
+        n.known = true;
+        return Status{};
+      }
       if (formats::sniff_model_file(resolved.path).kind != formats::FileKind::gguf) return Status{};
       auto info = read_model_info(resolved.path, resolved.file("tokenizer"));
       if (!info.ok() || info->n_heads <= 0) return Status{};

@@ -328,7 +328,7 @@ LoadedModel* Scheduler::model_for(const std::string& ref, Status& error) {
   auto lm = std::make_unique<LoadedModel>();
   lm->path = path;
   lm->version = resolved->digest;
-  if (resolved->in_store) {
+  if (resolved->in_store || resolved->format == "synthetic") {  // synth:...: its canonical reference
     lm->name = resolved->display;
   } else {
     std::error_code ec;

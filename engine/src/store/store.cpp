@@ -305,6 +305,11 @@ struct Ref {
 
 Ref parse_ref(const std::string& ref) {
   Ref r;
+  if (ref.rfind("synth:", 0) == 0)  // atelier/models.h SynthModelRef
+    throw InvalidArgumentError("\"" + ref +
+                               "\" is a synthetic model, made on the device when a job loads it: the store holds no "
+                               "version of it to show, verify, promote or remove. Use it directly (-m " + ref +
+                               "), or write it as a file with `atelier models synth` and import that");
   if (ref.rfind("sha256:", 0) == 0) {
     r.kind = Ref::kDigest;
     r.digest = ref.substr(7);
@@ -566,6 +571,8 @@ int ModelStore::schema_version() const {
 int ModelStore::import(const std::vector<ImportFile>& files, const std::string& name, const ImportOptions& options) {
   if (!valid_name(name))
     throw InvalidArgumentError("bad model name \"" + name + "\": use letters, digits, '.', '_' and '-' (not starting with sha256)");
+  if (name == "synth")  // "synth:..." names a synthetic model (atelier/models.h), never a channel of a store model
+    throw InvalidArgumentError("the model name \"synth\" is reserved for synthetic models (synth:PARAMS[:TYPE][:seed=N]); choose another name");
   if (files.empty()) throw InvalidArgumentError("import of \"" + name + "\": no files given");
   if (!options.kind.empty() && options.kind != "text" && options.kind != "image")
     throw InvalidArgumentError("import of \"" + name + "\": kind must be text or image, not \"" + options.kind + "\"");

@@ -373,6 +373,35 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const formats::GgufFile& file) {
   return make_tokenizer(std::move(spec));
 }
 
+std::unique_ptr<Tokenizer> Tokenizer::synthetic(int n_vocab) {
+  if (n_vocab < 261) throw Error("a synthetic vocabulary needs at least 261 tokens, got " + std::to_string(n_vocab));
+  VocabSpec spec;
+  spec.source = "synthetic vocabulary";
+  spec.model = "llama";
+  spec.name = "synthetic";
+  spec.texts.reserve(static_cast<size_t>(n_vocab));
+  spec.texts = {"<unk>", "<s>", "</s>"};
+  spec.types = {TokenType::Unknown, TokenType::Control, TokenType::Control};
+  char buf[16];
+  for (int b = 0; b < 256; ++b) {
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    spec.texts.emplace_back(buf);
+    spec.types.push_back(TokenType::Byte);
+  }
+  // The space mark as a piece of its own: a space is one token and decodes as ' '.
+  spec.texts.emplace_back("\xE2\x96\x81");
+  spec.types.push_back(TokenType::Normal);
+  // No piece of two or more characters has its prefixes in the vocabulary,
+  // so no merge ever forms one: text stays bytes, and these only come from sampling.
+  for (int id = static_cast<int>(spec.texts.size()); id < n_vocab; ++id) {
+    spec.texts.push_back("<t" + std::to_string(id) + ">");
+    spec.types.push_back(TokenType::Normal);
+  }
+  spec.bos = 1, spec.eos = 2, spec.unk = 0;
+  spec.add_bos = true;
+  return make_tokenizer(std::move(spec));
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::from_llama2c(const formats::Llama2cVocab& vocab) {
   // llama2.c's tokenizer.bin is a SentencePiece vocabulary exported with ' ' for
   // U+2581 and "\n<s>\n" / "\n</s>\n" for BOS/EOS; ids 3..258 are <0x00>..<0xFF>.

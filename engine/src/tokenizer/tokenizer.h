@@ -33,6 +33,10 @@ class Tokenizer {
   static std::unique_ptr<Tokenizer> from_gguf(const formats::GgufFile& file);
   static std::unique_ptr<Tokenizer> from_hf_json(const std::string& path);
   static std::unique_ptr<Tokenizer> from_llama2c(const formats::Llama2cVocab& vocab);
+  // A synthetic model's vocabulary (atelier/models.h, SynthModelRef):
+  // SentencePiece-style, every byte a token, no merges, no space prefix.
+  // Throws atelier::Error when n_vocab is under 261.
+  static std::unique_ptr<Tokenizer> synthetic(int n_vocab);
 
   // add_bos: prepend BOS when the vocabulary uses one (tokenizer.ggml.add_bos_token,
   // default per model type as llama.cpp) and append EOS when it asks for that
