@@ -6,10 +6,18 @@
 # 110M synthetic model's KL and top-1 per precision) and the 8B benchmarks
 # beside those ceilings, and prints one report. At most 8 minutes: every
 # step has its own time limit, cut to what the budget has left.
-# Usage: tests/cuda/device-check.sh PACK_DIR [REPORT_FILE]
+# Usage: tests/cuda/device-check.sh PACK_DIR [REPORT_FILE] [PARTS]
+# PARTS: a comma-separated subset of ops, parity, bench, serve, ab, profile
+# (default all, in that order, then the op suite under its A/B switches, part
+# of ops: what matters most runs first, so a run the
+# budget cuts short still says whether the kernels are right); the ceilings
+# and the loader always run. A second run on a lent GPU can take the parts
+# the first did not reach.
 set -uo pipefail
-pack="$(cd "${1:?usage: device-check.sh PACK_DIR [REPORT_FILE]}" && pwd)"
+pack="$(cd "${1:?usage: device-check.sh PACK_DIR [REPORT_FILE] [PARTS]}" && pwd)"
 report="${2:-}"
+parts="${3:-all}"
+part() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
 t0=$SECONDS
 work="$(mktemp -d /tmp/atelier-device-check.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
@@ -75,13 +83,16 @@ no_gpu=$(grep -h -m1 "no CUDA op cases" "$work/loader.log")
 # 2. The op suite on CUDA: every text op against the CPU references, then the
 #    GPU-sized shapes (K 4096 / 14336 / 4352, rows 1..257, head_dim 64/80/128,
 #    contexts to 4096). Image ops are skipped (issue 34).
+if part ops; then
 step ops 150 "$pack/test_kernels" --gtest_filter='*/BackendOps.*/cuda:Cuda/CudaShapes.*' --gtest_brief=1
 while read -r l; do say "  $l"; done < <(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$work/ops.log" | head -40)
 grep -B3 -A12 "Failure" "$work/ops.log" | head -80 > "$work/ops-failures.txt"
+fi
 
 # ==== 3. Whole-model parity on the GPU (host side of issue 33) ============
 # stories260K (F32 file): greedy text on --device cuda (BF16 products, then
 # FP16) identical to the CPU's golden text for its golden prompt.
+if part parity; then
 fixtures="$pack/fixtures"
 golden="$fixtures/golden-once-upon-a-time-greedy.txt"
 for prec in bf16 fp16; do
@@ -122,13 +133,15 @@ if step synth-110M 60 "$pack/atelier" models synth --params 110M -o "$work/m110.
   compare quality-fp8-vs-bf16 0.05 0.70 --device cuda --reference-precision bf16 --precision fp8
 fi
 
+fi  # parity
+
 # ==== 4. Benchmarks (host side of issue 33) ================================
 # The 8B synthetic model made on the device (Llama 3.1 8B's shapes), prompt
 # 2048 and 128 generated tokens; each figure beside this run's ceilings, the
 # issue's target and llama.cpp's figure on this H200 (c392e50, from the issue).
 bench() {  # bench TYPE TARGET_TEXT LLAMA_TEXT
   local type=$1 target=$2 llama=$3 name="bench-$1"
-  step "$name" 75 "$pack/atelier" bench text --device cuda --synth 8B --type "$type" -p 2048 -n 128 --reps 2 --json || return
+  step "$name" 75 "$pack/atelier" bench text --device cuda --synth 8B --type "$type" -p 2048 -n 128 --reps 1 --json || return
   local f="$work/$name.log" pp tg gbs tfs ceil_tf=$bf16_tf ceil_name=BF16
   pp=$(jnum prompt_tokens_per_s "$f"); tg=$(jnum gen_tokens_per_s "$f")
   gbs=$(jnum gen_bandwidth_gb_per_s "$f"); tfs=$(calc "$(jnum prompt_gflop_per_s "$f") / 1000")
@@ -137,21 +150,13 @@ bench() {  # bench TYPE TARGET_TEXT LLAMA_TEXT
   say "  8B $type generate:    $(calc "$tg") tok/s, $(calc "$gbs") GB/s = $(calc "100 * $gbs / ${hbm:-0}") % of HBM read ($hbm GB/s)"
   say "     target: $target; llama.cpp: $llama"
 }
+if part bench; then
 bench bf16 "decode >= 75 % of HBM read (about 225 tok/s), prefill >= 60 % of the BF16 GEMM rate (about 30k tok/s)" \
   "F16 19,205 / 156 tok/s"
 bench q8_0 "decode >= 330 tok/s (1.7x), prefill >= 21,442 tok/s (2x)" "Q8_0 10,721 / 194 tok/s"
 bench q4_k_m "decode >= 414 tok/s (2x), prefill >= 18,624 tok/s (2x)" "Q4_K_M 9,312 / 207 tok/s"
 bench fp8 "none stated for one stream (serving: 30k output tok/s at 256 streams)" "no FP8 figure"
-# Where the time goes: every op timed on the stream (ATELIER_CUDA_PROFILE=1,
-# graphs off), by op, weight type and rows (1: decode; >256: the prompt),
-# with the bytes it read (GB/s, against HBM read above) and the FLOPs it
-# did (TFLOP/s, against the GEMM ceilings): the first place to look when a
-# figure above misses its target.
-for type in bf16 q4_k_m; do
-  step "profile-$type" 45 env ATELIER_CUDA_PROFILE=1 "$pack/atelier" bench text --device cuda --synth 8B \
-    --type "$type" -p 512 -n 32 --reps 1 --json
-  grep "^cuda profile" "$work/profile-$type.log" | head -18 | while read -r l; do say "  $type $l"; done
-done
+fi
 # Serving: the whole engine (queue, scheduler, device runner) on the 8B
 # synthetic model made on the device (synth:8B:TYPE, no file), 128 prompt and
 # 128 new tokens a request, all of a level's requests at once, one round at
@@ -177,21 +182,12 @@ serve() {  # serve TYPE TARGET_TOK_S
   say "  8B $type serve, output tok/s: 1 stream $(calc "$t1"), 64 streams $(calc "$t64"), 256 streams $(calc "$t256") (target >= $target)"
   say "     ITL p99 at 64 streams: $(calc "$r64") x single-stream (target < 3); GPU busy at 256 streams: $b256 % (target >= 85); $verdict"
 }
+if part serve; then
 serve bf16 20000
 serve fp8 30000
+fi
 
-# 5. The op suite again with ATELIER_CUDA_DETERMINISTIC=1: every product on the
-#    matrix-vector kernels, so the suite's batch-invariance checks run too.
-step ops-deterministic 120 env ATELIER_CUDA_DETERMINISTIC=1 "$pack/test_kernels" \
-  --gtest_filter='*/BackendOps.*/cuda' --gtest_brief=1
-while read -r l; do say "  $l"; done < <(grep -E "^\[  (PASSED|FAILED) " "$work/ops-deterministic.log" | head -10)
-
-# MoE A/B: the experts' products on the per-slot kernel (ATELIER_CUDA_MOE_GROUPED=0)
-# against the same cases grouped by expert (the run above): both bit for bit
-# each token's one-row products.
-step ops-moe-per-slot 60 env ATELIER_CUDA_MOE_GROUPED=0 "$pack/test_kernels" \
-  --gtest_filter='*/BackendOps.MatmulId*/cuda:Cuda/CudaShapes.MatmulId*' --gtest_brief=1
-
+if part ab; then
 # CUDA graphs A/B (a decode step as one graph launch): 8B BF16, batch 1,
 # 128 tokens, with graphs and with ATELIER_CUDA_GRAPHS=0.
 for g in 1 0; do
@@ -207,6 +203,36 @@ grep -h "could not be captured" "$work"/bench-graphs-1.log | head -1 | while rea
 step bench-flash-0 90 env ATELIER_CUDA_FLASH_PREFILL=0 "$pack/atelier" bench text --device cuda --synth 8B \
   --type bf16 -p 2048 -n 1 --reps 1 --json
 say "  flash prefill off: prompt $(grep -o '"prompt_tokens_per_s":[0-9.]*' "$work/bench-flash-0.log" | cut -d: -f2) tok/s (on: $(jnum prompt_tokens_per_s "$work/bench-bf16.log") tok/s)"
+
+fi  # ab
+
+if part profile; then
+# Where the time goes: every op timed on the stream (ATELIER_CUDA_PROFILE=1,
+# graphs off), by op, weight type and rows (1: decode; >256: the prompt),
+# with the bytes it read (GB/s, against HBM read above) and the FLOPs it
+# did (TFLOP/s, against the GEMM ceilings): the first place to look when a
+# figure above misses its target.
+for type in bf16 q4_k_m; do
+  step "profile-$type" 45 env ATELIER_CUDA_PROFILE=1 "$pack/atelier" bench text --device cuda --synth 8B \
+    --type "$type" -p 512 -n 32 --reps 1 --json
+  grep "^cuda profile" "$work/profile-$type.log" | head -18 | while read -r l; do say "  $type $l"; done
+done
+fi
+
+if part ops; then
+# 5. The op suite again with ATELIER_CUDA_DETERMINISTIC=1: every product on the
+#    matrix-vector kernels, so the suite's batch-invariance checks run too.
+step ops-deterministic 120 env ATELIER_CUDA_DETERMINISTIC=1 "$pack/test_kernels" \
+  --gtest_filter='*/BackendOps.*/cuda' --gtest_brief=1
+while read -r l; do say "  $l"; done < <(grep -E "^\[  (PASSED|FAILED) " "$work/ops-deterministic.log" | head -10)
+
+# MoE A/B: the experts' products on the per-slot kernel (ATELIER_CUDA_MOE_GROUPED=0)
+# against the same cases grouped by expert (the run above): both bit for bit
+# each token's one-row products.
+step ops-moe-per-slot 60 env ATELIER_CUDA_MOE_GROUPED=0 "$pack/test_kernels" \
+  --gtest_filter='*/BackendOps.MatmulId*/cuda:Cuda/CudaShapes.MatmulId*' --gtest_brief=1
+
+fi
 
 summary() {
   echo "== Atelier CUDA device check ($(date -u +%FT%TZ), $((SECONDS - t0)) s)"
