@@ -71,6 +71,17 @@ void add_device_options(CLI::App& cmd, DeviceOptions& o) {
                  "Share of a GPU's memory the engine may take (weights, workspace, and the KV pool, which gets the rest)")
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
+  // The CUDA module reads the switch when it opens a device, which happens
+  // only once the command runs: set here, at parsing, it is there in time.
+  cmd.add_flag_callback(
+      "--deterministic",
+      [&o] {
+        o.deterministic = true;
+        ::setenv("ATELIER_CUDA_DETERMINISTIC", "1", 1);
+      },
+      "On a GPU: batch-invariant kernels (every product on the matrix-vector kernels, attention row by row), so "
+      "the same request and seed give the same tokens alone or in any batch, at a slower prefill; the CPU always "
+      "is (same as ATELIER_CUDA_DETERMINISTIC=1)");
 }
 
 std::string device_line(const DeviceSelection& d) {

@@ -29,6 +29,9 @@ struct DeviceOptions {
   std::string device = "auto";
   std::string precision = "auto";
   double gpu_memory_fraction = 0.9;
+  // --deterministic: a GPU's batch-invariant kernels (ATELIER_CUDA_DETERMINISTIC=1,
+  // set when the flag is parsed, before any device opens). The CPU always is.
+  bool deterministic = false;
 };
 void add_device_options(CLI::App& cmd, DeviceOptions& o);
 // The one line commands print on stderr: "device: cpu (auto: no usable GPU (...); running on the CPU)".

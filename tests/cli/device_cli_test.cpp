@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cli/cli_util.h"
 
@@ -112,6 +113,26 @@ TEST_F(DeviceCli, JobsRecordTheirDeviceAndPrecisionAndTheMetricsNameTheDevice) {
   const CliRun m = sb.run({"metrics", "--json", "--data-dir", sb.data()});
   ASSERT_EQ(m.code, 0) << m.err;
   EXPECT_EQ(jsonl(m.out).at(0).value("device", ""), "cpu");
+}
+
+// --deterministic (a GPU's batch-invariant kernels) is one of the device
+// flags: every command that runs models takes it; the CPU, always
+// batch-invariant, gives the same text with it.
+TEST_F(DeviceCli, DeterministicIsOnEveryCommandThatRunsModels) {
+  CliSandbox sb("device_cli_deterministic");
+  for (const std::vector<std::string>& cmd : std::vector<std::vector<std::string>>{
+           {"text"}, {"image"}, {"bench", "text"}, {"bench", "serve"}, {"batch"}, {"serve"}}) {
+    std::vector<std::string> args = cmd;
+    args.push_back("--help");
+    const CliRun h = sb.run(args);
+    EXPECT_EQ(h.code, 0) << cmd.front() << ": " << h.err;
+    EXPECT_NE(h.out.find("--deterministic"), std::string::npos) << cmd.back() << " --help lacks it";
+  }
+  const CliRun plain = sb.run({"text", "-m", kGguf, "-p", "Once upon a time", "-n", "8", "--temp", "0", "--device", "cpu"});
+  const CliRun det = sb.run(
+      {"text", "-m", kGguf, "-p", "Once upon a time", "-n", "8", "--temp", "0", "--device", "cpu", "--deterministic"});
+  ASSERT_EQ(det.code, 0) << det.err;
+  EXPECT_EQ(det.out, plain.out);
 }
 
 TEST_F(DeviceCli, BenchTextMakesASynthPresetWithoutAFile) {
