@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "engine/engine_test_util.h"
+#include "fake_gpu.h"
 
 using namespace atelier;
 namespace fs = std::filesystem;
@@ -81,9 +82,29 @@ std::vector<int32_t> completed_ids(const std::vector<Event>& evs) {
 }
 }  // namespace
 
-TEST(Engine, BatchedTokensEqualUnbatched) {
+// The scheduler's suites on each kind of runner: the CPU's, and the device
+// runner over the fake GPU (tests/fake_gpu.h: the CUDA module's host side,
+// the CPU's arithmetic), so continuous batching and cancel hold there too.
+class EngineOn : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() != "cpu") gpu_.register_as(GetParam());
+  }
+  EngineConfig config_on(const fs::path& dir) const {
+    EngineConfig c = config(dir);
+    c.devices = {GetParam()};
+    return c;
+  }
+
+ private:
+  test::FakeGpu gpu_{int64_t{2} << 30};
+};
+INSTANTIATE_TEST_SUITE_P(Runners, EngineOn, ::testing::Values(std::string("cpu"), std::string("fake:0")),
+                         [](const auto& info) { return info.param == "cpu" ? std::string("cpu") : std::string("fake_gpu"); });
+
+TEST_P(EngineOn, BatchedTokensEqualUnbatched) {
   TempDir dir("batch");
-  auto engine = Engine::open(config(dir.path));
+  auto engine = Engine::open(config_on(dir.path));
   ASSERT_TRUE(engine.ok()) << engine.status().message;
   Engine& e = *engine.value();
   auto collector = std::make_shared<Collector>();
@@ -99,6 +120,7 @@ TEST(Engine, BatchedTokensEqualUnbatched) {
     EXPECT_EQ(e.job(ids[static_cast<size_t>(i)])->state, JobState::Completed);
   }
   const EngineMetrics m = e.metrics();
+  EXPECT_EQ(m.device, GetParam());
   int64_t big_steps = 0;
   for (size_t k = 8; k < m.batch_size_histogram.size(); ++k) big_steps += m.batch_size_histogram[k];
   EXPECT_GT(big_steps, 0) << "the jobs never shared a step";
@@ -111,9 +133,9 @@ TEST(Engine, BatchedTokensEqualUnbatched) {
 // were published). Of the cancelled job's tokens, only the one of the step in
 // flight may come after the mark. ignore_eos and a long budget: the job
 // cannot end on its own before the cancel.
-TEST(Engine, EventsInOrderAndCancelWithinOneStep) {
+TEST_P(EngineOn, EventsInOrderAndCancelWithinOneStep) {
   TempDir dir("cancel");
-  auto e = std::move(Engine::open(config(dir.path)).value());
+  auto e = std::move(Engine::open(config_on(dir.path)).value());
   auto collector = std::make_shared<Collector>();
   const uint64_t sub = e->subscribe(0, [collector](const Event& ev) { (*collector)(ev); });
   struct Ordered {

@@ -82,7 +82,7 @@ struct Harness {
   std::unique_ptr<Scheduler> sched;  // last: stopped first
 
   Harness(const std::string& tag, EngineConfig c, int text_step_ms, int image_step_ms, bool paused = false)
-      : dir(test::fresh_dir(tag)), config(std::move(c)) {
+      : dir(test::fresh_dir(tag)), config(with_batch_defaults(std::move(c), false)) {
     fs::create_directories(dir);
     config.data_dir = dir.string();
     config.store_dir = (dir / "store").string();
