@@ -252,8 +252,40 @@ std::vector<int64_t> JobDb::insert_many(const std::vector<NewJob>& jobs, int64_t
 }
 
 // Each transition below is one UPDATE guarded by the source state, run as its
-// own (autocommit) transaction: of any number of racing callers, threads or
-// processes, exactly one sees a changed row.
+// own (autocommit) transaction, or inside a Batch's: of any number of racing
+// callers, threads or processes, exactly one sees a changed row.
+
+JobDb::Batch::Batch(JobDb& db) : db_(db), lock_(db.mu_) {
+  sql::exec<kNoun>(db_.db_, db_.path_, "BEGIN IMMEDIATE");
+  open_ = true;
+  db_.in_batch_ = true;
+}
+
+JobDb::Batch::~Batch() {
+  db_.in_batch_ = false;
+  if (open_) sqlite3_exec(db_.db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+void JobDb::Batch::commit() {
+  db_.in_batch_ = false;
+  open_ = false;  // committed, or (on an error) rolled back below: never again
+  check_open(db_);
+  try {
+    sql::exec<kNoun>(db_.db_, db_.path_, "COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_.db_, "ROLLBACK", nullptr, nullptr, nullptr);  // a failed COMMIT may leave it open
+    throw;
+  }
+}
+
+// SQLite rolls a transaction back by itself on some errors (a full disk, an
+// I/O error): from then on a batch's transitions would each commit alone and
+// the batch's earlier ones are gone. So a transition in a batch whose
+// transaction ended, and that batch's commit, fail instead.
+void JobDb::Batch::check_open(const JobDb& db) {
+  if (sqlite3_get_autocommit(db.db_))
+    throw Error(StatusCode::Io, db.path_ + ": the job database rolled a batch of writes back (an earlier write in it failed)");
+}
 
 bool JobDb::mark_running(int64_t id, int64_t now_ms) {
   std::lock_guard lock(mu_);
@@ -266,6 +298,7 @@ bool JobDb::mark_running(int64_t id, int64_t now_ms) {
 bool JobDb::complete(int64_t id, const std::string& result_json, const std::string& model_version, int64_t now_ms,
                      const std::string& model_name, const RunRecord& run) {
   std::lock_guard lock(mu_);
+  if (in_batch_) Batch::check_open(*this);
   Stmt s(db_, path_,
          "UPDATE jobs SET state = 'completed', result_json = ?2, model_version = ?3, finished_ms = ?4, model_name = ?5, "
          "device = ?6, precision = ?7, engine_build = ?8 "
@@ -276,6 +309,7 @@ bool JobDb::complete(int64_t id, const std::string& result_json, const std::stri
 
 bool JobDb::fail(int64_t id, const std::string& code, const std::string& message, int64_t now_ms) {
   std::lock_guard lock(mu_);
+  if (in_batch_) Batch::check_open(*this);
   Stmt s(db_, path_,
          "UPDATE jobs SET state = 'failed', error_code = ?2, error_message = ?3, finished_ms = ?4 "
          "WHERE id = ?1 AND state IN ('queued', 'running')");
@@ -284,6 +318,7 @@ bool JobDb::fail(int64_t id, const std::string& code, const std::string& message
 
 bool JobDb::cancel(int64_t id, int64_t now_ms) {
   std::lock_guard lock(mu_);
+  if (in_batch_) Batch::check_open(*this);
   Stmt s(db_, path_,
          "UPDATE jobs SET state = 'cancelled', finished_ms = ?2 WHERE id = ?1 AND state IN ('queued', 'running')");
   return s.i64(1, id).i64(2, now_ms).run() == 1;

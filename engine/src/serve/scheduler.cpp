@@ -1,6 +1,7 @@
 #include "serve/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -904,9 +905,12 @@ void Scheduler::update_from_output(const TextPlan& plan, const TextOutput& out) 
     }
     if (const char* reason = s.gen->end_reason()) ending.push_back({&s, reason});
   }
-  // After every token of the step is out: finishing writes the database (a
-  // disk sync each), which must not delay the other sequences' tokens.
-  for (auto& [s, reason] : ending) finish(*s, JobState::Completed, reason);
+  // After every token of the step is out: finishing writes the database,
+  // which must not delay the other sequences' tokens; several ends are one
+  // transaction (one disk sync, not one each).
+  if (ending.size() > 1) end_together(ending);
+  else
+    for (auto& [s, reason] : ending) finish(*s, JobState::Completed, reason);
   std::erase_if(running_, [](const auto& s) { return s->done; });
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -972,8 +976,54 @@ void Scheduler::finish(Sequence& s, JobState state, const std::string& reason, c
   end_job(ev, state, now, "", "", "", error);
 }
 
+thread_local std::vector<Scheduler::DeferredEnd>* Scheduler::deferred_ends_ = nullptr;
+
+void Scheduler::end_together(const std::vector<std::pair<Sequence*, const char*>>& ending) {
+  std::optional<runtime::JobDb::Batch> batch;
+  try {
+    batch.emplace(db_);
+  } catch (const std::exception& e) {
+    storage_failed(e);  // no batch: each end on its own, as one alone
+  }
+  std::vector<DeferredEnd> ends;
+  if (batch) deferred_ends_ = &ends;
+  for (const auto& [s, reason] : ending) finish(*s, JobState::Completed, reason);
+  deferred_ends_ = nullptr;
+  if (!batch) return;
+  try {
+    batch->commit();
+    storage_recovered();
+  } catch (const std::exception& e) {
+    const Status st = storage_failed(e);
+    for (DeferredEnd& d : ends)
+      if (d.written) mark_unsaved(d.ev, d.state, st);
+  }
+  batch.reset();  // the connection back to the other threads before the events go out
+  for (const DeferredEnd& d : ends) announce_end(d.ev, d.state, d.now_ms);
+}
+
+void Scheduler::mark_unsaved(Event& ev, JobState& state, const Status& st) {
+  // A result that cannot be saved is no result: the job fails with the
+  // reason (a cancel stays a cancel), which unsaved_ holds and
+  // retry_unsaved() writes when it can; until then the database says
+  // "running" and Engine::job() says what happened.
+  Status end;
+  if (state != JobState::Cancelled) {
+    state = JobState::Failed;
+    end = Status::error(st.code, "job " + std::to_string(ev.job) + " could not be saved: " + st.message);
+    ev.type = EventType::Failed;
+    ev.code = end.code;
+    ev.message = end.message;
+    ev.result = {};
+    ev.files.clear();
+  }
+  std::lock_guard<std::mutex> lock(storage_mu_);
+  unsaved_[ev.job] = {state, end};
+}
+
 void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string& result_json, const std::string& version,
                         const std::string& name, const Status& error, const runtime::RunRecord& run) {
+  bool written = false;
   try {
     if (state == JobState::Completed) {
       ev.type = EventType::Completed;
@@ -990,26 +1040,20 @@ void Scheduler::end_job(Event ev, JobState state, int64_t now, const std::string
       ev.code = error.code;
       ev.message = error.message;
     }
-    storage_recovered();
+    written = true;
+    if (!deferred_ends_) storage_recovered();  // in a batch: once it commits
   } catch (const std::exception& e) {
-    // The end cannot be written (a full disk). A result that cannot be saved
-    // is no result: the job fails with the reason (a cancel stays a cancel),
-    // which unsaved_ holds and retry_unsaved() writes when it can; until then
-    // the database says "running" and Engine::job() says what happened.
-    const Status st = storage_failed(e);
-    Status end;
-    if (state != JobState::Cancelled) {
-      state = JobState::Failed;
-      end = Status::error(st.code, "job " + std::to_string(ev.job) + " could not be saved: " + st.message);
-      ev.type = EventType::Failed;
-      ev.code = end.code;
-      ev.message = end.message;
-      ev.result = {};
-      ev.files.clear();
-    }
-    std::lock_guard<std::mutex> lock(storage_mu_);
-    unsaved_[ev.job] = {state, end};
+    // The end cannot be written (a full disk).
+    mark_unsaved(ev, state, storage_failed(e));
   }
+  if (deferred_ends_) {
+    deferred_ends_->push_back({std::move(ev), state, now, written});
+    return;
+  }
+  announce_end(ev, state, now);
+}
+
+void Scheduler::announce_end(const Event& ev, JobState state, int64_t now) {
   // Published before the job leaves the lane: once idle() holds (wait_idle),
   // every job's last event is in its subscribers' queues.
   hub_.publish(ev);

@@ -101,6 +101,21 @@ class Scheduler {
   // another process cancelled it that instant) and publishes EV as the final event.
   void end_job(Event ev, JobState state, int64_t now_ms, const std::string& result_json, const std::string& version,
                const std::string& name, const Status& error = {}, const runtime::RunRecord& run = {});
+  // Group commit (the text lane): the ends of a step's jobs written in one
+  // transaction (one disk sync), their events held until it commits. While
+  // the text thread finishes them, end_job appends here instead of publishing.
+  struct DeferredEnd {
+    Event ev;
+    JobState state;
+    int64_t now_ms;
+    bool written;  // its own write succeeded (it waits for the commit)
+  };
+  static thread_local std::vector<DeferredEnd>* deferred_ends_;
+  void end_together(const std::vector<std::pair<Sequence*, const char*>>& ending);
+  // An end that cannot be saved: fails with the reason (a cancel stays one), kept in unsaved_.
+  void mark_unsaved(Event& ev, JobState& state, const Status& st);
+  // The end's event and bookkeeping, once it is written (or known unsaved).
+  void announce_end(const Event& ev, JobState state, int64_t now_ms);
   // A step reported its device lost (TextOutput::device_lost): requeue, drop its models, carry on on the CPU.
   void device_lost(const Status& why);
   void fail_unreadable(JobId id, const Status& error, int64_t now_ms);  // a stored request that does not parse
