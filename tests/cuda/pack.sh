@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the folder tests/cuda/device-check.sh runs on a GPU machine that has
 # only the NVIDIA driver, the CUDA toolkit, cmake, ninja and g++ (Ubuntu
-# 24.04): the op suite (test_kernels), atelier and atelier-serve, the CUDA
+# 24.04): the op suite (test_kernels), atelier (what the check runs), the CUDA
 # module, the ceilings program (ceilings.cu), stories260K and its golden
 # text (fixtures/), and the host libraries such a machine lacks (ICU 72, xz-compressed;
 # libjpeg.so.62; libwebp.so.7; GoogleTest's when shared). Must stay under
@@ -15,11 +15,11 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$repo" -B "$build" -G Ninja -DATELIER_TESTS=ON -DATELIER_UI=OFF -DATELIER_CUDA=ON
 fi
 grep -q '^ATELIER_CUDA:BOOL=ON' "$build/CMakeCache.txt" || { echo "pack.sh: $build is not configured with -DATELIER_CUDA=ON" >&2; exit 1; }
-cmake --build "$build" --target test_kernels atelier atelier-serve atelier_cuda atelier_cuda_ceilings -j2
+cmake --build "$build" --target test_kernels atelier atelier_cuda atelier_cuda_ceilings -j2
 rm -rf "$out" && mkdir -p "$out"
-cp "$build/tests/test_kernels" "$build/app/atelier" "$build/app/atelier-serve" "$build/app/libatelier_cuda.so" "$out/"
+cp "$build/tests/test_kernels" "$build/app/atelier" "$build/app/libatelier_cuda.so" "$out/"
 cp "$build/tests/atelier_cuda_ceilings" "$out/ceilings"
-strip --strip-unneeded "$out/test_kernels" "$out/atelier" "$out/atelier-serve" "$out/libatelier_cuda.so" "$out/ceilings"
+strip --strip-unneeded "$out/test_kernels" "$out/atelier" "$out/libatelier_cuda.so" "$out/ceilings"
 # The parity run's model and golden text (1.2 MB): stories260K and the CPU's
 # greedy text for "Once upon a time" (tests/cli/cli_test.cpp, Cli.GreedyGoldenFromGguf).
 fixtures=$(awk -F= '/^ATELIER_FIXTURES_DIR:/ { print $2 }' "$build/CMakeCache.txt")
