@@ -498,6 +498,14 @@ bool moe_grouped_enabled() {
   return on;
 }
 
+// One set of experts on the grouped kernel (g: the device's plan) or the per-slot one.
+template <int WT>
+void launch_expert_set(cudaStream_t s, bool grouped, const WeightView* ex, int n_expert, Act x, int x_per_row,
+                       const MoeGroups& g, const int32_t* ids, int64_t slots, int k, const float* bias, Act y) {
+  if (grouped) launch_matvec_grouped<WT>(s, ex, n_expert, x, x_per_row, g, k, bias, y);
+  else launch_matvec_id<WT>(s, ex, n_expert, x, x_per_row, ids, slots, k, bias, y);
+}
+
 void matmul_id(cudaStream_t s, Scratch& scratch, const WeightView* const* experts, const Act* y, const float* const* bias,
                int count, int n_expert, Act x, int x_per_row, const int32_t* ids, int64_t rows, int k) {
   if (rows <= 0 || k <= 0 || count <= 0) return;
@@ -525,24 +533,15 @@ void matmul_id(cudaStream_t s, Scratch& scratch, const WeightView* const* expert
     if (w0.rows <= 0) continue;
     const float* b = bias ? bias[i] : nullptr;
     switch (w0.type) {
-      case DType::BF16: grouped ? launch_matvec_grouped<kWBF16>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWBF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::F32: grouped ? launch_matvec_grouped<kWF32>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWF32>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::F16: grouped ? launch_matvec_grouped<kWF16>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWF16>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q8_0: grouped ? launch_matvec_grouped<kWQ8_0>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWQ8_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q4_0: grouped ? launch_matvec_grouped<kWQ4_0>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWQ4_0>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q4_K: grouped ? launch_matvec_grouped<kWQ4_K>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWQ4_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q5_K: grouped ? launch_matvec_grouped<kWQ5_K>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWQ5_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::Q6_K: grouped ? launch_matvec_grouped<kWQ6_K>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWQ6_K>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
-      case DType::MXFP4: grouped ? launch_matvec_grouped<kWMXFP4>(s, ex, n_expert, x, x_per_row, g, k, b, y[i])
-                         : launch_matvec_id<kWMXFP4>(s, ex, n_expert, x, x_per_row, ids, slots, k, b, y[i]); break;
+      case DType::BF16: launch_expert_set<kWBF16>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::F32: launch_expert_set<kWF32>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::F16: launch_expert_set<kWF16>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::Q8_0: launch_expert_set<kWQ8_0>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::Q4_0: launch_expert_set<kWQ4_0>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::Q4_K: launch_expert_set<kWQ4_K>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::Q5_K: launch_expert_set<kWQ5_K>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::Q6_K: launch_expert_set<kWQ6_K>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
+      case DType::MXFP4: launch_expert_set<kWMXFP4>(s, grouped, ex, n_expert, x, x_per_row, g, ids, slots, k, b, y[i]); break;
       default:
         throw std::logic_error("CUDA matmul_id: experts of type " + std::string(dtype_name(w0.type)) +
                                " were not prepared for this device (prepare_weights)");

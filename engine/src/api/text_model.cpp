@@ -75,24 +75,7 @@ std::string find_llama2c_tokenizer(const std::string& model_path, const std::str
 
 }  // namespace
 
-const char* kv_type_name(KvType t) {
-  switch (t) {
-    case KvType::F32: return "f32";
-    case KvType::F16: return "f16";
-    case KvType::Q8_0: return "q8_0";
-    case KvType::BF16: return "bf16";
-    case KvType::FP8: return "fp8";
-  }
-  return "f16";
-}
-
 int64_t kv_type_bytes(KvType t, int64_t values) { return text::kv_bytes(t, values); }
-
-bool kv_type_from_name(const std::string& name, KvType* t) {
-  for (KvType k : {KvType::F32, KvType::F16, KvType::Q8_0, KvType::BF16, KvType::FP8})
-    if (name == kv_type_name(k)) return *t = k, true;
-  return false;
-}
 
 Status validate_request(const TextRequest& r, int n_ctx) {
   auto bad = [](const std::string& m) { return Status::error(StatusCode::InvalidArgument, m); };

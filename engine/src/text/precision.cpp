@@ -99,24 +99,11 @@ PrecisionPlan precision_plan(const DeviceCaps& caps, PrecisionChoice choice, KvT
   return p;
 }
 
-namespace {
-// kv_type_name lives in the engine's API; the text library names them itself.
-const char* kv_name(KvType t) {
-  switch (t) {
-    case KvType::F32: return "f32";
-    case KvType::F16: return "f16";
-    case KvType::Q8_0: return "q8_0";
-    case KvType::BF16: return "bf16";
-    case KvType::FP8: return "fp8";
-  }
-  return "f16";
-}
-}  // namespace
 
 std::string precision_label(const PrecisionPlan& p) {
   std::string s = std::string("weights:") + matrix_precision_name(p.floats);
   if (p.gpu) s += " quant:kept";
-  s += std::string(" act:") + std::string(kernels::dtype_name(p.activations)) + " kv:" + kv_name(p.kv) + " acc:f32";
+  s += std::string(" act:") + std::string(kernels::dtype_name(p.activations)) + " kv:" + kv_type_name(p.kv) + " acc:f32";
   return s;
 }
 
@@ -138,3 +125,26 @@ PrecisionPlan apply_precision(kernels::Backend& be, const std::string& choice, K
 }
 
 }  // namespace atelier::text
+
+namespace atelier {
+
+// The API's KV type names (requests.h), defined here so that the text
+// library's labels and the API spell them one way.
+const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::F32: return "f32";
+    case KvType::F16: return "f16";
+    case KvType::Q8_0: return "q8_0";
+    case KvType::BF16: return "bf16";
+    case KvType::FP8: return "fp8";
+  }
+  return "f16";
+}
+
+bool kv_type_from_name(const std::string& name, KvType* t) {
+  for (KvType k : {KvType::F32, KvType::F16, KvType::Q8_0, KvType::BF16, KvType::FP8})
+    if (name == kv_type_name(k)) return *t = k, true;
+  return false;
+}
+
+}  // namespace atelier
