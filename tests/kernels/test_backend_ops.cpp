@@ -866,6 +866,32 @@ TEST_P(BackendOps, PagedAttentionOverBlockTables) {
   }
 }
 
+// The rows of the KV-type tests' paged-attention calls: one sequence's
+// decode rows at lengths 1, 2, 31, 32, 33, 45, then a prompt chunk 36..45.
+std::vector<int32_t> one_sequence_rows() {
+  std::vector<int32_t> len = {1, 2, 31, 32, 33, 45};
+  for (int n = 36; n <= 45; ++n) len.push_back(n);
+  return len;
+}
+// Those rows over the block table `table` (all on the device), window 0 or not.
+PagedAttention one_sequence_call(Dev& dev, const std::vector<int32_t>& row_len, const std::vector<int32_t>& row_table,
+                                 const std::vector<int32_t>& table, int n_head, int n_head_kv, int64_t hd, int layer,
+                                 int max_len, int window) {
+  PagedAttention a;
+  a.window = window;
+  a.rows = static_cast<int64_t>(row_len.size());
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = hd;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.layer = layer;
+  a.max_len = max_len;
+  a.row_len = dev.put(row_len);
+  a.row_table = dev.put(row_table);
+  a.block_tables = dev.put(table);
+  return a;
+}
+
 // A Q8_0 cache: store_kv writes each row as GGML's Q8_0 blocks
 // (quantize_row), and paged attention over it is, bit for bit, paged
 // attention over an F32 cache holding the dequantized rows (dequantize_row);
@@ -905,24 +931,12 @@ TEST_P(BackendOps, PagedAttentionOverAQ8_0CacheReadsItsDequantizedRows) {
           ASSERT_EQ(0, std::memcmp(kbytes.data() + kv_bytes_of(DType::Q8_0, e), k8.data() + p * row_bytes, static_cast<size_t>(row_bytes)))
               << what << " position " << p;
         }
-        std::vector<int32_t> row_len, row_table;
-        for (int n : {1, 2, 31, 32, 33, 45}) row_len.push_back(n), row_table.push_back(0);
-        for (int n = 36; n <= 45; ++n) row_len.push_back(n), row_table.push_back(0);  // a prompt chunk
+        const std::vector<int32_t> row_len = one_sequence_rows(), row_table(row_len.size(), 0);
         const int64_t rows = static_cast<int64_t>(row_len.size());
         const auto q = random_floats(rows * qd, 42);
         for (int window : {0, 17}) {
-          PagedAttention a;
-          a.window = window;
-          a.rows = rows;
-          a.n_head = n_head;
-          a.n_head_kv = n_head_kv;
-          a.head_dim = hd;
-          a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-          a.layer = layer;
-          a.max_len = len;
-          a.row_len = dev.put(row_len);
-          a.row_table = dev.put(row_table);
-          a.block_tables = dev.put(table);
+          const PagedAttention a =
+              one_sequence_call(dev, row_len, row_table, table, n_head, n_head_kv, hd, layer, len, window);
           auto dq = dev.put(q), o8 = dev.zeros<float>(static_cast<size_t>(rows * qd)), o32 = dev.zeros<float>(static_cast<size_t>(rows * qd));
           dev.be().paged_attention(c8.layout, a, dq, o8);
           dev.be().paged_attention(c32.layout, a, dq, o32);
@@ -992,24 +1006,12 @@ TEST_P(BackendOps, PagedAttentionOverBf16AndFp8Caches) {
         place(h, want.data());
         store_kv_ref(h.layout, layer, k.data(), v.data(), slots.data(), len);
         ASSERT_EQ(kbytes, want) << what;  // K and V of every row, byte for byte, and nothing else
-        std::vector<int32_t> row_len, row_table;
-        for (int n : {1, 2, 31, 32, 33, 45}) row_len.push_back(n), row_table.push_back(0);
-        for (int n = 36; n <= 45; ++n) row_len.push_back(n), row_table.push_back(0);  // a prompt chunk
+        const std::vector<int32_t> row_len = one_sequence_rows(), row_table(row_len.size(), 0);
         const int64_t rows = static_cast<int64_t>(row_len.size());
         const auto q = random_floats(rows * qd, 52);
         for (int window : {0, 17}) {
-          PagedAttention a;
-          a.window = window;
-          a.rows = rows;
-          a.n_head = n_head;
-          a.n_head_kv = n_head_kv;
-          a.head_dim = hd;
-          a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-          a.layer = layer;
-          a.max_len = len;
-          a.row_len = dev.put(row_len);
-          a.row_table = dev.put(row_table);
-          a.block_tables = dev.put(table);
+          const PagedAttention a =
+              one_sequence_call(dev, row_len, row_table, table, n_head, n_head_kv, hd, layer, len, window);
           auto dq = dev.put(q), out = dev.zeros<float>(static_cast<size_t>(rows * qd));
           dev.be().paged_attention(c.layout, a, dq, out);
           const auto y = dev.get(out, static_cast<size_t>(rows * qd));
