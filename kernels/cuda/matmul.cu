@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "matmul.cuh"
@@ -45,6 +46,10 @@ void* Scratch::get(size_t bytes) {
 
 constexpr int kMvWarps = 4;  // weight rows per block, one warp each
 constexpr int kMvUnroll = 4;  // groups of 8 weights a lane loads before it multiplies
+// Blocks of the matrix-vector kernel an SM keeps resident (at most 72
+// registers a thread on sm_90, as before row_dot: 8 bytes spilled for Q6_K):
+// its loads in flight are what a decode step's bandwidth needs.
+constexpr int kMvMinBlocks = 7;
 
 // Eight activations x[k0 .. k0+7] as floats (16-byte loads for BF16 / F16
 // rows when `vec`).
@@ -69,70 +74,85 @@ __device__ __forceinline__ void load8x(const XT* x, bool vec, float (&v)[8]) {
   for (int i = 0; i < 8; ++i) v[i] = to_f(x[i]);
 }
 
-// One warp per weight row r; lane l takes the row's groups of 8 l, l + 32,
-// ... in order (one FMA chain per activation row), then a fixed butterfly.
-// Activation rows go in chunks of kMatvecRows through the same code, so a
-// row's bits depend on nothing but its own x and the weights.
+// One lane's part of one weight row against R (<= kMatvecRows) activation
+// rows xrow(0) .. xrow(nm - 1) (each a pointer to cols elements): the row's
+// groups of 8 l, l + 32, ... in order (one FMA chain per activation row),
+// then the float tail of rows whose length is not
+// a multiple of 8; acc[m] is row m's partial sum, which the caller finishes
+// with the fixed butterfly (warp_sum). Groups go kMvUnroll at a time: their
+// weight loads issued together (a decode step is bandwidth-bound, and one
+// 16-byte load in flight per warp leaves HBM idle), the FMAs in the same
+// order as one group at a time. Every matrix-vector kernel goes through
+// here, so a row's bits are the same whichever kernel, chunk or call
+// computes it.
+template <int WT, class XT, int R, class XRow>
+__device__ __forceinline__ void row_dot(const uint8_t* row, int64_t cols, bool wvec, const XRow& xrow, int nm,
+                                        bool xvec, float (&acc)[R]) {
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = cols / 8;
+#pragma unroll
+  for (int m = 0; m < R; ++m) acc[m] = 0.0f;
+  auto fma8 = [&](const float (&wv)[8], int64_t g) {
+#pragma unroll
+    for (int m = 0; m < R; ++m) {
+      if (m < nm) {
+        float xv[8];
+        load8x<XT>(xrow(m) + g * 8, xvec, xv);
+        float a = acc[m];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
+        acc[m] = a;
+      }
+    }
+  };
+  int64_t g = lane;
+  for (; g + 32 * (kMvUnroll - 1) < groups; g += 32 * kMvUnroll) {
+    float wv[kMvUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kMvUnroll; ++u) load8<WT>(row, g + 32 * u, wvec, wv[u]);
+#pragma unroll
+    for (int u = 0; u < kMvUnroll; ++u) fma8(wv[u], g + 32 * u);
+  }
+  for (; g < groups; g += 32) {
+    float wv[8];
+    load8<WT>(row, g, wvec, wv);
+    fma8(wv, g);
+  }
+  for (int64_t c = groups * 8 + lane; c < cols; c += 32) {
+    const float wv = load1(WT, row, c);
+#pragma unroll
+    for (int m = 0; m < R; ++m)
+      if (m < nm) acc[m] = fmaf(wv, to_f(xrow(m)[c]), acc[m]);
+  }
+}
+
+// f(x's elements as a typed device pointer): the kernels' activation type.
+template <class F>
+void on_act_type(Act x, F&& f) {
+  switch (act_code(x)) {
+    case kF32: return f(static_cast<const float*>(x.data()));
+    case kF16: return f(static_cast<const __half*>(x.data()));
+    default: return f(static_cast<const __nv_bfloat16*>(x.data()));
+  }
+}
+template <class P>
+using pointee_t = std::remove_cv_t<std::remove_pointer_t<P>>;
+
+// One warp per weight row r (row_dot), activation rows in chunks of
+// kMatvecRows through the same code, so a row's bits depend on nothing but
+// its own x and the weights.
 template <int WT, class XT>
-__global__ void __launch_bounds__(kMvWarps * 32)
+__global__ void __launch_bounds__(kMvWarps * 32, kMvMinBlocks)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t w_rows, int64_t row_bytes, int64_t cols, bool wvec,
                   const XT* __restrict__ x, int64_t x_rows, bool xvec, void* __restrict__ y, int yt) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kMvWarps + (threadIdx.x >> 5);
   if (r >= w_rows) return;
   const uint8_t* row = w + r * row_bytes;
-  const int64_t groups = cols / 8;
   for (int64_t m0 = 0; m0 < x_rows; m0 += kMatvecRows) {
     const int nm = static_cast<int>(x_rows - m0 < kMatvecRows ? x_rows - m0 : kMatvecRows);
     float acc[kMatvecRows];
-#pragma unroll
-    for (int m = 0; m < kMatvecRows; ++m) acc[m] = 0.0f;
-    int64_t g = lane;
-    // kMvUnroll of the lane's groups at a time: their weight loads issued
-    // together (a decode step is bandwidth-bound, and one 16-byte load in
-    // flight per warp leaves HBM idle), then the FMAs in the same order as
-    // one group at a time, so the bits are those of the plain loop below.
-    for (; g + 32 * (kMvUnroll - 1) < groups; g += 32 * kMvUnroll) {
-      float wv[kMvUnroll][8];
-#pragma unroll
-      for (int u = 0; u < kMvUnroll; ++u) load8<WT>(row, g + 32 * u, wvec, wv[u]);
-#pragma unroll
-      for (int u = 0; u < kMvUnroll; ++u) {
-#pragma unroll
-        for (int m = 0; m < kMatvecRows; ++m) {
-          if (m < nm) {
-            float xv[8];
-            load8x<XT>(x + (m0 + m) * cols + (g + 32 * u) * 8, xvec, xv);
-            float a = acc[m];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) a = fmaf(wv[u][i], xv[i], a);
-            acc[m] = a;
-          }
-        }
-      }
-    }
-    for (; g < groups; g += 32) {
-      float wv[8];
-      load8<WT>(row, g, wvec, wv);
-#pragma unroll
-      for (int m = 0; m < kMatvecRows; ++m) {
-        if (m < nm) {
-          float xv[8];
-          load8x<XT>(x + (m0 + m) * cols + g * 8, xvec, xv);
-          float a = acc[m];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
-          acc[m] = a;
-        }
-      }
-    }
-    // Float rows whose length is not a multiple of 8: the last elements.
-    for (int64_t c = groups * 8 + lane; c < cols; c += 32) {
-      const float wv = load1(WT, row, c);
-#pragma unroll
-      for (int m = 0; m < kMatvecRows; ++m)
-        if (m < nm) acc[m] = fmaf(wv, to_f(x[(m0 + m) * cols + c]), acc[m]);
-    }
+    row_dot<WT, XT>(row, cols, wvec, [=](int m) { return x + (m0 + m) * cols; }, nm, xvec, acc);
 #pragma unroll
     for (int m = 0; m < kMatvecRows; ++m) {
       if (m < nm) {
@@ -150,22 +170,10 @@ void launch_matvec(cudaStream_t s, const WeightView& w, Act x, Act y, int64_t ro
   const size_t xe = static_cast<size_t>(x.elem_bytes());
   const bool xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (w.cols * xe) % 16 == 0;
   const dim3 grid(static_cast<unsigned>((w.rows + kMvWarps - 1) / kMvWarps));
-  const int yt = act_code(y);
-  switch (act_code(x)) {
-    case kF32:
-      matvec_kernel<WT, float><<<grid, kMvWarps * 32, 0, s>>>(wp, w.rows, w.row_stride_bytes, w.cols, wvec,
-                                                              static_cast<const float*>(x.data()), rows, xvec, y.data(), yt);
-      break;
-    case kF16:
-      matvec_kernel<WT, __half><<<grid, kMvWarps * 32, 0, s>>>(wp, w.rows, w.row_stride_bytes, w.cols, wvec,
-                                                               static_cast<const __half*>(x.data()), rows, xvec, y.data(), yt);
-      break;
-    default:
-      matvec_kernel<WT, __nv_bfloat16><<<grid, kMvWarps * 32, 0, s>>>(
-          wp, w.rows, w.row_stride_bytes, w.cols, wvec, static_cast<const __nv_bfloat16*>(x.data()), rows, xvec,
-          y.data(), yt);
-      break;
-  }
+  on_act_type(x, [&](auto xp) {
+    matvec_kernel<WT, pointee_t<decltype(xp)>><<<grid, kMvWarps * 32, 0, s>>>(wp, w.rows, w.row_stride_bytes, w.cols,
+                                                                            wvec, xp, rows, xvec, y.data(), act_code(y));
+  });
   CUDA_LAUNCHED();
 }
 
@@ -195,12 +203,32 @@ struct ExpertRows {
   const uint8_t* p[kMaxExperts];
 };
 
+// The launch arguments the experts' kernels share: each expert's matrix, and
+// whether weights and activations take 16-byte loads.
+struct ExpertArgs {
+  ExpertRows w{};
+  bool wvec = true, xvec = true;
+  int64_t row_blocks = 0;  // blocks of kMvWarps weight rows (the grid's y, at most 65535)
+};
+ExpertArgs expert_args(const WeightView* ex, int n_expert, Act x) {
+  ExpertArgs a;
+  a.wvec = ex[0].row_stride_bytes % 16 == 0;
+  for (int e = 0; e < n_expert; ++e) {
+    a.w.p[e] = static_cast<const uint8_t*>(ex[e].data);
+    a.wvec = a.wvec && reinterpret_cast<uintptr_t>(a.w.p[e]) % 16 == 0;
+  }
+  const size_t xe = static_cast<size_t>(x.elem_bytes());
+  a.xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (ex[0].cols * xe) % 16 == 0;
+  a.row_blocks = std::min<int64_t>((ex[0].rows + kMvWarps - 1) / kMvWarps, 65535);
+  return a;
+}
+
 // Block (slot, 4 weight rows): slot s = r * k + j against expert ids[s]'s
-// matrix, one warp per weight row, exactly matvec_kernel's arithmetic for a
-// one-row call (lane l's groups l, l + 32, ... in one FMA chain, the float
-// tail, the fixed butterfly), so each slot's row is bit for bit the one-row
-// matmul of its expert, whatever the other slots are; the bias (when given)
-// is added to that sum before the one rounding to y's type.
+// matrix, one warp per weight row, row_dot for one activation row (exactly
+// matvec_kernel's arithmetic for a one-row call, then the fixed butterfly),
+// so each slot's row is bit for bit the one-row matmul of its expert,
+// whatever the other slots are; the bias (when given) is added to that sum
+// before the one rounding to y's type.
 template <int WT, class XT>
 __global__ void __launch_bounds__(kMvWarps * 32)
     matvec_id_kernel(const __grid_constant__ ExpertRows w, int n_expert, int64_t w_rows, int64_t row_bytes,
@@ -212,23 +240,12 @@ __global__ void __launch_bounds__(kMvWarps * 32)
   if (e < 0 || e >= n_expert) return;  // left untouched, as kernels::matmul_id
   const XT* xr = x + (x_per_row == 1 ? slot / k : slot) * cols;
   const int lane = threadIdx.x & 31;
-  const int64_t groups = cols / 8;
   for (int64_t rb = blockIdx.y; rb * kMvWarps < w_rows; rb += gridDim.y) {
     const int64_t r = rb * kMvWarps + (threadIdx.x >> 5);
     if (r >= w_rows) continue;
-    const uint8_t* row = w.p[e] + r * row_bytes;
-    float acc = 0.0f;
-    for (int64_t g = lane; g < groups; g += 32) {
-      float wv[8], xv[8];
-      load8<WT>(row, g, wvec, wv);
-      load8x<XT>(xr + g * 8, xvec, xv);
-      float a = acc;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
-      acc = a;
-    }
-    for (int64_t c = groups * 8 + lane; c < cols; c += 32) acc = fmaf(load1(WT, row, c), to_f(xr[c]), acc);
-    float v = warp_sum(acc);
+    float acc[1];
+    row_dot<WT, XT>(w.p[e] + r * row_bytes, cols, wvec, [&](int) { return xr; }, 1, xvec, acc);
+    float v = warp_sum(acc[0]);
     if (lane == 0) {
       if (bias) v += bias[e * w_rows + r];
       st(y, yt, slot * w_rows + r, v);
@@ -239,35 +256,14 @@ __global__ void __launch_bounds__(kMvWarps * 32)
 template <int WT>
 void launch_matvec_id(cudaStream_t s, const WeightView* ex, int n_expert, Act x, int x_per_row, const int32_t* ids,
                       int64_t slots, int k, const float* bias, Act y) {
-  ExpertRows w{};
-  bool wvec = ex[0].row_stride_bytes % 16 == 0;
-  for (int e = 0; e < n_expert; ++e) {
-    w.p[e] = static_cast<const uint8_t*>(ex[e].data);
-    wvec = wvec && reinterpret_cast<uintptr_t>(w.p[e]) % 16 == 0;
-  }
+  const ExpertArgs a = expert_args(ex, n_expert, x);
   const WeightView& w0 = ex[0];
-  const size_t xe = static_cast<size_t>(x.elem_bytes());
-  const bool xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (w0.cols * xe) % 16 == 0;
-  const int64_t blocks = (w0.rows + kMvWarps - 1) / kMvWarps;
-  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
-  const int yt = act_code(y);
-  switch (act_code(x)) {
-    case kF32:
-      matvec_id_kernel<WT, float><<<grid, kMvWarps * 32, 0, s>>>(w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols,
-                                                                 wvec, static_cast<const float*>(x.data()), x_per_row,
-                                                                 k, ids, xvec, bias, y.data(), yt);
-      break;
-    case kF16:
-      matvec_id_kernel<WT, __half><<<grid, kMvWarps * 32, 0, s>>>(w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols,
-                                                                  wvec, static_cast<const __half*>(x.data()),
-                                                                  x_per_row, k, ids, xvec, bias, y.data(), yt);
-      break;
-    default:
-      matvec_id_kernel<WT, __nv_bfloat16><<<grid, kMvWarps * 32, 0, s>>>(
-          w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const __nv_bfloat16*>(x.data()),
-          x_per_row, k, ids, xvec, bias, y.data(), yt);
-      break;
-  }
+  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(a.row_blocks));
+  on_act_type(x, [&](auto xp) {
+    matvec_id_kernel<WT, pointee_t<decltype(xp)>><<<grid, kMvWarps * 32, 0, s>>>(
+        a.w, n_expert, w0.rows, w0.row_stride_bytes, w0.cols, a.wvec, xp, x_per_row, k, ids, a.xvec, bias, y.data(),
+        act_code(y));
+  });
   CUDA_LAUNCHED();
 }
 
@@ -388,35 +384,11 @@ __global__ void __launch_bounds__(kMvWarps * 32)
     xr[m] = x + (x_per_row == 1 ? slot[m] / k : slot[m]) * cols;
   }
   const int lane = threadIdx.x & 31;
-  const int64_t groups = cols / 8;
   for (int64_t rb = blockIdx.y; rb * kMvWarps < w_rows; rb += gridDim.y) {
     const int64_t r = rb * kMvWarps + (threadIdx.x >> 5);
     if (r >= w_rows) continue;
-    const uint8_t* row = w.p[e] + r * row_bytes;
     float acc[kMatvecRows];
-#pragma unroll
-    for (int m = 0; m < kMatvecRows; ++m) acc[m] = 0.0f;
-    for (int64_t g = lane; g < groups; g += 32) {
-      float wv[8];
-      load8<WT>(row, g, wvec, wv);
-#pragma unroll
-      for (int m = 0; m < kMatvecRows; ++m) {
-        if (m < nm) {
-          float xv[8];
-          load8x<XT>(xr[m] + g * 8, xvec, xv);
-          float a = acc[m];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) a = fmaf(wv[i], xv[i], a);
-          acc[m] = a;
-        }
-      }
-    }
-    for (int64_t c = groups * 8 + lane; c < cols; c += 32) {
-      const float wv = load1(WT, row, c);
-#pragma unroll
-      for (int m = 0; m < kMatvecRows; ++m)
-        if (m < nm) acc[m] = fmaf(wv, to_f(xr[m][c]), acc[m]);
-    }
+    row_dot<WT, XT>(w.p[e] + r * row_bytes, cols, wvec, [&](int m) { return xr[m]; }, nm, xvec, acc);
 #pragma unroll
     for (int m = 0; m < kMatvecRows; ++m) {
       if (m < nm) {
@@ -457,35 +429,14 @@ MoeGroups plan_moe_groups(cudaStream_t s, Scratch& scratch, const int32_t* ids, 
 template <int WT>
 void launch_matvec_grouped(cudaStream_t s, const WeightView* ex, int n_expert, Act x, int x_per_row,
                            const MoeGroups& g, int k, const float* bias, Act y) {
-  ExpertRows w{};
-  bool wvec = ex[0].row_stride_bytes % 16 == 0;
-  for (int e = 0; e < n_expert; ++e) {
-    w.p[e] = static_cast<const uint8_t*>(ex[e].data);
-    wvec = wvec && reinterpret_cast<uintptr_t>(w.p[e]) % 16 == 0;
-  }
+  const ExpertArgs a = expert_args(ex, n_expert, x);
   const WeightView& w0 = ex[0];
-  const size_t xe = static_cast<size_t>(x.elem_bytes());
-  const bool xvec = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (w0.cols * xe) % 16 == 0;
-  const int64_t blocks = (w0.rows + kMvWarps - 1) / kMvWarps;
-  const dim3 grid(static_cast<unsigned>(g.bound), static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
-  const int yt = act_code(y);
-  switch (act_code(x)) {
-    case kF32:
-      matvec_grouped_kernel<WT, float><<<grid, kMvWarps * 32, 0, s>>>(
-          w, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const float*>(x.data()), x_per_row, k,
-          g.n_chunks, g.chunks, g.order, xvec, bias, y.data(), yt);
-      break;
-    case kF16:
-      matvec_grouped_kernel<WT, __half><<<grid, kMvWarps * 32, 0, s>>>(
-          w, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const __half*>(x.data()), x_per_row, k,
-          g.n_chunks, g.chunks, g.order, xvec, bias, y.data(), yt);
-      break;
-    default:
-      matvec_grouped_kernel<WT, __nv_bfloat16><<<grid, kMvWarps * 32, 0, s>>>(
-          w, w0.rows, w0.row_stride_bytes, w0.cols, wvec, static_cast<const __nv_bfloat16*>(x.data()), x_per_row,
-          k, g.n_chunks, g.chunks, g.order, xvec, bias, y.data(), yt);
-      break;
-  }
+  const dim3 grid(static_cast<unsigned>(g.bound), static_cast<unsigned>(a.row_blocks));
+  on_act_type(x, [&](auto xp) {
+    matvec_grouped_kernel<WT, pointee_t<decltype(xp)>><<<grid, kMvWarps * 32, 0, s>>>(
+        a.w, w0.rows, w0.row_stride_bytes, w0.cols, a.wvec, xp, x_per_row, k, g.n_chunks, g.chunks, g.order, a.xvec,
+        bias, y.data(), act_code(y));
+  });
   CUDA_LAUNCHED();
 }
 
