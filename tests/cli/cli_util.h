@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -87,6 +88,14 @@ struct CliSandbox : ScratchDir {
   void write(const std::string& name, const std::string& text) const {
     std::ofstream(dir / name, std::ios::binary) << text;
   }
+};
+
+// A CLI suite whose processes find no CUDA module (a path that does not
+// exist), so `--device auto` is the CPU on every machine.
+class WithoutCudaModule : public ::testing::Test {
+ protected:
+  void SetUp() override { ::setenv("ATELIER_CUDA_MODULE", "/nonexistent/libatelier_cuda.so", 1); }
+  void TearDown() override { ::unsetenv("ATELIER_CUDA_MODULE"); }
 };
 
 // The lines of a JSON Lines text (empty lines skipped).

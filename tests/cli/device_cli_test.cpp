@@ -21,11 +21,7 @@ namespace {
 
 const std::string kGguf = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf";
 
-class DeviceCli : public ::testing::Test {
- protected:
-  void SetUp() override { ::setenv("ATELIER_CUDA_MODULE", "/nonexistent/libatelier_cuda.so", 1); }
-  void TearDown() override { ::unsetenv("ATELIER_CUDA_MODULE"); }
-};
+class DeviceCli : public atelier::test::WithoutCudaModule {};
 
 // The refusal names what is missing and how to run without it.
 void expect_no_gpu_error(const CliRun& r, const std::string& what) {

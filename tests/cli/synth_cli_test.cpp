@@ -19,11 +19,7 @@ namespace {
 const std::string kGguf = std::string(ATELIER_FIXTURES_DIR) + "/text/stories260K.gguf";
 
 // Without a CUDA module, so `auto` is the CPU on every machine.
-class SynthCli : public ::testing::Test {
- protected:
-  void SetUp() override { ::setenv("ATELIER_CUDA_MODULE", "/nonexistent/libatelier_cuda.so", 1); }
-  void TearDown() override { ::unsetenv("ATELIER_CUDA_MODULE"); }
-};
+class SynthCli : public atelier::test::WithoutCudaModule {};
 
 }  // namespace
 

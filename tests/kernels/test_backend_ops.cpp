@@ -891,6 +891,18 @@ PagedAttention one_sequence_call(Dev& dev, const std::vector<int32_t>& row_len, 
   a.block_tables = dev.put(table);
   return a;
 }
+// paged_attention_ref of that call over a host copy of the cache (kv), with
+// the host's row lengths, tables and queries.
+std::vector<float> one_sequence_ref(const KvLayout& kv, PagedAttention a, const std::vector<int32_t>& row_len,
+                                    const std::vector<int32_t>& row_table, const std::vector<int32_t>& table,
+                                    const std::vector<float>& q) {
+  a.row_len = row_len.data();
+  a.row_table = row_table.data();
+  a.block_tables = table.data();
+  std::vector<float> ref(static_cast<size_t>(a.rows * a.n_head * a.head_dim));
+  paged_attention_ref(kv, a, q.data(), ref.data());
+  return ref;
+}
 
 // A Q8_0 cache: store_kv writes each row as GGML's Q8_0 blocks
 // (quantize_row), and paged attention over it is, bit for bit, paged
@@ -950,13 +962,7 @@ TEST_P(BackendOps, PagedAttentionOverAQ8_0CacheReadsItsDequantizedRows) {
           expect_attention_batch_invariant(dev, c8.layout, a, dq, y8, what);
           Cache h = c8;  // the reference reads the host copy
           place(h, kbytes.data());
-          PagedAttention ha = a;
-          ha.row_len = row_len.data();
-          ha.row_table = row_table.data();
-          ha.block_tables = table.data();
-          std::vector<float> ref(static_cast<size_t>(rows * qd));
-          paged_attention_ref(h.layout, ha, q.data(), ref.data());
-          EXPECT_REL(y8, ref, 1e-5);
+          EXPECT_REL(y8, one_sequence_ref(h.layout, a, row_len, row_table, table, q), 1e-5);
         }
       }
     }
@@ -1016,13 +1022,7 @@ TEST_P(BackendOps, PagedAttentionOverBf16AndFp8Caches) {
           dev.be().paged_attention(c.layout, a, dq, out);
           const auto y = dev.get(out, static_cast<size_t>(rows * qd));
           expect_attention_batch_invariant(dev, c.layout, a, dq, y, what);
-          PagedAttention ha = a;
-          ha.row_len = row_len.data();
-          ha.row_table = row_table.data();
-          ha.block_tables = table.data();
-          std::vector<float> ref(static_cast<size_t>(rows * qd));
-          paged_attention_ref(h.layout, ha, q.data(), ref.data());
-          EXPECT_REL(y, ref, 1e-5);
+          EXPECT_REL(y, one_sequence_ref(h.layout, a, row_len, row_table, table, q), 1e-5);
         }
       }
     }
