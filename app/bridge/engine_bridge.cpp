@@ -103,8 +103,16 @@ void EngineBridge::start() {
     bool executes = true;
     QString message;
     if (!result.ok()) {
-      // Another process runs this queue (or it cannot be run here): be its client.
       message = QString::fromStdString(result.status().message);
+      // A setting this machine cannot run (a GPU's KV type on the CPU, a GPU
+      // it lacks) is the reason, not another runner: say so, rather than be
+      // the client of a runner that does not exist while jobs wait forever.
+      if (auto device = select_device(config.devices.front(), config.precision, config.kv_type); !device.ok()) {
+        const QString why = QString::fromStdString(device.status().message);
+        QMetaObject::invokeMethod(this, [this, why] { emit this->opened(false, false, why); }, Qt::QueuedConnection);
+        return;
+      }
+      // Another process runs this queue: be its client.
       config.execute = false;
       executes = false;
       result = Engine::open(config);

@@ -111,6 +111,24 @@ class StudioTest : public QObject {
   }
 
   // Help has About and a documentation entry beside the shortcuts.
+  // A GPU's KV precision (issue 33's bf16 / fp8) chosen on a machine with no
+  // GPU: the status bar says why the engine cannot run and what to choose,
+  // not that another process runs the queue (none does: jobs would wait forever).
+  void aKvPrecisionOnlyAGpuRunsIsSaidPlainly() {
+    QSettings().setValue(QStringLiteral("engine/kvType"), QStringLiteral("fp8"));
+    auto restore = qScopeGuard([] { QSettings().remove(QStringLiteral("engine/kvType")); });
+    StudioOptions o;
+    o.dataDir = home_->home();
+    o.modelFolders = {home_->path(QStringLiteral("models"))};
+    StudioWindow w(o);
+    w.show();
+    QTRY_VERIFY2_WITH_TIMEOUT(w.engineStatus().contains(QStringLiteral("engine not available")), qPrintable(w.engineStatus()),
+                              20000);
+    QVERIFY2(w.engineStatus().contains(QStringLiteral("fp8")), qPrintable(w.engineStatus()));
+    QVERIFY2(w.engineStatus().contains(QStringLiteral("f16")), qPrintable(w.engineStatus()));
+    QVERIFY(!w.bridge()->isOpen());
+  }
+
   void helpHasAboutAndDocumentation() {
     auto w = openWindow();
     QVERIFY(w->findChild<QAction*>(QStringLiteral("actionAbout")));
